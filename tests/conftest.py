@@ -1,0 +1,31 @@
+import logging
+
+import dask
+import pytest
+
+
+@pytest.fixture
+def threaded():
+    """Compute with the threaded scheduler, whatever client a previous test left."""
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+@pytest.fixture
+def quiet_distributed():
+    """Silence the restart warnings of workers a test kills on purpose."""
+    loggers = [
+        logging.getLogger(n)
+        for n in (
+            "distributed.nanny",
+            "distributed.scheduler",
+            "distributed.worker",
+            "distributed.core",
+        )
+    ]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    yield
+    for lg, level in zip(loggers, levels, strict=True):
+        lg.setLevel(level)

@@ -1,0 +1,146 @@
+import warnings
+
+import numpy as np
+import pytest
+import xarray as xr
+from scipy import ndimage
+
+import xarray_memchunk as xm
+from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
+
+
+@pytest.fixture
+def volume():
+    return synthetic_seismic((60, 50, 40), chunks=(20, 50, 40))
+
+
+def test_import_registers_accessor_on_both():
+    assert hasattr(xr.Dataset, "memchunk") and hasattr(xr.DataArray, "memchunk")
+
+
+def test_plan_fields(volume):
+    plan = volume.memchunk.plan("gst3d", budget="1.5GB")
+    assert plan.operator == "gst3d"
+    assert set(plan.chunks) == {"inline", "crossline", "sample"}
+    assert {d: sum(c) for d, c in plan.dask_chunks.items()} == dict(volume.sizes)
+    assert 0 < plan.predicted_peak_bytes <= plan.budget.per_task
+    assert plan.n_tasks == np.prod([len(c) for c in plan.dask_chunks.values()])
+    assert plan.binding in {"memory", "parallelism", "task overhead", "storage alignment"}
+    text = plan.explain()
+    for needle in ("gst3d", "predicted peak per task", "per-task budget", "halo", "decided by"):
+        assert needle in text
+    assert "<table>" in plan._repr_html_()
+
+
+def test_plan_runs_nothing(volume):
+    import dask
+
+    calls = []
+    with dask.config.set(scheduler=lambda *a, **k: calls.append(1)):
+        volume.memchunk.plan("gst3d")
+        volume.memchunk.apply("gst3d")
+    assert calls == []
+
+
+def test_dataset_in_dataset_out_dataarray_in_dataarray_out(volume, threaded):
+    assert isinstance(volume.memchunk.apply("gst3d"), xr.Dataset)
+    out = volume.amplitude.memchunk.apply("gst3d")
+    assert isinstance(out, xr.DataArray) and out.name == "dip"
+    assert out.dims == volume.amplitude.dims
+
+
+def test_user_chunks_skip_search_and_warn_over_budget(volume):
+    plan = volume.memchunk.plan("gst3d", chunks={"inline": 30}, budget="1.5GB")
+    assert plan.dask_chunks["inline"] == (30, 30)
+    assert plan.binding == "user chunks"
+    tiny = xm.Budget(
+        worker_memory=10**8, threads_per_worker=1, n_workers=1, per_task=1_000_000, source="test"
+    )
+    with pytest.warns(xm.MemoryBudgetWarning, match="over the per-task budget"):
+        result = volume.memchunk.apply("gst3d", chunks={"inline": 60}, budget=tiny)
+    assert result.dip.chunks[0] == (60,)
+
+
+def test_user_chunks_within_budget_do_not_warn(volume):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        volume.memchunk.apply("gst3d", chunks={"inline": 30}, budget="2GB")
+
+
+def test_auto_chunks_like_dask(volume):
+    plan = volume.memchunk.plan("gst3d", chunks="auto", budget="2GB")
+    assert plan.n_tasks == 1  # 60x50x40 float32 is far below dask's 128 MiB
+
+
+def test_numpy_backed_object_is_planned_as_one_chunk_then_chunked(threaded):
+    ds = synthetic_climate(30, 10, 12)  # numpy-backed
+    plan = ds.memchunk.plan("mean", dim="time", budget="1GB")
+    assert plan.storage_chunks == {"time": None, "lat": None, "lon": None}
+    result = ds.memchunk.apply("mean", dim="time", budget="1GB")
+    assert result.tas.chunks is not None
+    np.testing.assert_allclose(result.tas.values, ds.tas.mean("time").values, rtol=1e-6)
+
+
+def test_dataset_variables_without_dims_are_left_out(threaded):
+    ds = synthetic_seismic((30, 30, 30), chunks=30)
+    ds["note"] = xr.DataArray(np.arange(3.0), dims="other")
+    plan = ds.memchunk.plan("gst3d")
+    assert any("left out: note" in n for n in plan.notes)
+    assert "note" not in ds.memchunk.apply("gst3d")
+
+
+def test_not_an_xarray_object():
+    with pytest.raises(xm.MemchunkError, match="Dataset and DataArray"):
+        xm.plan(np.zeros(3), "mean")
+
+
+def test_chunks_for_unknown_dim(volume):
+    with pytest.raises(xm.DimensionError, match="lacks"):
+        volume.memchunk.plan("gst3d", chunks={"depth": 10})
+
+
+def test_budget_accessor(volume):
+    b = volume.memchunk.budget("1GB")
+    assert b.worker_memory == 10**9 and b.source == "argument"
+    with pytest.raises(xm.BudgetError):
+        volume.memchunk.budget("one gigabyte")
+
+
+def smooth(block):
+    return ndimage.uniform_filter(block, size=5, mode="reflect")
+
+
+def test_user_defined_operator_end_to_end(threaded):
+    op = xm.BlockwiseOperator(
+        "test-smooth",
+        smooth,
+        memory_model=xm.LinearMemoryModel({"input_bytes": 3.0, "output_bytes": 1.0}),
+        depth={"x": 2, "y": 2},
+    )
+    xm.register_operator(op, overwrite=True)
+    assert "test-smooth" in xm.operators()
+    rng = np.random.default_rng(1)
+    da = xr.DataArray(rng.standard_normal((400, 300)).astype("float32"), dims=("x", "y"))
+    budget = xm.Budget(
+        worker_memory=10**9,
+        threads_per_worker=1,
+        n_workers=2,
+        per_task=4 * 100 * 300 * 4,
+        source="test",
+    )
+    plan = da.memchunk.plan("test-smooth", budget=budget)
+    assert plan.n_tasks > 1 and plan.halo == {"x": 2, "y": 2}
+    assert plan.predicted_peak_bytes <= budget.per_task
+    result = da.memchunk.apply("test-smooth", budget=budget)
+    assert result.chunks is not None and len(result.chunks[0]) * len(result.chunks[1]) > 1
+    np.testing.assert_array_equal(result.values, smooth(da.values))
+    with pytest.raises(xm.MemchunkError, match="already registered"):
+        xm.register_operator(op)
+
+
+def test_user_operator_missing_dim():
+    op = xm.BlockwiseOperator(
+        "needs-z", smooth, memory_model=xm.LinearMemoryModel({}), depth={"z": 1}
+    )
+    with pytest.raises(xm.DimensionError, match="needs dims"):
+        xr.DataArray(np.zeros((3, 3)), dims=("x", "y")).memchunk.plan(op)

@@ -1,0 +1,95 @@
+import dask
+import pytest
+
+from xarray_memchunk import Budget, BudgetError, resolve_budget
+from xarray_memchunk.budget import per_task_bytes
+from xarray_memchunk.units import to_bytes
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1.5GB", 1_500_000_000),
+        ("1.5GiB", int(1.5 * 2**30)),
+        ("512MiB", 512 * 2**20),
+        (2_000_000, 2_000_000),
+        (3.0e9, 3_000_000_000),
+    ],
+)
+def test_sizes_parse_as_dask_does(text, expected):
+    assert to_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["lots", "", "1.5 parsecs", 0, -5, "-1GB", None, True, [1]])
+def test_bad_budgets_raise_budget_error(bad):
+    with pytest.raises(BudgetError):
+        to_bytes(bad)
+
+
+def test_budget_argument_formula():
+    with dask.config.set(
+        {
+            "memchunk.worker-baseline": "200MB",
+            "memchunk.task-share": 0.75,
+            "distributed.worker.memory.pause": 0.8,
+        }
+    ):
+        budget = resolve_budget("1.5GB")
+    assert budget.source == "argument"
+    assert budget.worker_memory == 1_500_000_000
+    assert budget.per_task == int((0.8 * 1.5e9 - 200e6) * 0.75 / budget.threads_per_worker)
+    assert budget.per_task < 0.8 * budget.worker_memory / budget.threads_per_worker
+    assert "per-task budget" in budget.explain() and "argument" in budget.explain()
+
+
+def test_per_task_shrinks_with_threads():
+    one = per_task_bytes(
+        4_000_000_000, 1, worker_baseline=200_000_000, task_share=0.75, pause_fraction=0.8
+    )
+    four = per_task_bytes(
+        4_000_000_000, 4, worker_baseline=200_000_000, task_share=0.75, pause_fraction=0.8
+    )
+    assert four == one // 4 or abs(four - one / 4) < 1
+
+
+def test_budget_from_dask_config():
+    with dask.config.set({"memchunk.worker-memory": "3GB", "memchunk.threads-per-worker": 2}):
+        budget = resolve_budget()
+    assert budget.worker_memory == 3_000_000_000
+    assert budget.threads_per_worker == 2
+    assert "memchunk.worker-memory" in budget.source
+
+
+def test_budget_from_system_memory():
+    budget = resolve_budget()
+    assert budget.source.startswith("system memory")
+    assert 0 < budget.per_task < budget.worker_memory
+
+
+def test_budget_object_passes_through():
+    b = Budget(worker_memory=10, threads_per_worker=1, n_workers=1, per_task=5, source="mine")
+    assert resolve_budget(b) is b
+
+
+@pytest.mark.cluster
+def test_budget_from_distributed_client():
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=2,
+            memory_limit="700MB",
+            processes=False,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster),
+    ):
+        budget = resolve_budget()
+        explicit = resolve_budget("2GB")
+    assert budget.worker_memory == 700_000_000
+    assert budget.threads_per_worker == 2
+    assert budget.n_workers == 2 and budget.total_threads == 4
+    assert budget.source.startswith("distributed client inproc://")
+    # an explicit budget keeps the cluster's thread layout
+    assert explicit.source == "argument" and explicit.threads_per_worker == 2

@@ -1,0 +1,69 @@
+"""Memory behaviour on a real LocalCluster with a real memory_limit."""
+
+import dask
+import numpy as np
+import pytest
+
+from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
+from xarray_memchunk.diagnostics import run_watched
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def cluster_client(quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    def make(memory_limit):
+        return LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            memory_limit=memory_limit,
+            processes=True,
+            dashboard_address=":0",
+        )
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        yield make, Client
+
+
+def test_median_over_long_time_naive_dies_planned_completes(cluster_client):
+    make, Client = cluster_client
+    # 1500 daily fields of 120 x 240 float32 (173 MB), stored one time step per chunk
+    tas = synthetic_climate(1500, 120, 240, chunks={"time": 1}).tas
+
+    with make("600MB") as cluster, Client(cluster) as client:
+        naive = run_watched(client, "naive", lambda: tas.chunk({"time": -1}).median("time"))
+    # the naive rechunk builds one 173 MB chunk, then nanmedian's copies on top of it
+    assert (not naive.completed) or naive.worker_deaths > 0 or naive.pauses > 0
+
+    with make("600MB") as cluster, Client(cluster) as client:
+        plan = tas.memchunk.plan("median", dim="time")
+        assert plan.budget.source.startswith("distributed client")
+        assert plan.dask_chunks["time"] == (1500,)
+        planned = run_watched(client, "memchunk", lambda: tas.memchunk.apply("median", dim="time"))
+    assert planned.completed, planned.error
+    assert planned.worker_deaths == 0
+    assert planned.pauses == 0
+    assert planned.peak_bytes < 0.8 * 600e6  # sampled RSS stayed below the pause threshold
+
+
+def test_planned_result_is_correct_on_the_cluster(cluster_client):
+    make, Client = cluster_client
+    tas = synthetic_climate(100, 30, 40, chunks={"time": 1}).tas
+    with make("1GB") as cluster, Client(cluster):
+        median = tas.memchunk.apply("median", dim="T").compute()
+    np.testing.assert_allclose(median.values, tas.load().median("time").values, rtol=1e-6)
+
+
+def test_gst3d_plan_runs_without_pause_or_restart(cluster_client):
+    make, Client = cluster_client
+    volume = synthetic_seismic((160, 160, 160), chunks="auto")
+    with make("1GB") as cluster, Client(cluster) as client:
+        plan = volume.memchunk.plan("gst3d")
+        outcome = run_watched(client, "memchunk", lambda: volume.memchunk.apply("gst3d"))
+    assert outcome.completed, outcome.error
+    assert outcome.worker_deaths == 0 and outcome.pauses == 0
+    assert plan.n_tasks >= 2
+    # measured worker RSS (baseline included) within the prediction plus the idle worker
+    assert outcome.peak_bytes < plan.predicted_peak_bytes + plan.budget.worker_baseline

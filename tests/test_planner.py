@@ -1,0 +1,170 @@
+"""Properties of the pure planner, over many random problems (hypothesis)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from xarray_memchunk import Budget, InfeasiblePlanError
+from xarray_memchunk.planning.balance import balanced_chunks
+from xarray_memchunk.planning.plan import Binding
+from xarray_memchunk.planning.problem import DimRole, DimSpec, PlanProblem
+from xarray_memchunk.planning.search import plan_chunks, plan_for_chunks
+
+
+def linear_peak(bytes_per_element, constant=0):
+    def peak(extents):
+        return constant + bytes_per_element * np.prod(
+            [np.asarray(v, dtype=float) for v in extents.values()], axis=0
+        )
+
+    return peak
+
+
+def budget(per_task, threads=2):
+    return Budget(
+        worker_memory=per_task * 4,
+        threads_per_worker=1,
+        n_workers=threads,
+        per_task=per_task,
+        source="test",
+        worker_baseline=0,
+        task_share=1.0,
+        pause_fraction=1.0,
+    )
+
+
+dim_strategy = st.builds(
+    lambda size, role, depth, storage: (size, role, depth, storage),
+    st.integers(1, 400),
+    st.sampled_from([DimRole.FREE, DimRole.HALO, DimRole.WHOLE]),
+    st.integers(0, 6),
+    st.one_of(st.none(), st.integers(1, 120)),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    dims=st.lists(dim_strategy, min_size=1, max_size=4),
+    bpe=st.floats(1, 100),
+    per_task=st.integers(10_000, 50_000_000),
+    threads=st.integers(1, 8),
+)
+def test_plans_fit_are_balanced_and_respect_roles(dims, bpe, per_task, threads):
+    specs = tuple(
+        DimSpec(f"d{i}", size, role, depth if role is DimRole.HALO else 0, storage)
+        for i, (size, role, depth, storage) in enumerate(dims)
+    )
+    problem = PlanProblem("test", specs, linear_peak(bpe))
+    try:
+        plan = plan_chunks(problem, budget(per_task, threads))
+    except InfeasiblePlanError as err:
+        # infeasible only if even the smallest allowed chunks are over budget
+        smallest = math.prod(
+            s.size if s.role is DimRole.WHOLE else (min(s.size, 3 * max(1, s.depth))) for s in specs
+        )
+        assert bpe * smallest > per_task or "cannot fit" in str(err)
+        assert "per task" in str(err) and "memory_limit" in str(err)
+        return
+    assert plan.predicted_peak_bytes <= per_task
+    for spec in specs:
+        chunks = plan.dask_chunks[spec.name]
+        assert sum(chunks) == spec.size
+        if spec.role is DimRole.WHOLE:
+            assert chunks == (spec.size,)
+        if spec.role is DimRole.HALO and len(chunks) > 1:
+            assert min(chunks) >= max(1, spec.depth)
+        # balanced: chunks differ by at most one unit (storage chunk or element)
+        unit = spec.storage_chunk if spec.storage_chunk and plan.storage_aligned else 1
+        assert max(chunks[:-1] or chunks) - min(chunks[:-1] or chunks) <= unit
+        assert plan.chunks[spec.name] == max(chunks)
+    assert plan.n_tasks == math.prod(len(c) for c in plan.dask_chunks.values())
+
+
+def test_balanced_never_uneven():
+    assert balanced_chunks(200, 2) == (100, 100)
+    assert balanced_chunks(201, 2) == (101, 100)
+
+
+def test_memory_binds_and_splits_evenly():
+    specs = tuple(DimSpec(n, 200, DimRole.FREE) for n in "xyz")
+    problem = PlanProblem("op", specs, linear_peak(100.0))
+    plan = plan_chunks(problem, budget(int(100 * 200**3 / 40)))
+    assert plan.binding == Binding.MEMORY
+    assert plan.n_tasks >= 40
+    assert plan.predicted_peak_bytes <= plan.budget.per_task
+    for chunks in plan.dask_chunks.values():
+        assert max(chunks) - min(chunks) <= 1  # never 159 + 41
+
+
+def test_parallelism_when_memory_is_plentiful():
+    specs = (DimSpec("x", 1000), DimSpec("y", 1000))
+    problem = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-8)
+    plan = plan_chunks(problem, budget(10**12, threads=4))
+    assert plan.n_tasks >= 4
+    assert plan.binding == Binding.PARALLELISM
+
+
+def test_tiny_data_stays_one_chunk():
+    problem = PlanProblem("op", (DimSpec("x", 10),), linear_peak(4.0))
+    plan = plan_chunks(problem, budget(10**9, threads=4))
+    assert plan.n_tasks == 1 and plan.binding == Binding.TASK_OVERHEAD
+
+
+def test_storage_alignment_taken_when_cheap():
+    # 1000 elements in storage chunks of 100; an aligned split is as fast as any other
+    problem = PlanProblem(
+        "op", (DimSpec("x", 1000, storage_chunk=100), DimSpec("y", 64)), linear_peak(1000.0)
+    )
+    plan = plan_chunks(problem, budget(1000 * 64 * 260))
+    assert plan.storage_aligned
+    assert all(c % 100 == 0 for c in plan.dask_chunks["x"][:-1])
+
+
+def test_storage_alignment_given_up_is_explained():
+    # storage chunks are whole-dim: any fitting plan must cut them
+    problem = PlanProblem("op", (DimSpec("x", 1000, storage_chunk=1000),), linear_peak(1000.0))
+    plan = plan_chunks(problem, budget(1000 * 300))
+    assert not plan.storage_aligned
+    assert "alignment given up" in plan.explain()
+
+
+def test_halo_dims_prefer_low_overhead():
+    # as many tasks as a slab split would make, but cubes: the least halo per voxel
+    specs = tuple(DimSpec(n, 200, DimRole.HALO, depth=9) for n in "xyz")
+    problem = PlanProblem("op", specs, linear_peak(40.0), seconds_per_element=3e-7)
+    plan = plan_chunks(problem, budget(800_000_000, threads=2))
+    assert plan.n_tasks == 8
+    assert sorted(len(c) for c in plan.dask_chunks.values()) == [2, 2, 2]
+    assert plan.halo == {"x": 9, "y": 9, "z": 9}
+
+
+def test_halo_is_modelled_in_the_padded_extent():
+    specs = (DimSpec("x", 100, DimRole.HALO, depth=5), DimSpec("y", 10))
+    problem = PlanProblem("op", specs, linear_peak(1.0))
+    two = plan_for_chunks(problem, budget(10**6), {"x": (50, 50), "y": (10,)})
+    three = plan_for_chunks(problem, budget(10**6), {"x": (34, 33, 33), "y": (10,)})
+    assert two.predicted_peak_bytes == (50 + 5) * 10  # one neighbour
+    assert three.predicted_peak_bytes == (34 + 10) * 10  # interior chunk: two neighbours
+
+
+def test_infeasible_states_minimum_and_remedy():
+    specs = (DimSpec("time", 10_000, DimRole.WHOLE), DimSpec("x", 10))
+    problem = PlanProblem("median", specs, linear_peak(16.0))
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, budget(100_000))
+    text = str(err.value)
+    assert "156.25 kiB" in text  # 16 B x 10,000 x 1: the smallest task
+    assert "memory_limit" in text and "time" in text
+
+
+def test_user_chunks_plan_reports_prediction():
+    specs = (DimSpec("x", 100), DimSpec("y", 100))
+    problem = PlanProblem("op", specs, linear_peak(10.0))
+    plan = plan_for_chunks(problem, budget(10**6), {"x": (50, 50), "y": (100,)})
+    assert plan.binding == Binding.USER_CHUNKS
+    assert plan.n_tasks == 2
+    assert plan.predicted_peak_bytes == 10 * 50 * 100
+    assert plan.fits

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk.datasets import synthetic_climate
+
+TREE = ["sum", "mean", "std", "var", "min", "max"]
+
+
+@pytest.fixture
+def tas():
+    ds = synthetic_climate(60, 20, 30, chunks={"time": 1})
+    ds["tas"][5, 3, 4] = np.nan  # exercises skipna
+    return ds
+
+
+@pytest.mark.parametrize("op", [*TREE, "median"])
+def test_reductions_equal_xarray(tas, op, threaded):
+    expected = getattr(tas.tas.load(), op)("time")
+    result = tas.tas.memchunk.apply(op, dim="time", budget="2GB")
+    assert isinstance(result, xr.DataArray)
+    np.testing.assert_allclose(result.values, expected.values, rtol=2e-6)
+
+
+def test_quantile_equals_xarray(tas, threaded):
+    expected = tas.tas.load().quantile([0.1, 0.9], dim="time")
+    result = tas.tas.memchunk.apply("quantile", q=[0.1, 0.9], dim="time", budget="2GB")
+    np.testing.assert_allclose(result.values, expected.values, rtol=1e-6)
+
+
+def test_cf_axis_names_the_time_dim(tas, threaded):
+    plan = tas.memchunk.plan("median", dim="T", budget="2GB")
+    assert plan.whole_dims == ("time",)
+    assert plan.dask_chunks["time"] == (60,)
+    result = tas.memchunk.apply("mean", dim="T", budget="2GB")
+    assert isinstance(result, xr.Dataset)
+    assert set(result.tas.dims) == {"lat", "lon"}
+    # the standard name works too
+    assert tas.memchunk.plan("median", dim="time", budget="2GB").whole_dims == ("time",)
+
+
+def test_median_keeps_planned_chunks():
+    tas = synthetic_climate(200, 90, 180, chunks={"time": 1}).tas
+    budget = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=20 * 2**20, source="test"
+    )
+    plan = tas.memchunk.plan("median", dim="time", budget=budget)
+    assert len(plan.dask_chunks["lat"]) * len(plan.dask_chunks["lon"]) > 1
+    result = tas.memchunk.apply("median", dim="time", budget=budget)
+    # xarray's own median would merge these into "auto" chunks
+    assert result.chunks == (plan.dask_chunks["lat"], plan.dask_chunks["lon"])
+
+
+def test_tree_reductions_may_chunk_the_reduced_dim(tas):
+    budget = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=9 * 2**20, source="test"
+    )
+    big = synthetic_climate(400, 90, 180, chunks={"time": 1})
+    plan = big.memchunk.plan("mean", dim="time", budget=budget)
+    assert len(plan.dask_chunks["time"]) > 1
+    assert plan.predicted_peak_bytes <= budget.per_task
+
+
+def test_unknown_dim_is_a_dimension_error(tas):
+    with pytest.raises(xm.DimensionError, match=r"no dim 'depth'.*dims"):
+        tas.memchunk.plan("mean", dim="depth")
+
+
+def test_unknown_operator_lists_names(tas):
+    with pytest.raises(xm.UnknownOperatorError, match=r"known operators:.*gst3d.*median"):
+        tas.memchunk.plan("medain")
+
+
+def test_quantile_needs_q(tas):
+    with pytest.raises(xm.MemchunkError, match="needs q="):
+        tas.memchunk.plan("quantile", dim="time")
+    with pytest.raises(xm.MemchunkError, match=r"within \[0, 1\]"):
+        tas.memchunk.plan("quantile", dim="time", q=1.5)
+
+
+def test_unexpected_argument_is_rejected(tas):
+    with pytest.raises(xm.MemchunkError, match="unexpected arguments"):
+        tas.memchunk.plan("mean", dim="time", ddof=1)

@@ -1,0 +1,54 @@
+"""xarray-memchunk: memory-aware chunking for xarray + Dask.
+
+Importing the package registers the ``.memchunk`` accessor on :class:`xarray.Dataset` and
+:class:`xarray.DataArray`::
+
+    import xarray_memchunk
+    plan = ds.memchunk.plan("gst3d")   # chunks, predicted peak per task, and why
+    dip = ds.memchunk.apply("gst3d")   # lazy result, rechunked per the plan
+"""
+
+from .accessor import MemchunkAccessor, register
+from .api import apply, plan
+from .budget import Budget, resolve_budget
+from .errors import (
+    BudgetError,
+    CalibrationError,
+    DimensionError,
+    InfeasiblePlanError,
+    MemchunkError,
+    MemoryBudgetWarning,
+    UnknownOperatorError,
+)
+from .models import LinearMemoryModel
+from .operators import BlockwiseOperator, DimUse, Operator, register_operator
+from .operators import operator_names as operators
+from .planning.plan import ChunkPlan
+from .planning.problem import DimRole
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockwiseOperator",
+    "Budget",
+    "BudgetError",
+    "CalibrationError",
+    "ChunkPlan",
+    "DimRole",
+    "DimUse",
+    "DimensionError",
+    "InfeasiblePlanError",
+    "LinearMemoryModel",
+    "MemchunkAccessor",
+    "MemchunkError",
+    "MemoryBudgetWarning",
+    "Operator",
+    "UnknownOperatorError",
+    "apply",
+    "operators",
+    "plan",
+    "register_operator",
+    "resolve_budget",
+]
+
+register()

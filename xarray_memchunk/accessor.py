@@ -1,0 +1,62 @@
+"""The ``.memchunk`` accessor on :class:`xarray.Dataset` and :class:`xarray.DataArray`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import xarray as xr
+
+from . import api
+from .budget import Budget, resolve_budget
+from .operators import Operator
+from .planning.plan import ChunkPlan
+
+__all__ = ["MemchunkAccessor"]
+
+
+class MemchunkAccessor:
+    """Memory-aware chunking for the operator that comes next.
+
+    Examples
+    --------
+    >>> plan = ds.memchunk.plan("gst3d")      # doctest: +SKIP
+    >>> dip = ds.memchunk.apply("gst3d")      # doctest: +SKIP
+    """
+
+    def __init__(self, obj: xr.Dataset | xr.DataArray) -> None:
+        self._obj = obj
+
+    def plan(
+        self,
+        op: str | Operator,
+        *,
+        budget: Budget | int | str | None = None,
+        chunks: api.Chunks = None,
+        **op_kwargs: Any,
+    ) -> ChunkPlan:
+        """Plan chunks for ``op`` without running anything; see :func:`xarray_memchunk.api.plan`."""
+        return api.plan(self._obj, op, budget=budget, chunks=chunks, **op_kwargs)
+
+    def apply(
+        self,
+        op: str | Operator,
+        *,
+        budget: Budget | int | str | None = None,
+        chunks: api.Chunks = None,
+        **op_kwargs: Any,
+    ) -> xr.Dataset | xr.DataArray:
+        """Rechunk per the plan, return ``op``'s lazy result; see :func:`~xarray_memchunk.apply`."""
+        return api.apply(self._obj, op, budget=budget, chunks=chunks, **op_kwargs)
+
+    def budget(self, budget: Budget | int | str | None = None) -> Budget:
+        """The memory one task may use, and where it came from; see :func:`resolve_budget`."""
+        return resolve_budget(budget)
+
+
+def register() -> None:
+    """Register the accessor on Dataset and DataArray (idempotent)."""
+    for cls in (xr.Dataset, xr.DataArray):
+        if "memchunk" not in getattr(cls, "__dict__", {}):
+            xr.register_dataset_accessor("memchunk")(MemchunkAccessor) if cls is xr.Dataset else (
+                xr.register_dataarray_accessor("memchunk")(MemchunkAccessor)
+            )

@@ -1,0 +1,194 @@
+"""Calibrate an operator's memory model on this machine: profile tasks in a worker, fit, save.
+
+    import xarray_memchunk as xm
+    xm.calibrate("gst3d")               # or, from a shell: memchunk calibrate gst3d
+
+The calibration is written to the user calibration directory (see
+:mod:`xarray_memchunk.models.calibration`) and takes precedence over the shipped one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .models.calibration import save_calibration
+from .models.fitting import LinearFit, fit_linear
+from .models.profiling import TaskProfile, peak_method, profile_tasks
+from .operators import Operator, get_operator
+
+__all__ = ["calibrate", "features_of", "fit_profiles"]
+
+
+def _versions() -> dict[str, str]:
+    import dask
+    import distributed
+    import scipy
+    import sklearn
+    import xarray
+
+    from . import __version__
+
+    return {
+        "xarray_memchunk": __version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "xarray": xarray.__version__,
+        "scikit-learn": sklearn.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _machine() -> dict[str, Any]:
+    import psutil
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": int(psutil.virtual_memory().total),
+    }
+
+
+def features_of(
+    operator: Operator, extents: Mapping[str, int], dtype: str, kwargs: Mapping[str, Any]
+) -> dict[str, float]:
+    """The memory-model features of one task shape, as the planner computes them."""
+    import xarray as xr
+
+    template = xr.DataArray(np.empty((1,) * len(extents), dtype=dtype), dims=list(extents))
+    uses = operator.dim_uses(template, **kwargs)
+    arrays = {d: np.array([v]) for d, v in extents.items()}
+    feats = operator.task_features(arrays, uses, np.dtype(dtype).itemsize, **kwargs)
+    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in feats.items()}
+
+
+def fit_profiles(
+    operator: Operator, profiles: Sequence[TaskProfile], kwargs: Mapping[str, Any]
+) -> tuple[LinearFit, float]:
+    """Fit the memory model and the time per element to profiles of one dtype."""
+    rows = [features_of(operator, p.extents, p.dtype, kwargs) for p in profiles]
+    features = {k: np.array([r[k] for r in rows]) for k in rows[0]}
+    fit = fit_linear(features, np.array([p.peak_bytes for p in profiles]))
+    elements = np.array([np.prod(list(p.extents.values()), dtype=float) for p in profiles])
+    seconds = np.array([p.seconds for p in profiles])
+    large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
+    return fit, float(np.median(seconds[large] / elements[large]))
+
+
+def calibrate(
+    op: str | Operator,
+    *,
+    dtypes: Sequence[str] = ("float32", "float64"),
+    shapes: Sequence[Mapping[str, int]] | None = None,
+    repeats: int = 3,
+    client=None,
+    save: bool = True,
+    directory: str | os.PathLike | None = None,
+    **op_kwargs: Any,
+) -> dict[str, dict[str, Any]]:
+    """Profile ``op`` inside a Dask worker, fit its memory model, and save it as JSON.
+
+    Parameters
+    ----------
+    op
+        Operator name or object; custom operators work the same way.
+    dtypes
+        Input dtypes to calibrate.
+    shapes
+        Padded task extents to profile (dim -> length); the operator's
+        ``calibration_shapes()`` by default.
+    repeats
+        Runs per shape (the median peak is fitted).
+    client
+        A ``distributed.Client`` whose first worker runs the profiles; by default a
+        ``LocalCluster`` of one single-threaded worker without a memory limit is started.
+    save
+        Write the calibration file.
+    directory
+        Where to write it (the user calibration directory by default).
+    **op_kwargs
+        The operator's arguments (e.g. ``kernel="d2geo"``, ``dim="time"``).
+
+    Returns
+    -------
+    dict
+        The fits written, by dtype.
+    """
+    operator = get_operator(op)
+    kwargs = operator.normalize_kwargs(**(operator.calibration_kwargs() | op_kwargs))
+    shapes = list(shapes) if shapes is not None else operator.calibration_shapes()
+    fits: dict[str, dict[str, Any]] = {}
+    with _profiling_client(client) as profiler:
+        method = profiler.submit(peak_method, pure=False).result()
+        for dtype in dtypes:
+            profiles = profile_tasks(profiler, operator, shapes, dtype, kwargs, repeats)
+            fit, seconds = fit_profiles(operator, profiles, kwargs)
+            fits[dtype] = {
+                "coefficients": fit.coefficients,
+                "intercept": fit.intercept,
+                "seconds_per_element": seconds,
+                "fit": {
+                    "margin": fit.margin,
+                    "median_abs_pct_error": fit.median_abs_pct_error,
+                    "worst_under_pct": fit.worst_under_pct,
+                    "worst_over_pct": fit.worst_over_pct,
+                    "n_profiles": fit.n_profiles,
+                },
+                "profiles": [
+                    {
+                        "extents": p.extents,
+                        "peak_bytes": p.peak_bytes,
+                        "peak_spread": p.peak_spread,
+                        "seconds": p.seconds,
+                        "runs": p.runs,
+                    }
+                    for p in profiles
+                ],
+            }
+    if save:
+        metadata = {
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "machine": _machine(),
+            "method": method,
+            "operator_kwargs": {k: v for k, v in kwargs.items() if v is not None},
+        }
+        save_calibration(
+            operator.calibration_key(**kwargs),
+            "cpu",
+            fits,
+            metadata,
+            Path(directory) if directory is not None else None,
+        )
+    return fits
+
+
+@contextlib.contextmanager
+def _profiling_client(client):
+    """Use ``client``, or start a one-worker, one-thread LocalCluster for the profiles."""
+    if client is not None:
+        yield client
+        return
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            memory_limit=0,
+            processes=True,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as own,
+    ):
+        yield own

@@ -1,0 +1,222 @@
+"""The ``memchunk`` command line: plan, run, demo, operators.
+
+Bad input (missing file, not a dataset, unknown variable or operator, missing dims, unparsable
+budget, output that exists) exits with status 2 and one line on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import MemchunkError
+
+DEMO_SIZE = 200
+DEMO_MEMORY_LIMIT = "1.5GB"
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise MemchunkError(f"operator option {text!r} must look like KEY=VALUE, e.g. sigma=1.5")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def _op_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs = dict(_parse_option(o) for o in args.option or [])
+    if args.dim:
+        kwargs["dim"] = args.dim if len(args.dim) > 1 else args.dim[0]
+    return kwargs
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("op", metavar="OP", help="operator name (see `memchunk operators`)")
+    parser.add_argument("input", metavar="INPUT", help="Zarr store or netCDF file")
+    parser.add_argument(
+        "--var", metavar="NAME", help="variable to use (default: every suitable one)"
+    )
+    parser.add_argument(
+        "--dim",
+        metavar="DIM",
+        action="append",
+        help="dim the operator acts on (name or CF axis such as T); repeatable",
+    )
+    parser.add_argument(
+        "-o",
+        "--option",
+        metavar="KEY=VALUE",
+        action="append",
+        help="operator option, e.g. -o sigma=1.5 -o attribute=azimuth; repeatable",
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memchunk",
+        description="Memory-aware chunking for xarray + Dask: plan chunks from the operator's "
+        "memory model and the memory each task may use, then run.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    plan = sub.add_parser("plan", help="print the chunk plan for OP on INPUT (runs nothing)")
+    _add_common(plan)
+    plan.add_argument(
+        "--budget",
+        metavar="SIZE",
+        help="memory limit of one worker, written as Dask writes sizes: 1.5GB, "
+        "1.5GiB (default: discovered)",
+    )
+
+    run = sub.add_parser(
+        "run", help="compute OP on INPUT and write OUTPUT (Zarr, or netCDF by suffix)"
+    )
+    _add_common(run)
+    run.add_argument("output", metavar="OUTPUT", help="Zarr store, or .nc file")
+    run.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    run.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="existing Dask scheduler, e.g. tcp://host:8786 (budget from its workers)",
+    )
+    run.add_argument("--nworkers", type=int, default=2, help="LocalCluster workers (default 2)")
+    run.add_argument("--nthreads", type=int, default=1, help="threads per worker (default 1)")
+    run.add_argument(
+        "--memory-limit",
+        default="auto",
+        metavar="SIZE",
+        help="memory limit per worker, e.g. 1.5GB (default: auto)",
+    )
+
+    demo = sub.add_parser(
+        "demo",
+        help="GST3D on a generated volume: Dask auto chunks vs manual vs memchunk, side by side",
+    )
+    demo.add_argument(
+        "--size", type=int, default=DEMO_SIZE, help=f"volume edge (default {DEMO_SIZE})"
+    )
+    demo.add_argument(
+        "--memory-limit",
+        default=DEMO_MEMORY_LIMIT,
+        metavar="SIZE",
+        help=f"memory limit per worker (default {DEMO_MEMORY_LIMIT})",
+    )
+    demo.add_argument(
+        "--plot",
+        default="memchunk-demo.png",
+        metavar="PATH",
+        help="where to save worker memory over time (default memchunk-demo.png)",
+    )
+
+    sub.add_parser("operators", help="list the registered operators")
+    return parser
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .io import open_input
+
+    obj = open_input(args.input, args.var)
+    print(obj.memchunk.plan(args.op, budget=args.budget, **_op_kwargs(args)).explain())
+    return 0
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace):
+    from distributed import Client, LocalCluster
+
+    if args.scheduler:
+        try:
+            client = Client(args.scheduler, timeout="10s")
+        except OSError as exc:
+            raise MemchunkError(f"cannot connect to scheduler {args.scheduler}: {exc}") from exc
+        with client:
+            yield client
+        return
+    from .units import to_bytes
+
+    limit = args.memory_limit if args.memory_limit == "auto" else to_bytes(args.memory_limit)
+    with (
+        LocalCluster(
+            n_workers=args.nworkers,
+            threads_per_worker=args.nthreads,
+            memory_limit=limit,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from distributed import progress
+
+    from .io import check_target, open_input, safe_write
+
+    obj = open_input(args.input, args.var)
+    check_target(args.output, args.overwrite)
+    kwargs = _op_kwargs(args)
+    with _client(args) as client:
+        plan = obj.memchunk.plan(args.op, **kwargs)  # budget from the cluster's workers
+        print(plan.explain(), flush=True)
+        result = obj.memchunk.apply(args.op, **kwargs)
+
+        def compute(delayed):
+            future = client.compute(delayed)
+            progress(future)
+            print(flush=True)
+            future.result()
+
+        safe_write(result, args.output, overwrite=args.overwrite, compute=compute)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .datasets import synthetic_seismic
+    from .experiment import default_cases, format_table, plot_memory, run_gst3d_experiment
+    from .units import to_bytes
+
+    to_bytes(args.memory_limit, what="--memory-limit")
+    shape = (args.size,) * 3
+    print(f"GST3D dip on a synthetic {shape} float32 volume (20 degree reflectors),")
+    print(f"LocalCluster(n_workers=2, threads_per_worker=1, memory_limit={args.memory_limit!r})\n")
+    volume = synthetic_seismic(shape, chunks="auto")
+    print(volume.memchunk.plan("gst3d", budget=args.memory_limit).explain(), "\n", flush=True)
+    manual = [n for n in (64, 100) if n < args.size]
+    outcomes = run_gst3d_experiment(
+        shape, memory_limit=args.memory_limit, cases=default_cases(manual)
+    )
+    print(format_table(outcomes, args.memory_limit))
+    print(f"\nworker memory over time: {plot_memory(outcomes, args.memory_limit, args.plot)}")
+    return 0 if outcomes[-1].completed else 1
+
+
+def _cmd_operators(args: argparse.Namespace) -> int:
+    from .operators import get_operator, operator_names
+
+    for name in operator_names():
+        print(f"{name:<12} {get_operator(name).description}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``memchunk`` console script."""
+    import xarray_memchunk  # noqa: F401  (registers the accessor)
+
+    args = _build_parser().parse_args(argv)
+    commands = {"plan": _cmd_plan, "run": _cmd_run, "demo": _cmd_demo, "operators": _cmd_operators}
+    try:
+        return commands[args.command](args)
+    except MemchunkError as exc:
+        print(f"memchunk: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

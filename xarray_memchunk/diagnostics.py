@@ -1,0 +1,197 @@
+"""Watch a ``distributed`` cluster while a computation runs: worker memory, pauses, restarts.
+
+Worker memory is sampled from the client's side (``psutil`` on the worker processes of a
+``LocalCluster``, which are this process's descendants), so the samples of a worker that is
+killed are kept, and a restarted worker shows up as a new process. Pauses and removals of
+workers are read from the scheduler's event log.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ClusterWatch", "RunOutcome", "run_watched"]
+
+
+@dataclass
+class RunOutcome:
+    """What happened when one computation ran on the cluster.
+
+    Attributes
+    ----------
+    label
+        Name of the case.
+    completed
+        Whether the computation returned a result.
+    error
+        The exception's type and first line, when it did not.
+    seconds
+        Wall time from submission to result (or failure).
+    peak_worker_bytes
+        Largest sampled RSS of each worker process (a restarted worker is another process).
+    pauses
+        Times a worker was paused for memory (status changed to ``paused``).
+    worker_deaths
+        Workers removed from the cluster while it ran (killed or crashed).
+    n_tasks
+        Tasks in the graph.
+    series
+        ``{pid: [(seconds since start, rss bytes), ...]}`` for plotting.
+    extra
+        Anything else the caller records (chunks, predicted peak, ...).
+    """
+
+    label: str
+    completed: bool
+    error: str
+    seconds: float
+    peak_worker_bytes: dict[int, int]
+    pauses: int
+    worker_deaths: int
+    n_tasks: int
+    series: dict[int, list[tuple[float, int]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Largest sampled RSS of any worker process."""
+        return max(self.peak_worker_bytes.values(), default=0)
+
+
+class ClusterWatch:
+    """Sample the RSS of every worker process of a ``LocalCluster`` every ``interval`` seconds.
+
+    Use as a context manager around a computation; ``series`` and ``peaks`` hold the samples.
+    ``on_refresh`` is called every 0.25 s from the sampling thread (to poll events).
+    """
+
+    def __init__(
+        self, interval: float = 0.02, on_refresh: Callable[[], None] | None = None
+    ) -> None:
+        import psutil
+
+        self.interval = interval
+        self.on_refresh = on_refresh
+        self.series: dict[int, list[tuple[float, int]]] = {}
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.start = 0.0
+
+    def _worker_processes(self) -> dict[int, Any]:
+        """Child processes started by ``multiprocessing`` spawn: the workers of a LocalCluster."""
+        import psutil
+
+        found = {}
+        for proc in self._process.children(recursive=True):
+            try:
+                if "spawn_main" in " ".join(proc.cmdline()):
+                    found[proc.pid] = proc
+            except psutil.Error:
+                continue
+        return found
+
+    def _run(self) -> None:
+        import psutil
+
+        processes: dict[int, Any] = {}
+        last_refresh = -1.0
+        while not self._stop.is_set():
+            now = time.perf_counter() - self.start
+            if now - last_refresh > 0.25:  # a new pid is a restarted worker
+                processes = self._worker_processes()
+                if self.on_refresh is not None:
+                    self.on_refresh()
+                last_refresh = now
+            for pid, proc in list(processes.items()):
+                try:
+                    rss = proc.memory_info().rss
+                except psutil.Error:
+                    processes.pop(pid, None)
+                    continue
+                self.series.setdefault(pid, []).append((now, rss))
+            time.sleep(self.interval)
+
+    def __enter__(self) -> ClusterWatch:
+        self.start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peaks(self) -> dict[int, int]:
+        """Largest RSS sample per worker process."""
+        return {pid: max(v for _, v in samples) for pid, samples in self.series.items() if samples}
+
+
+class _EventLog:
+    """Collect the scheduler's pause and worker-removal events while a computation runs.
+
+    The scheduler forgets the event topic of a worker shortly after removing it, so the log is
+    polled during the run, not only read at the end.
+    """
+
+    def __init__(self, client, since: float) -> None:
+        self.client = client
+        self.since = since
+        self.pauses: set[tuple[str, float]] = set()
+        self.deaths: set[tuple[str, float]] = set()
+
+    def poll(self) -> None:
+        try:
+            events = self.client.get_events()
+        except Exception:  # scheduler busy: the next poll catches up
+            return
+        for topic, entries in events.items():
+            for stamp, msg in entries:
+                if stamp < self.since or not isinstance(msg, dict):
+                    continue
+                if msg.get("action") == "worker-status-change" and msg.get("status") == "paused":
+                    self.pauses.add((topic, stamp))
+                if topic == "all" and msg.get("action") == "remove-worker":
+                    self.deaths.add((str(msg.get("worker")), stamp))
+
+
+def run_watched(
+    client, label: str, build: Callable[[], Any], *, interval: float = 0.02
+) -> RunOutcome:
+    """Build a lazy result with ``build()``, compute it on ``client``'s cluster and watch.
+
+    Any exception from building (a planning error) or computing (``KilledWorker``) is recorded
+    in the outcome, not raised.
+    """
+    import dask
+
+    events = _EventLog(client, time.time())
+    n_tasks = 0
+    with ClusterWatch(interval, on_refresh=events.poll) as watch:
+        start = time.perf_counter()
+        try:
+            result = build()
+            n_tasks = len(result.__dask_graph__())
+            dask.compute(result)
+            completed, error = True, ""
+        except Exception as exc:  # the outcome records the failure
+            completed = False
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        seconds = time.perf_counter() - start
+    time.sleep(0.3)  # let the scheduler log the last status changes
+    events.poll()
+    return RunOutcome(
+        label=label,
+        completed=completed,
+        error=error,
+        seconds=seconds,
+        peak_worker_bytes=watch.peaks,
+        pauses=len(events.pauses),
+        worker_deaths=len(events.deaths),
+        n_tasks=n_tasks,
+        series=watch.series,
+    )

@@ -1,0 +1,38 @@
+"""Exceptions and warnings raised by xarray-memchunk.
+
+Every error derives from :class:`MemchunkError`, and every one is raised before any
+computation starts: planning and validation run on metadata only.
+"""
+
+from __future__ import annotations
+
+
+class MemchunkError(Exception):
+    """Base class of every error raised by xarray-memchunk."""
+
+
+class UnknownOperatorError(MemchunkError, KeyError):
+    """An operator name that is not registered."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DimensionError(MemchunkError, ValueError):
+    """A dimension the operator needs is missing, or was named ambiguously."""
+
+
+class BudgetError(MemchunkError, ValueError):
+    """A memory budget that cannot be parsed, or is zero or negative."""
+
+
+class InfeasiblePlanError(MemchunkError):
+    """No chunking of the data lets one task fit in the per-task memory budget."""
+
+
+class CalibrationError(MemchunkError):
+    """A calibration file that is missing, malformed, or does not match its operator."""
+
+
+class MemoryBudgetWarning(UserWarning):
+    """User-given chunks whose predicted peak per task exceeds the per-task budget."""

@@ -1,0 +1,98 @@
+"""Fit a conservative linear memory model to measured task peaks with scikit-learn."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["LinearFit", "fit_linear", "prediction_errors"]
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    """Coefficients of ``peak = intercept + sum(coef * feature)`` and how well they fit.
+
+    Attributes
+    ----------
+    coefficients, intercept
+        The model, already scaled by ``1 + margin``.
+    margin
+        Scale applied so that no profile used in the fit is under-predicted.
+    median_abs_pct_error, worst_under_pct, worst_over_pct
+        Errors on the profiles used in the fit, after the margin (percent).
+    n_profiles
+        Profiles fitted.
+    """
+
+    coefficients: dict[str, float]
+    intercept: float
+    margin: float
+    median_abs_pct_error: float
+    worst_under_pct: float
+    worst_over_pct: float
+    n_profiles: int
+
+    def predict(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Predicted peak bytes for these features."""
+        total = np.full(len(next(iter(features.values()))), self.intercept, dtype=np.float64)
+        for name, coef in self.coefficients.items():
+            total += coef * np.asarray(features[name], dtype=np.float64)
+        return total
+
+
+def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, float]:
+    """Median absolute, worst under- and worst over-prediction, in percent of the measurement.
+
+    Under-prediction is reported as a positive number: 12.0 means a prediction 12% below what
+    was measured.
+    """
+    pct = (
+        100.0
+        * (np.asarray(predicted, float) - np.asarray(measured, float))
+        / np.asarray(measured, float)
+    )
+    return {
+        "median_abs_pct_error": float(np.median(np.abs(pct))),
+        "worst_under_pct": float(max(0.0, -pct.min())),
+        "worst_over_pct": float(max(0.0, pct.max())),
+    }
+
+
+def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:
+    """Fit non-negative coefficients (``LinearRegression(positive=True)``), then make it safe.
+
+    A model that under-predicts is the one that kills workers, so after the least-squares fit
+    every coefficient and the intercept are scaled by ``1 + margin``, the smallest margin at
+    which no profile is under-predicted. Non-negative coefficients keep predictions growing
+    with the task, which is what lets the model extrapolate past the profiled shapes.
+
+    Parameters
+    ----------
+    features
+        Feature name -> one value per profile.
+    peaks
+        Measured peak bytes, one per profile.
+    """
+    from sklearn.linear_model import LinearRegression
+
+    names = list(features)
+    x = np.column_stack([np.asarray(features[n], dtype=np.float64) for n in names])
+    y = np.asarray(peaks, dtype=np.float64)
+    scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # conditioning: features span many decades
+    reg = LinearRegression(positive=True).fit(x / scale, y)
+    coefficients = reg.coef_ / scale
+    intercept = max(0.0, float(reg.intercept_))
+    raw = intercept + x @ coefficients
+    margin = max(0.0, float(np.max(y / np.maximum(raw, 1.0))) - 1.0)
+    coefficients = coefficients * (1.0 + margin)
+    intercept = intercept * (1.0 + margin)
+    errors = prediction_errors(intercept + x @ coefficients, y)
+    return LinearFit(
+        coefficients={n: float(c) for n, c in zip(names, coefficients, strict=True)},
+        intercept=intercept,
+        margin=margin,
+        n_profiles=len(y),
+        **errors,
+    )

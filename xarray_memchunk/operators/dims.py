@@ -1,0 +1,72 @@
+"""Resolve the dims an operator acts on: by name, or by CF axis / standard name (cf-xarray)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+import xarray as xr
+
+from ..errors import DimensionError
+
+__all__ = ["resolve_dim", "resolve_dims"]
+
+
+def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
+    import cf_xarray  # noqa: F401  (registers the .cf accessor)
+
+    found: list[str] = []
+    for mapping in (obj.cf.axes, obj.cf.coordinates, obj.cf.standard_names):
+        for name in mapping.get(key, []):
+            if name in obj.dims:
+                found.append(name)
+            elif name in obj.coords and obj.coords[name].ndim == 1:
+                found.append(str(obj.coords[name].dims[0]))
+    return list(dict.fromkeys(found))
+
+
+def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
+    """Return the dim of ``obj`` that ``key`` names.
+
+    Parameters
+    ----------
+    obj
+        The object the operator acts on.
+    key
+        A dim name, or a CF axis (``"X"``, ``"Y"``, ``"Z"``, ``"T"``), CF coordinate name
+        (``"longitude"``, ``"time"``, ...) or standard name that cf-xarray finds from the
+        coordinates' attributes.
+
+    Raises
+    ------
+    DimensionError
+        When no dim matches, or a CF key matches several.
+    """
+    if key in obj.dims:
+        return str(key)
+    matches = _cf_candidates(obj, str(key))
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise DimensionError(
+            f"{key!r} matches several dims through CF attributes ({', '.join(matches)}); "
+            f"name the dim itself"
+        )
+    import cf_xarray  # noqa: F401
+
+    axes = {k: v for k, v in obj.cf.axes.items() if v}
+    cf_hint = f"; CF axes found: {axes}" if axes else "; no CF axes found in the attributes"
+    raise DimensionError(f"no dim {key!r} in an object with dims {tuple(obj.dims)}{cf_hint}")
+
+
+def resolve_dims(
+    obj: xr.DataArray | xr.Dataset, keys: Hashable | Iterable[Hashable] | None
+) -> tuple[str, ...]:
+    """Resolve one key, several keys, or None (every dim of ``obj``) to dim names."""
+    if keys is None or keys is ...:
+        return tuple(str(d) for d in obj.dims)
+    if isinstance(keys, str) or not isinstance(keys, Iterable):
+        keys = [keys]
+    dims = tuple(resolve_dim(obj, k) for k in keys)
+    if len(set(dims)) != len(dims):
+        raise DimensionError(f"dims {tuple(keys)} name the same dim twice: {dims}")
+    return dims

@@ -1,0 +1,91 @@
+"""Closed-form eigen-analysis of many symmetric 3x3 matrices, without ``np.linalg.eigh``.
+
+``np.linalg.eigh`` on an ``(n, 3, 3)`` stack needs the stack itself (72 B per matrix in
+float64) plus ~115 B per matrix of temporaries. Here the six unique components come in as six
+flat arrays and are processed in slabs of :data:`SLAB` matrices, so the temporaries are a fixed
+few MiB whatever the chunk size.
+
+Eigenvalues: the trigonometric solution of the characteristic cubic (Smith, 1961).
+Principal eigenvector: the largest of the three cross products of rows of ``A - l1 I``, which
+span the plane orthogonal to it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["SLAB", "principal_eigen"]
+
+#: Matrices per slab: 32768 x ~25 float64 temporaries is ~6.5 MiB.
+SLAB = 32768
+
+
+def _eigenvalues(a11, a22, a33, a12, a13, a23):
+    """Eigenvalues l1 >= l2 >= l3 of symmetric 3x3 matrices given by their six components."""
+    q = (a11 + a22 + a33) / 3.0
+    p1 = a12 * a12 + a13 * a13 + a23 * a23
+    b11, b22, b33 = a11 - q, a22 - q, a33 - q
+    p = np.sqrt((b11 * b11 + b22 * b22 + b33 * b33 + 2.0 * p1) / 6.0)
+    safe = np.where(p > 0, p, 1.0)
+    det = (
+        b11 * (b22 * b33 - a23 * a23)
+        - a12 * (a12 * b33 - a23 * a13)
+        + a13 * (a12 * a23 - b22 * a13)
+    )
+    r = np.clip(det / (2.0 * safe**3), -1.0, 1.0)
+    phi = np.arccos(r) / 3.0
+    l1 = q + 2.0 * p * np.cos(phi)
+    l3 = q + 2.0 * p * np.cos(phi + 2.0 * np.pi / 3.0)
+    l2 = 3.0 * q - l1 - l3
+    return l1, l2, l3
+
+
+def _principal_vector(a11, a22, a33, a12, a13, a23, l1):
+    """Unit eigenvector of ``l1``, as three arrays (x, y, z)."""
+    r0 = (a11 - l1, a12, a13)
+    r1 = (a12, a22 - l1, a23)
+    r2 = (a13, a23, a33 - l1)
+    best = None
+    best_norm = None
+    for u, v in ((r0, r1), (r0, r2), (r1, r2)):
+        c = (u[1] * v[2] - u[2] * v[1], u[2] * v[0] - u[0] * v[2], u[0] * v[1] - u[1] * v[0])
+        norm = c[0] * c[0] + c[1] * c[1] + c[2] * c[2]
+        if best is None:
+            best, best_norm = c, norm
+        else:
+            take = norm > best_norm
+            best = tuple(np.where(take, new, old) for new, old in zip(c, best, strict=True))
+            best_norm = np.where(take, norm, best_norm)
+    norm = np.sqrt(best_norm)
+    degenerate = norm <= 1e-30
+    scale = np.where(degenerate, 0.0, 1.0 / np.where(degenerate, 1.0, norm))
+    x, y, z = (c * scale for c in best)
+    # no defined direction (isotropic or zero tensor): report the vertical
+    z = np.where(degenerate, 1.0, z)
+    return x, y, z
+
+
+def principal_eigen(components, out_vector=None, out_values=None, slab: int = SLAB) -> None:
+    """Principal eigenvector and eigenvalues of symmetric 3x3 matrices, slab by slab.
+
+    Parameters
+    ----------
+    components
+        Six flat arrays ``(a11, a22, a33, a12, a13, a23)`` of equal length.
+    out_vector
+        Callable ``(slice, x, y, z)`` receiving the principal unit eigenvector of each slab
+        (float64), sign not normalised; or None.
+    out_values
+        Callable ``(slice, l1, l2, l3)`` receiving the eigenvalues, descending; or None.
+    slab
+        Matrices processed at once.
+    """
+    n = components[0].shape[0]
+    for start in range(0, n, slab):
+        s = slice(start, min(n, start + slab))
+        a = [np.asarray(c[s], dtype=np.float64) for c in components]
+        l1, l2, l3 = _eigenvalues(*a)
+        if out_values is not None:
+            out_values(s, l1, l2, l3)
+        if out_vector is not None:
+            out_vector(s, *_principal_vector(*a, l1))

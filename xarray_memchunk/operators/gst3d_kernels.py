@@ -1,0 +1,171 @@
+"""GST3D on one numpy block: gradients, structure tensor, principal direction, attributes.
+
+One call does the whole pipeline on one (padded) block, freeing each intermediate as soon as
+it is used, so the peak is about the padded input, three gradients, six tensor components and
+one output, in the input's precision (float32 in: ~40 bytes per padded voxel), instead of the
+~240 B/voxel of a chain of ``map_overlap`` calls, a ``da.stack`` of nine components and
+``np.linalg.eigh``.
+
+Two kernels:
+
+- ``"gaussian"``: gradients by Gaussian derivatives of scale ``sigma``, tensor products
+  smoothed by a Gaussian of scale ``rho`` (both truncated at ``truncate`` standard deviations);
+- ``"d2geo"``: what the d2geo and dasf-seismic attribute libraries compute: a 3-point central
+  derivative ``[-0.5, 0, 0.5]`` with ``[0.178947, 0.642105, 0.178947]`` smoothing along the
+  other two axes, products smoothed by a 3x3x3 box filter.
+
+Both use ``reflect`` boundaries (``d c b a | a b c d``). Axes are (inline, crossline, sample),
+the last three of the block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+from .eigen3 import principal_eigen
+
+__all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "halo_depth"]
+
+ATTRIBUTES = ("dip", "azimuth", "planarity", "linearity")
+KERNELS = ("gaussian", "d2geo")
+
+D2GEO_DERIVATIVE = np.array([-0.5, 0.0, 0.5])
+D2GEO_SMOOTHING = np.array([0.178947, 0.642105, 0.178947])
+
+
+def _radius(scale: float, truncate: float) -> int:
+    """Kernel radius scipy uses for a Gaussian of ``scale`` truncated at ``truncate``."""
+    return int(truncate * float(scale) + 0.5)
+
+
+def halo_depth(kernel: str, sigma: float, rho: float, truncate: float) -> int:
+    """Halo (elements per side) a block needs so chunked results equal unchunked ones.
+
+    The gradient reads ``r_sigma`` neighbours and the tensor smoothing ``r_rho`` more, so an
+    output voxel depends on input voxels up to ``r_sigma + r_rho`` away.
+    """
+    if kernel == "d2geo":
+        return 2
+    return _radius(sigma, truncate) + _radius(rho, truncate)
+
+
+def _gradient(x, axis: int, kernel: str, sigma: float, truncate: float, dtype):
+    if kernel == "d2geo":
+        g = ndimage.correlate1d(x, D2GEO_DERIVATIVE, axis=axis, output=dtype, mode="reflect")
+        for other in range(3):
+            if other != axis:
+                ndimage.correlate1d(g, D2GEO_SMOOTHING, axis=other, output=g, mode="reflect")
+        return g
+    order = [0, 0, 0]
+    order[axis] = 1
+    return ndimage.gaussian_filter(
+        x, sigma, order=order, output=dtype, mode="reflect", truncate=truncate
+    )
+
+
+def _smooth(product, out, kernel: str, rho: float, truncate: float) -> None:
+    if kernel == "d2geo":
+        ndimage.uniform_filter(product, size=3, output=out, mode="reflect")
+    else:
+        ndimage.gaussian_filter(product, rho, output=out, mode="reflect", truncate=truncate)
+
+
+def _structure_tensor(x, kernel, sigma, rho, truncate, dtype):
+    """The six smoothed tensor components (xx, yy, zz, xy, xz, yz); gradients freed on the way."""
+    gx = _gradient(x, 0, kernel, sigma, truncate, dtype)
+    gy = _gradient(x, 1, kernel, sigma, truncate, dtype)
+    gz = _gradient(x, 2, kernel, sigma, truncate, dtype)
+    buf = np.empty_like(gx)
+    tensor = {}
+    for key, a, b in (("xx", gx, gx), ("xy", gx, gy), ("xz", gx, gz)):
+        np.multiply(a, b, out=buf)
+        tensor[key] = np.empty_like(buf)
+        _smooth(buf, tensor[key], kernel, rho, truncate)
+    del gx, a, b
+    for key, a, b in (("yy", gy, gy), ("yz", gy, gz)):
+        np.multiply(a, b, out=buf)
+        tensor[key] = np.empty_like(buf)
+        _smooth(buf, tensor[key], kernel, rho, truncate)
+    del gy, a, b
+    np.multiply(gz, gz, out=buf)
+    del gz
+    tensor["zz"] = np.empty_like(buf)
+    _smooth(buf, tensor["zz"], kernel, rho, truncate)
+    del buf
+    return [tensor[k].reshape(-1) for k in ("xx", "yy", "zz", "xy", "xz", "yz")]
+
+
+def _attribute_writer(attribute: str, out_flat: np.ndarray):
+    """Callbacks for :func:`principal_eigen` that write ``attribute`` into ``out_flat``."""
+    if attribute in ("dip", "azimuth"):
+
+        def write_vector(s, x, y, z):
+            sign = np.where(z < 0, -1.0, 1.0)  # sample component >= 0
+            if attribute == "dip":
+                out_flat[s] = np.degrees(np.arccos(np.clip(z * sign, -1.0, 1.0)))
+            else:
+                out_flat[s] = np.mod(np.degrees(np.arctan2(x * sign, y * sign)), 360.0)
+
+        return write_vector, None
+
+    def write_values(s, l1, l2, l3):
+        safe = np.where(l1 > 0, l1, 1.0)
+        value = (l1 - l2) / safe if attribute == "planarity" else (l2 - l3) / safe
+        out_flat[s] = np.where(l1 > 0, value, 0.0)
+
+    return None, write_values
+
+
+def gst3d_block(
+    block: np.ndarray,
+    *,
+    attribute: str = "dip",
+    kernel: str = "gaussian",
+    sigma: float = 1.0,
+    rho: float = 2.0,
+    truncate: float = 3.0,
+    out_dtype: np.dtype | str = "float32",
+) -> np.ndarray:
+    """Compute a GST3D attribute on one block whose last three axes are (inline, crossline, sample).
+
+    Parameters
+    ----------
+    block
+        Amplitudes, float32 or float64; leading axes (a stack of volumes) are looped over.
+    attribute
+        ``"dip"`` (degrees from horizontal, 0..90), ``"azimuth"`` (degrees, 0..360,
+        ``atan2(v_inline, v_crossline)``), ``"planarity"`` ((l1 - l2) / l1) or ``"linearity"``
+        ((l2 - l3) / l1), from the principal eigenvector / eigenvalues l1 >= l2 >= l3.
+    kernel
+        ``"gaussian"`` or ``"d2geo"`` (see the module docstring).
+    sigma, rho, truncate
+        Gaussian kernel scales (voxels) and truncation (standard deviations).
+    out_dtype
+        dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray
+        Same shape as ``block``.
+    """
+    if block.ndim > 3:
+        out = np.empty(block.shape, dtype=out_dtype)
+        for index in np.ndindex(block.shape[:-3]):
+            out[index] = gst3d_block(
+                block[index],
+                attribute=attribute,
+                kernel=kernel,
+                sigma=sigma,
+                rho=rho,
+                truncate=truncate,
+                out_dtype=out_dtype,
+            )
+        return out
+    dtype = np.float64 if block.dtype == np.float64 else np.float32
+    x = np.asarray(block)
+    components = _structure_tensor(x, kernel, sigma, rho, truncate, dtype)
+    out = np.empty(x.shape, dtype=out_dtype)
+    vector, values = _attribute_writer(attribute, out.reshape(-1))
+    principal_eigen(components, out_vector=vector, out_values=values)
+    return out

@@ -1,0 +1,1 @@
+"""Planning: pure functions from dims, roles, a memory model and a budget to a ChunkPlan."""

@@ -1,0 +1,145 @@
+"""The result of planning: chosen chunks, predicted peak per task, and why."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ..budget import Budget
+from ..units import format_bytes
+
+__all__ = ["Binding", "ChunkPlan"]
+
+
+class Binding:
+    """Names of the constraint that decided a plan (the values of :attr:`ChunkPlan.binding`)."""
+
+    MEMORY = "memory"
+    PARALLELISM = "parallelism"
+    TASK_OVERHEAD = "task overhead"
+    STORAGE_ALIGNMENT = "storage alignment"
+    USER_CHUNKS = "user chunks"
+
+    DESCRIPTIONS: ClassVar[dict[str, str]] = {
+        MEMORY: "the per-task memory budget: larger chunks would not fit",
+        PARALLELISM: "parallelism: chunks are split so every thread has work; memory is not "
+        "the limit",
+        TASK_OVERHEAD: "per-task overhead: fewer, larger chunks are faster and fit in memory",
+        STORAGE_ALIGNMENT: "storage alignment: whole storage chunks per task, at little cost",
+        USER_CHUNKS: "the chunks were given by the user",
+    }
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How an operator's input will be chunked, and what one task is predicted to need.
+
+    Attributes
+    ----------
+    operator
+        Operator name.
+    dims
+        Dims of the planned array, in order.
+    chunks
+        Longest chunk per dim (what ``.chunk()`` takes as an int).
+    dask_chunks
+        Balanced chunk lengths per dim (what ``.chunk()`` takes as a tuple).
+    predicted_peak_bytes
+        Predicted peak memory of one task, halo and temporaries included.
+    budget
+        The per-task memory budget planned against.
+    n_tasks
+        Tasks of the operator's blockwise step (one per chunk).
+    binding
+        Which constraint decided the chunks (see :class:`Binding`).
+    halo
+        Halo depth per dim, elements per side (dims without a halo are absent).
+    whole_dims
+        Dims the operator needs in one chunk.
+    storage_chunks
+        Storage chunk length per dim, where known.
+    storage_aligned
+        Whether every chunk is a whole number of storage chunks.
+    estimated_seconds
+        Estimated wall time of the blockwise step, from the calibrated time per element and a
+        1 ms per-task overhead; used to rank plans, not a promise.
+    notes
+        Further remarks (alignment given up, method chosen, ...).
+    """
+
+    operator: str
+    dims: tuple[str, ...]
+    chunks: dict[str, int]
+    dask_chunks: dict[str, tuple[int, ...]]
+    predicted_peak_bytes: int
+    budget: Budget
+    n_tasks: int
+    binding: str
+    halo: dict[str, int] = field(default_factory=dict)
+    whole_dims: tuple[str, ...] = ()
+    storage_chunks: dict[str, int | None] = field(default_factory=dict)
+    storage_aligned: bool = True
+    estimated_seconds: float = math.nan
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        """Whether the predicted peak of one task is within the per-task budget."""
+        return self.predicted_peak_bytes <= self.budget.per_task
+
+    def _chunk_text(self) -> str:
+        parts = []
+        for dim in self.dims:
+            lengths = self.dask_chunks[dim]
+            parts.append(f"{dim}: {len(lengths)} x {self.chunks[dim]}")
+        return ", ".join(parts)
+
+    def _lines(self) -> list[tuple[str, str]]:
+        rows = [
+            ("operator", self.operator),
+            ("chunks", self._chunk_text()),
+            ("tasks", f"{self.n_tasks}"),
+            (
+                "predicted peak per task",
+                f"{format_bytes(self.predicted_peak_bytes)} "
+                f"({100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget)",
+            ),
+            ("budget", self.budget.explain()),
+            ("decided by", Binding.DESCRIPTIONS.get(self.binding, self.binding)),
+        ]
+        if self.whole_dims:
+            rows.append(("whole dims", ", ".join(self.whole_dims) + " (one chunk each)"))
+        if self.halo:
+            rows.append(("halo", ", ".join(f"{d}: {k} per side" for d, k in self.halo.items())))
+        known = {d: c for d, c in self.storage_chunks.items() if c}
+        if known:
+            state = "aligned" if self.storage_aligned else "not aligned"
+            rows.append(
+                ("storage chunks", ", ".join(f"{d}: {c}" for d, c in known.items()) + f" ({state})")
+            )
+        if not math.isnan(self.estimated_seconds):
+            rows.append(("estimated time", f"{self.estimated_seconds:.3g} s (ranking only)"))
+        rows.extend(("note", note) for note in self.notes)
+        return rows
+
+    def explain(self) -> str:
+        """Describe the plan in plain text: chunks, tasks, predicted peak, budget and why."""
+        width = max(len(k) for k, _ in self._lines())
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in self._lines())
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
+            for k, v in self._lines()
+        )
+        status = "fits" if self.fits else "EXCEEDS BUDGET"
+        return (
+            f"<div><strong>memchunk ChunkPlan</strong> ({html.escape(status)})"
+            f"<table>{rows}</table></div>"
+        )

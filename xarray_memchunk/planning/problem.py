@@ -1,0 +1,92 @@
+"""The planning problem as plain numbers: dims, their roles, and a task's memory function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+__all__ = ["DimRole", "DimSpec", "PlanProblem", "PeakFunction"]
+
+#: Maps the padded extents of one task (dim name -> array of extents, one entry per candidate
+#: chunk shape) to the predicted peak bytes of that task (array of the same length).
+PeakFunction = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+class DimRole(StrEnum):
+    """How an operator needs a dimension chunked.
+
+    - ``WHOLE``: the dim must be one chunk (the reduced dim of a median, the short side of an SVD).
+    - ``HALO``: the dim may be chunked, but each task reads ``depth`` extra elements from each
+      neighbour (a stencil): chunks must be at least ``depth`` long.
+    - ``FREE``: the dim may be chunked anyhow (a dim the operator maps over).
+    """
+
+    WHOLE = "whole"
+    HALO = "halo"
+    FREE = "free"
+
+
+@dataclass(frozen=True)
+class DimSpec:
+    """One dimension of the array being planned.
+
+    Attributes
+    ----------
+    name
+        Dimension name.
+    size
+        Length of the dimension, elements.
+    role
+        How the operator needs it chunked.
+    depth
+        Halo depth, elements per side (``HALO`` dims only).
+    storage_chunk
+        Length of a storage chunk along this dim (on-disk or current dask chunk), if any.
+    """
+
+    name: str
+    size: int
+    role: DimRole = DimRole.FREE
+    depth: int = 0
+    storage_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """Everything the planner needs, and nothing from xarray or distributed.
+
+    Attributes
+    ----------
+    operator
+        Operator name, for messages.
+    dims
+        The array's dims in order.
+    peak_bytes
+        Predicted peak bytes of one task from its padded extents (see :data:`PeakFunction`).
+    seconds_per_element
+        Compute time per padded input element of one task (from the calibration); with
+        ``task_overhead_s`` it ranks candidate plans by estimated wall time.
+    task_overhead_s
+        Scheduling overhead per task, ~1 ms in Dask.
+    read_seconds_per_element
+        Time to read (and decompress, or copy when rechunking) one element of storage; a task
+        reads whole storage chunks, so chunks that cut across storage chunks read more.
+    notes
+        Operator remarks carried into the plan's explanation.
+    """
+
+    operator: str
+    dims: tuple[DimSpec, ...]
+    peak_bytes: PeakFunction
+    seconds_per_element: float = 1e-8
+    task_overhead_s: float = 1e-3
+    read_seconds_per_element: float = 2e-9
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Sizes of the dims, in order."""
+        return tuple(d.size for d in self.dims)
