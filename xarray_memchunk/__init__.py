@@ -11,6 +11,7 @@ Importing the package registers the ``.memchunk`` accessor on :class:`xarray.Dat
 from .accessor import MemchunkAccessor, register
 from .api import apply, plan
 from .budget import Budget, resolve_budget
+from .calibrate import calibrate
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -45,6 +46,7 @@ __all__ = [
     "Operator",
     "UnknownOperatorError",
     "apply",
+    "calibrate",
     "operators",
     "plan",
     "register_operator",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import xarray as xr
 
 from . import api
 from .budget import Budget, resolve_budget
+from .io import safe_write
 from .operators import Operator
 from .planning.plan import ChunkPlan
 
@@ -47,6 +50,22 @@ class MemchunkAccessor:
     ) -> xr.Dataset | xr.DataArray:
         """Rechunk per the plan, return ``op``'s lazy result; see :func:`~xarray_memchunk.apply`."""
         return api.apply(self._obj, op, budget=budget, chunks=chunks, **op_kwargs)
+
+    def to_zarr(self, store: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Compute and write this (lazy) object to a Zarr store, atomically.
+
+        Chunks are written as they are (the plan's, after :meth:`apply`), made uniform as Zarr
+        requires. The store appears only once complete; an existing one is replaced only with
+        ``overwrite=True``. See :func:`xarray_memchunk.io.safe_write`.
+        """
+        return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr")
+
+    def to_netcdf(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+        """Compute and write this (lazy) object to a netCDF4 file, atomically, chunked as planned.
+
+        See :meth:`to_zarr` for the guarantees.
+        """
+        return safe_write(self._obj, path, overwrite=overwrite, fmt="netcdf")
 
     def budget(self, budget: Budget | int | str | None = None) -> Budget:
         """The memory one task may use, and where it came from; see :func:`resolve_budget`."""

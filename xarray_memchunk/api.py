@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import dask.array
@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 
 from .budget import Budget, resolve_budget
-from .errors import DimensionError, MemchunkError, MemoryBudgetWarning
+from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
 from .operators import DimUse, Operator, get_operator
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole, DimSpec, PlanProblem
@@ -93,13 +93,16 @@ def _dim_specs(
 
 
 def _peak_function(operator: Operator, targets, uses, kwargs):
-    models = {name: (da.dims, da.dtype, device_of(da)) for name, da in targets.items()}
+    models = {
+        name: (da.dims, da.dtype, device_of(da), {str(d): int(n) for d, n in da.sizes.items()})
+        for name, da in targets.items()
+    }
 
     def peak(extents: Mapping[str, np.ndarray]) -> np.ndarray:
         worst = None
-        for name, (dims, dtype, device) in models.items():
+        for name, (dims, dtype, device, sizes) in models.items():
             own = {str(d): extents[str(d)] for d in dims}
-            value = operator.peak_bytes(own, uses[name], dtype, device, **kwargs)
+            value = operator.peak_bytes(own, uses[name], dtype, device, sizes=sizes, **kwargs)
             worst = value if worst is None else np.maximum(worst, value)
         return worst
 
@@ -160,10 +163,37 @@ def _prepare(
     op_kwargs: dict[str, Any],
 ) -> _Prepared:
     operator = get_operator(op)
-    kwargs = operator.normalize_kwargs(**op_kwargs)
-    targets = _targets(obj, operator, kwargs)
-    uses = {name: operator.dim_uses(da, **kwargs) for name, da in targets.items()}
     resolved = resolve_budget(budget)
+    alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
+    failures: list[str] = []
+    for index, (label, kwargs) in enumerate(alternatives):
+        try:
+            prepared = _prepare_one(obj, operator, resolved, chunks, kwargs)
+        except InfeasiblePlanError as exc:
+            if index == len(alternatives) - 1:
+                if failures:
+                    raise InfeasiblePlanError("; ".join([*failures, f"{label}: {exc}"])) from exc
+                raise
+            failures.append(f"{label}: {exc}")
+            continue
+        if len(alternatives) > 1:
+            why = [f"{label} chosen"] + [f"not {f}" for f in failures]
+            plan = replace(prepared.plan, notes=(*prepared.plan.notes, "; ".join(why)))
+            prepared = replace(prepared, plan=plan)
+        return prepared
+    raise AssertionError("an operator must offer at least one alternative")
+
+
+def _prepare_one(
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    resolved: Budget,
+    chunks: Chunks,
+    kwargs: dict[str, Any],
+) -> _Prepared:
+    targets = _targets(obj, operator, kwargs)
+    kwargs = operator.bind(next(iter(targets.values())), kwargs)
+    uses = {name: operator.dim_uses(da, **kwargs) for name, da in targets.items()}
     specs = _dim_specs(targets, uses)
     seconds = max(
         operator.task_model(da.dtype, device_of(da), **kwargs).seconds_per_element
@@ -177,20 +207,17 @@ def _prepare(
         notes=_model_notes(operator, targets, kwargs, obj),
     )
     if chunks is None:
-        chunk_plan = plan_chunks(problem, resolved)
-    else:
-        chunk_plan = plan_for_chunks(
-            problem, resolved, _normalize_user_chunks(chunks, targets, specs)
+        return _Prepared(operator, kwargs, uses, plan_chunks(problem, resolved))
+    chunk_plan = plan_for_chunks(problem, resolved, _normalize_user_chunks(chunks, targets, specs))
+    if not chunk_plan.fits:
+        warnings.warn(
+            "the given chunks are predicted to need "
+            f"{format_bytes(chunk_plan.predicted_peak_bytes)} per {operator.name!r} task, "
+            f"over the per-task budget of {format_bytes(resolved.per_task)}: workers may "
+            "pause or be killed. Leave chunks out to let memchunk choose.",
+            MemoryBudgetWarning,
+            stacklevel=4,
         )
-        if not chunk_plan.fits:
-            warnings.warn(
-                "the given chunks are predicted to need "
-                f"{format_bytes(chunk_plan.predicted_peak_bytes)} per {operator.name!r} task, "
-                f"over the per-task budget of {format_bytes(resolved.per_task)}: workers may "
-                "pause or be killed. Leave chunks out to let memchunk choose.",
-                MemoryBudgetWarning,
-                stacklevel=3,
-            )
     return _Prepared(operator, kwargs, uses, chunk_plan)
 
 

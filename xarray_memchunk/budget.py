@@ -134,7 +134,7 @@ def make_budget(worker_memory: int, threads_per_worker: int, n_workers: int, sou
     )
 
 
-def _active_client():
+def active_client():
     """Return the active ``distributed.Client``, or None (never imports distributed itself)."""
     if "distributed" not in sys.modules:
         return None
@@ -193,7 +193,7 @@ def resolve_budget(budget: Budget | int | float | str | None = None) -> Budget:
     """
     if isinstance(budget, Budget):
         return budget
-    client = _active_client()
+    client = active_client()
     cluster = _client_workers(client) if client is not None else None
     if budget is not None:
         worker_memory = to_bytes(budget)

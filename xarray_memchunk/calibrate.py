@@ -68,7 +68,9 @@ def features_of(
     template = xr.DataArray(np.empty((1,) * len(extents), dtype=dtype), dims=list(extents))
     uses = operator.dim_uses(template, **kwargs)
     arrays = {d: np.array([v]) for d, v in extents.items()}
-    feats = operator.task_features(arrays, uses, np.dtype(dtype).itemsize, **kwargs)
+    feats = operator.task_features(
+        arrays, uses, np.dtype(dtype).itemsize, sizes=dict(extents), **kwargs
+    )
     return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in feats.items()}
 
 

@@ -1,4 +1,4 @@
-"""The ``memchunk`` command line: plan, run, demo, operators.
+"""The ``memchunk`` command line: plan, run, demo, calibrate, operators.
 
 Bad input (missing file, not a dataset, unknown variable or operator, missing dims, unparsable
 budget, output that exists) exits with status 2 and one line on stderr, no traceback.
@@ -114,6 +114,31 @@ def _build_parser() -> argparse.ArgumentParser:
         help="where to save worker memory over time (default memchunk-demo.png)",
     )
 
+    cal = sub.add_parser(
+        "calibrate",
+        help="profile OP inside a Dask worker, fit its memory model, save a user calibration",
+    )
+    cal.add_argument("op", metavar="OP", help="operator name")
+    cal.add_argument(
+        "--dtype",
+        action="append",
+        metavar="DTYPE",
+        help="input dtype to calibrate; repeatable (default float32 and float64)",
+    )
+    cal.add_argument("--repeats", type=int, default=3, help="runs per shape (default 3)")
+    cal.add_argument(
+        "--output-dir",
+        metavar="DIR",
+        help="where to write (default: the user calibration directory)",
+    )
+    cal.add_argument(
+        "-o",
+        "--option",
+        metavar="KEY=VALUE",
+        action="append",
+        help="operator option, e.g. -o kernel=d2geo; repeatable",
+    )
+
     sub.add_parser("operators", help="list the registered operators")
     return parser
 
@@ -197,6 +222,25 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if outcomes[-1].completed else 1
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from .calibrate import calibrate
+    from .models.calibration import calibration_dir
+
+    kwargs = dict(_parse_option(o) for o in args.option or [])
+    dtypes = tuple(args.dtype or ("float32", "float64"))
+    fits = calibrate(
+        args.op, dtypes=dtypes, repeats=args.repeats, directory=args.output_dir, **kwargs
+    )
+    for dtype, fit in fits.items():
+        stats = fit["fit"]
+        print(
+            f"{args.op} {dtype}: median |error| {stats['median_abs_pct_error']:.1f}%, worst "
+            f"under-prediction {stats['worst_under_pct']:.1f}% over {stats['n_profiles']} shapes"
+        )
+    print(f"saved in {args.output_dir or calibration_dir()}")
+    return 0
+
+
 def _cmd_operators(args: argparse.Namespace) -> int:
     from .operators import get_operator, operator_names
 
@@ -210,7 +254,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     import xarray_memchunk  # noqa: F401  (registers the accessor)
 
     args = _build_parser().parse_args(argv)
-    commands = {"plan": _cmd_plan, "run": _cmd_run, "demo": _cmd_demo, "operators": _cmd_operators}
+    commands = {
+        "plan": _cmd_plan,
+        "run": _cmd_run,
+        "demo": _cmd_demo,
+        "calibrate": _cmd_calibrate,
+        "operators": _cmd_operators,
+    }
     try:
         return commands[args.command](args)
     except MemchunkError as exc:

@@ -96,6 +96,7 @@ def safe_write(
     *,
     overwrite: bool = False,
     compute: Callable[[Any], None] | None = None,
+    fmt: str | None = None,
 ) -> Path:
     """Write ``obj`` to a Zarr store or netCDF file (by suffix), atomically.
 
@@ -110,6 +111,8 @@ def safe_write(
     compute
         Called with the delayed write to run it (e.g. on a distributed client with a
         progress bar); ``dask.compute`` by default.
+    fmt
+        ``"zarr"`` or ``"netcdf"``; by the target's suffix when None.
 
     Returns
     -------
@@ -125,7 +128,7 @@ def safe_write(
         ds = ds.chunk(chunks)
     tmp = _temporary_path(target)
     try:
-        if output_format(target) == "netcdf":
+        if (fmt or output_format(target)) == "netcdf":
             encoding = {
                 name: {"chunksizes": tuple(chunks[d] for d in var.dims)}
                 for name, var in ds.data_vars.items()

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LinearFit", "fit_linear", "prediction_errors"]
+__all__ = ["UNDER_TOLERANCE", "LinearFit", "fit_linear", "prediction_errors"]
+
+#: Largest under-prediction (fraction of the measurement) left on the fitted profiles.
+UNDER_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,13 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
 def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:
     """Fit non-negative coefficients (``LinearRegression(positive=True)``), then make it safe.
 
-    A model that under-predicts is the one that kills workers, so after the least-squares fit
-    every coefficient and the intercept are scaled by ``1 + margin``, the smallest margin at
-    which no profile is under-predicted. Non-negative coefficients keep predictions growing
-    with the task, which is what lets the model extrapolate past the profiled shapes.
+    The least-squares fit weights each profile by ``1 / peak**2``, so it minimises relative
+    error: a 1 MB task counts as much as a 1 GB one. A model that under-predicts is the one
+    that kills workers, so every coefficient and the intercept are then scaled by
+    ``1 + margin``, the smallest margin at which no profile is under-predicted by more than
+    :data:`UNDER_TOLERANCE` (the per-task budget keeps a further reserve, see
+    :mod:`xarray_memchunk.budget`). Non-negative coefficients keep predictions growing with
+    the task, which is what lets the model extrapolate past the profiled shapes.
 
     Parameters
     ----------
@@ -81,11 +87,12 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     x = np.column_stack([np.asarray(features[n], dtype=np.float64) for n in names])
     y = np.asarray(peaks, dtype=np.float64)
     scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # conditioning: features span many decades
-    reg = LinearRegression(positive=True).fit(x / scale, y)
+    reg = LinearRegression(positive=True).fit(x / scale, y, sample_weight=1.0 / y**2)
     coefficients = reg.coef_ / scale
     intercept = max(0.0, float(reg.intercept_))
     raw = intercept + x @ coefficients
-    margin = max(0.0, float(np.max(y / np.maximum(raw, 1.0))) - 1.0)
+    worst = float(np.max(y / np.maximum(raw, 1.0)))
+    margin = max(0.0, worst * (1.0 - UNDER_TOLERANCE) - 1.0)
     coefficients = coefficients * (1.0 + margin)
     intercept = intercept * (1.0 + margin)
     errors = prediction_errors(intercept + x @ coefficients, y)

@@ -5,6 +5,7 @@ from .blockwise import BlockwiseOperator
 from .gst3d import GST3D
 from .reductions import REDUCTIONS, Reduction
 from .registry import get_operator, operator_names, register_operator
+from .svd import SVD
 
 __all__ = [
     "BlockwiseOperator",
@@ -12,11 +13,12 @@ __all__ = [
     "GST3D",
     "Operator",
     "Reduction",
+    "SVD",
     "TaskModel",
     "get_operator",
     "operator_names",
     "register_operator",
 ]
 
-for _op in (*REDUCTIONS, GST3D()):
+for _op in (*REDUCTIONS, GST3D(), SVD()):
     register_operator(_op)

@@ -52,6 +52,18 @@ class Operator(abc.ABC):
     #: Default compute time per padded input element (used until calibrated).
     default_seconds_per_element: float = 1e-8
 
+    def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """Ways to run the operator, tried in order until one has a plan that fits.
+
+        Returns ``(description, kwargs)`` pairs; one, the kwargs themselves, by default.
+        SVD's ``method="auto"`` returns exact first, then compressed.
+        """
+        return [("", kwargs)]
+
+    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Resolve arguments that name dims of ``da`` (e.g. CF axes) once, before planning."""
+        return kwargs
+
     def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
         """Check and complete the operator's keyword arguments, before anything runs.
 
@@ -97,6 +109,7 @@ class Operator(abc.ABC):
         extents: Mapping[str, np.ndarray],
         uses: Mapping[str, DimUse],
         itemsize: int,
+        sizes: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> dict[str, np.ndarray]:
         """Features of one task for the memory model.
@@ -109,6 +122,9 @@ class Operator(abc.ABC):
             How the operator uses each dim.
         itemsize
             Bytes per input element.
+        sizes
+            Full length of each dim of the array (the extents of a single-chunk array when
+            None), for operators whose tasks depend on the number of chunks.
 
         Returns
         -------
@@ -169,10 +185,12 @@ class Operator(abc.ABC):
         uses: Mapping[str, DimUse],
         array_dtype: np.dtype,
         device: str = "cpu",
+        sizes: Mapping[str, int] | None = None,
         **kwargs: Any,
     ) -> np.ndarray:
         """Predicted peak bytes of one task with these padded input extents."""
-        features = self.task_features(extents, uses, np.dtype(array_dtype).itemsize, **kwargs)
+        itemsize = np.dtype(array_dtype).itemsize
+        features = self.task_features(extents, uses, itemsize, sizes=sizes, **kwargs)
         return self.task_model(array_dtype, device, **kwargs).model.peak_bytes(features)
 
     @abc.abstractmethod

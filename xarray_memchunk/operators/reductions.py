@@ -35,13 +35,15 @@ _INPUT_FACTORS = {
     "quantile": 4.0,
 }
 _WHOLE = {"median", "quantile"}
+#: ``numpy.nanmedian`` switches from masked arrays to 1-D slices at this reduced length.
+NANMEDIAN_SMALL_AXIS = 600
 
 
 class Reduction(Operator):
     """One xarray reduction, planned so that each task fits its memory budget.
 
-    Keyword arguments (all reductions)
-    ----------------------------------
+    Other Parameters
+    ----------------
     dim : str or sequence of str, optional
         Dims to reduce: names, or CF axes / standard names (``dim="T"``). All dims by default.
     skipna : bool, optional
@@ -93,15 +95,31 @@ class Reduction(Operator):
         reduced = set(uses)
         return {d: (np.ones_like(v) if d in reduced else v) for d, v in extents.items()}
 
+    def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
+        """Input and output bytes; for median also ``small_axis_bytes``.
+
+        ``numpy.nanmedian`` works on masked copies of the whole block (~5x the input) when
+        the reduced length is under :data:`NANMEDIAN_SMALL_AXIS`, and 1-D slice by slice
+        (~1x) from there on; ``small_axis_bytes`` is the input bytes in the first case, 0 in
+        the second, so one linear model covers both.
+        """
+        features = super().task_features(extents, uses, itemsize, sizes=sizes, **kwargs)
+        if self.name == "median":
+            reduced = np.prod([np.asarray(extents[d], dtype=np.float64) for d in uses], axis=0)
+            small = np.asarray(reduced) < NANMEDIAN_SMALL_AXIS
+            features["small_axis_bytes"] = np.where(small, features["input_bytes"], 0.0)
+        return features
+
     def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
         """Partial results of mean/std/var carry sums and counts: 8 bytes an element at least."""
         return max(itemsize, 8) if self.name in {"mean", "std", "var"} else itemsize
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Temporaries proportional to the input, partials combined in fours, 8 MiB fixed."""
-        return LinearMemoryModel(
-            {"input_bytes": _INPUT_FACTORS[self.name], "output_bytes": 8.0}, intercept=8 * 2**20
-        )
+        coefficients = {"input_bytes": _INPUT_FACTORS[self.name], "output_bytes": 8.0}
+        if self.name == "median":
+            coefficients["small_axis_bytes"] = 4.0
+        return LinearMemoryModel(coefficients, intercept=8 * 2**20)
 
     def calibration_kwargs(self) -> dict[str, Any]:
         """Reduce over ``time`` (and take the 90th percentile for quantile)."""
@@ -119,6 +137,9 @@ class Reduction(Operator):
             (730, 100, 120),
             (1000, 120, 130),
             (200, 300, 260),
+            (600, 40, 50),
+            (2000, 60, 80),
+            (599, 100, 100),
         ]
         return [{"time": t, "y": y, "x": x} for t, y, x in sizes]
 

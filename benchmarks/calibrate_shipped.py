@@ -1,0 +1,67 @@
+"""Recalibrate every built-in operator and write the calibrations shipped with the package.
+
+    python benchmarks/calibrate_shipped.py            # all, float32 and float64, 3 repeats
+
+Maintainers run this on a quiet machine and commit ``xarray_memchunk/models/calibrations/``.
+Users calibrate their own machine with ``memchunk calibrate OP`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from distributed import Client, LocalCluster
+
+from xarray_memchunk.calibrate import calibrate
+from xarray_memchunk.models.calibration import shipped_dir
+
+OPERATORS = [
+    ("sum", {}),
+    ("mean", {}),
+    ("std", {}),
+    ("var", {}),
+    ("min", {}),
+    ("max", {}),
+    ("median", {}),
+    ("quantile", {}),
+    ("gst3d", {}),
+    ("gst3d", {"kernel": "d2geo"}),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="*", help="operator names to recalibrate")
+    args = parser.parse_args()
+    print(
+        f"{'operator':<14} {'dtype':<8} {'shapes':>6} {'median |err| %':>15} "
+        f"{'worst under %':>14} {'worst over %':>13} {'seconds':>8}"
+    )
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit=0, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        for name, kwargs in OPERATORS:
+            if args.only and name not in args.only:
+                continue
+            start = time.perf_counter()
+            fits = calibrate(
+                name, repeats=args.repeats, client=client, directory=shipped_dir(), **kwargs
+            )
+            label = name + ("-" + kwargs["kernel"] if kwargs else "")
+            for dtype, fit in fits.items():
+                s = fit["fit"]
+                print(
+                    f"{label:<14} {dtype:<8} {s['n_profiles']:>6} "
+                    f"{s['median_abs_pct_error']:>15.1f} {s['worst_under_pct']:>14.1f} "
+                    f"{s['worst_over_pct']:>13.1f} {time.perf_counter() - start:>8.1f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk.diagnostics import run_watched
+
+
+def field(n_time, n_y, n_x, chunks, rank=None, seed=0, dtype="float64"):
+    rng = np.random.default_rng(seed)
+    if rank is None:
+        values = rng.standard_normal((n_time, n_y * n_x))
+    else:
+        values = rng.standard_normal((n_time, rank)) @ rng.standard_normal((rank, n_y * n_x))
+        values *= np.linspace(1, 3, rank).sum()
+    data = values.reshape(n_time, n_y, n_x).astype(dtype)
+    time = xr.Variable("time", np.arange(n_time), {"axis": "T"})
+    return xr.DataArray(data, dims=("time", "y", "x"), coords={"time": time}).chunk(chunks)
+
+
+@pytest.mark.parametrize("shape", [(3000, 10, 12), (60, 30, 40)], ids=["tall", "wide"])
+def test_exact_matches_numpy_and_reconstructs(shape, threaded):
+    x = field(*shape, chunks={"time": 25, "y": 5})
+    plan = x.memchunk.plan("svd", sample_dims="time", method="exact", budget="2GB")
+    assert len([d for d, c in plan.dask_chunks.items() if len(c) > 1]) <= 1  # one dim chunked
+    result = x.memchunk.apply("svd", sample_dims="time", method="exact", budget="2GB").compute()
+    matrix = x.values.reshape(shape[0], -1)
+    expected = np.linalg.svd(matrix, compute_uv=False)
+    np.testing.assert_allclose(result.S.values, expected, rtol=1e-6)
+    u = result.U.values
+    v = result.V.values.reshape(result.sizes["mode"], -1)
+    np.testing.assert_allclose((u * result.S.values) @ v, matrix, atol=1e-8)
+    assert result.V.dims == ("mode", "y", "x") and result.U.dims == ("time", "mode")
+
+
+def test_compressed_recovers_rank_k_subspace(threaded):
+    x = field(2000, 30, 40, chunks={"time": 250, "y": 10}, rank=5)
+    result = x.memchunk.apply("svd", sample_dims="T", method="compressed", k=5, budget="2GB")
+    assert result.V.chunks is not None
+    result = result.compute()
+    matrix = x.values.reshape(2000, -1)
+    _, s_np, vt_np = np.linalg.svd(matrix, full_matrices=False)
+    np.testing.assert_allclose(result.S.values, s_np[:5], rtol=1e-6)
+    v = result.V.values.reshape(5, -1)
+    # principal angles between the two 5-dim row spaces
+    cosines = np.linalg.svd(v @ vt_np[:5].T, compute_uv=False)
+    assert np.degrees(np.arccos(np.clip(cosines.min(), -1, 1))) < 0.01
+
+
+def test_compressed_chunks_both_dims():
+    x = field(20000, 50, 100, chunks={"time": 1000, "y": 10}, dtype="float32")
+    budget = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=40 * 2**20, source="test"
+    )
+    plan = x.memchunk.plan("svd", sample_dims="time", method="compressed", k=10, budget=budget)
+    assert len(plan.dask_chunks["time"]) > 1 and len(plan.dask_chunks["y"]) > 1
+    assert plan.dask_chunks["x"] == (100,)
+    assert plan.predicted_peak_bytes <= budget.per_task
+
+
+def test_auto_prefers_exact_then_compressed_then_explains():
+    x = field(20000, 50, 100, chunks={"time": 1000}, dtype="float32")
+    big = xm.Budget(
+        worker_memory=10**10, threads_per_worker=1, n_workers=2, per_task=2 * 10**9, source="test"
+    )
+    small = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"
+    )
+    exact = x.memchunk.plan("svd", sample_dims="time", k=10, budget=big)
+    assert any(n.startswith("exact SVD (tsqr) chosen") for n in exact.notes)
+    compressed = x.memchunk.plan("svd", sample_dims="time", k=10, budget=small)
+    assert any(n.startswith("compressed SVD (k=10) chosen") for n in compressed.notes)
+    assert any("not exact SVD" in n for n in compressed.notes)
+    with pytest.raises(xm.InfeasiblePlanError, match="no k was given"):
+        x.memchunk.plan("svd", sample_dims="time", budget=small)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({}, "needs sample_dims"),
+        ({"sample_dims": "time", "method": "compressed"}, "needs k="),
+        ({"sample_dims": "time", "method": "lanczos"}, "method must be one of"),
+        ({"sample_dims": "time", "k": 0}, "positive int"),
+        ({"sample_dims": ("time", "y", "x")}, "at least one feature dim"),
+    ],
+)
+def test_bad_svd_arguments(kwargs, match):
+    with pytest.raises(xm.MemchunkError, match=match):
+        field(100, 4, 5, chunks={"time": 50}).memchunk.plan("svd", **kwargs)
+
+
+@pytest.mark.cluster
+def test_naive_chunks_fail_planned_svd_completes(quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    # stored in 2000 x 250 tiles: both dims chunked, as a Zarr store often is
+    values = da.random.default_rng(0).standard_normal((20000, 1000), chunks=(2000, 250))
+    x = xr.DataArray(values.astype("float32"), dims=("time", "space"))
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        naive = run_watched(client, "naive", lambda: da.linalg.svd(x.data)[1])
+        planned = run_watched(
+            client, "memchunk", lambda: x.memchunk.apply("svd", sample_dims="time").S
+        )
+        s = x.memchunk.apply("svd", sample_dims="time").S.compute()
+    assert not naive.completed and "one dimension" in naive.error
+    assert planned.completed, planned.error
+    assert planned.worker_deaths == 0 and planned.pauses == 0
+    with dask.config.set(scheduler="threads"):
+        expected = np.linalg.svd(x.values.astype("float64"), compute_uv=False)
+    np.testing.assert_allclose(s.values, expected, rtol=1e-4)  # float32 input

@@ -1,0 +1,262 @@
+"""SVD and EOF/PCA: exact (tall-and-skinny QR) and compressed (randomized) SVD.
+
+The DataArray is stacked to 2-D: ``sample`` (the ``sample_dims``, e.g. time) by ``feature``
+(every other dim, e.g. lat x lon). ``dask.array.linalg.svd`` (tsqr) needs one side whole and the
+other chunked; ``svd_compressed`` chunks both. Only the first dim of each stacked side may be
+chunked (stacking a chunked trailing dim would make Dask rechunk).
+
+Per-task memory (the features of the model):
+
+- ``block_bytes``: one block of the stacked matrix (QR or a product of it);
+- ``stack_bytes``: the stacked R factors that tsqr decomposes in one task: ``blocks x n x n``,
+  bounded by one block's rows once tsqr recurses (blocks of at least ``2 n`` rows);
+- ``square_bytes``: ``n x n`` (R, the small SVD);
+- ``sketch_bytes`` (compressed): a block's rows and columns times ``k + n_oversamples``.
+
+EOF naming: ``V``'s modes are the spatial patterns (EOFs), ``U`` the principal components
+(time series), ``S`` the singular values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ..errors import DimensionError, MemchunkError
+from ..models import LinearMemoryModel
+from ..planning.problem import DimRole
+from .base import DimUse, Operator
+from .dims import resolve_dims
+
+__all__ = ["SVD"]
+
+METHODS = ("auto", "exact", "compressed")
+
+
+def _sides(da: xr.DataArray, sample_dims) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if sample_dims is None:
+        raise DimensionError(
+            f"svd needs sample_dims=, e.g. sample_dims=('time',); dims are {tuple(da.dims)}"
+        )
+    samples = resolve_dims(da, sample_dims)
+    features = tuple(str(d) for d in da.dims if d not in samples)
+    if not features:
+        raise DimensionError(f"svd needs at least one feature dim besides {samples}")
+    return samples, features
+
+
+class SVD(Operator):
+    """Singular value decomposition of a DataArray stacked to (sample, feature).
+
+    Other Parameters
+    ----------------
+    sample_dims : str or sequence of str
+        Dims stacked into rows (names or CF axes, e.g. ``"T"``); every other dim is a feature.
+    method : {"auto", "exact", "compressed"}
+        ``"auto"`` (default) uses exact SVD when an exact plan fits the budget, else
+        compressed with ``k``; without ``k`` and no exact plan it raises
+        :class:`~xarray_memchunk.InfeasiblePlanError`.
+    k : int, optional
+        Components to keep (required for ``"compressed"``).
+    n_power_iter, n_oversamples, seed
+        ``dask.array.linalg.svd_compressed`` parameters (defaults 2, 10, 0).
+    """
+
+    name = "svd"
+    description = "SVD / EOF: exact (tsqr, one side whole) or compressed (randomized), planned"
+    default_seconds_per_element = 2e-8
+
+    def normalize_kwargs(
+        self,
+        sample_dims: str | Sequence[str] | None = None,
+        method: str = "auto",
+        k: int | None = None,
+        n_power_iter: int = 2,
+        n_oversamples: int = 10,
+        seed: int = 0,
+        **unknown: Any,
+    ) -> dict[str, Any]:
+        """Check the arguments before anything runs."""
+        if unknown:
+            raise MemchunkError(
+                f"svd got unexpected arguments {sorted(unknown)}; it takes sample_dims, method, "
+                f"k, n_power_iter, n_oversamples, seed"
+            )
+        if method not in METHODS:
+            raise MemchunkError(f"svd method must be one of {METHODS}, got {method!r}")
+        if k is not None and (not isinstance(k, (int, np.integer)) or k < 1):
+            raise MemchunkError(f"svd k must be a positive int, got {k!r}")
+        if method == "compressed" and k is None:
+            raise MemchunkError("svd method='compressed' needs k= (the number of components)")
+        if n_power_iter < 0 or n_oversamples < 0:
+            raise MemchunkError("svd n_power_iter and n_oversamples must be >= 0")
+        return {
+            "sample_dims": (sample_dims,) if isinstance(sample_dims, str) else sample_dims,
+            "method": method,
+            "k": None if k is None else int(k),
+            "n_power_iter": int(n_power_iter),
+            "n_oversamples": int(n_oversamples),
+            "seed": int(seed),
+        }
+
+    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Resolve ``sample_dims`` (names or CF axes) to dim names of ``da``."""
+        samples, _ = _sides(da, kwargs["sample_dims"])
+        return kwargs | {"sample_dims": samples}
+
+    def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """Exact first, then compressed (when ``k`` is given) for ``method="auto"``."""
+        if kwargs["method"] != "auto":
+            return [(f"{kwargs['method']} SVD", kwargs)]
+        options = [("exact SVD (tsqr)", kwargs | {"method": "exact"})]
+        if kwargs["k"] is not None:
+            options.append((f"compressed SVD (k={kwargs['k']})", kwargs | {"method": "compressed"}))
+        else:
+            options.append(("compressed SVD", kwargs | {"method": "needs-k"}))
+        return options
+
+    def dim_uses(self, da: xr.DataArray, sample_dims=None, method="exact", **kwargs):
+        """Exact: the shorter side whole, the longer one chunked along its first dim.
+
+        Compressed: the first dim of each side chunked, the rest whole.
+        """
+        if method == "needs-k":
+            raise _needs_k()
+        samples, features = _sides(da, sample_dims)
+        n_samples = math.prod(da.sizes[d] for d in samples)
+        n_features = math.prod(da.sizes[d] for d in features)
+        uses = {d: DimUse(DimRole.WHOLE) for d in (*samples, *features)}
+        if method == "compressed":
+            uses[samples[0]] = DimUse(DimRole.FREE)
+            uses[features[0]] = DimUse(DimRole.FREE)
+        else:
+            long_side = samples if n_samples >= n_features else features
+            uses[long_side[0]] = DimUse(DimRole.FREE)
+        return uses
+
+    def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
+        """Block, stacked-R, square and sketch bytes of one task (see the module docstring)."""
+        sizes = sizes or {d: int(np.max(v)) for d, v in extents.items()}
+        samples, features = _split_names(extents, kwargs.get("sample_dims"))
+        rows = np.prod([np.asarray(extents[d], float) for d in samples], axis=0)
+        cols = np.prod([np.asarray(extents[d], float) for d in features], axis=0)
+        total_rows = math.prod(sizes[d] for d in samples)
+        total_cols = math.prod(sizes[d] for d in features)
+        if kwargs.get("method") == "compressed":
+            width = min(kwargs["k"] + kwargs["n_oversamples"], total_rows, total_cols)
+            return {
+                "block_bytes": rows * cols * itemsize,
+                "stack_bytes": np.zeros_like(rows),
+                "square_bytes": np.full_like(rows, width * width * itemsize),
+                "sketch_bytes": (rows + cols) * width * itemsize,
+            }
+        tall = total_rows >= total_cols
+        chunk, n, total = (rows, cols, total_rows) if tall else (cols, rows, total_cols)
+        blocks = np.ceil(total / chunk)
+        stacked_rows = blocks * np.minimum(chunk, n)
+        stacked_rows = np.where(chunk >= 2 * n, np.minimum(stacked_rows, chunk), stacked_rows)
+        return {
+            "block_bytes": chunk * n * itemsize,
+            "stack_bytes": np.where(blocks > 1, stacked_rows * n * itemsize, 0.0),
+            "square_bytes": n * n * itemsize,
+            "sketch_bytes": np.zeros_like(chunk),
+        }
+
+    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
+        """LAPACK QR/SVD: input, Q and workspace ~3x a block; the small SVD ~5x n^2."""
+        return LinearMemoryModel(
+            {"block_bytes": 3.0, "stack_bytes": 3.0, "square_bytes": 5.0, "sketch_bytes": 3.0},
+            intercept=16 * 2**20,
+        )
+
+    def calibration_kwargs(self) -> dict[str, Any]:
+        """Exact SVD of (time, space) blocks."""
+        return {"sample_dims": ("time",), "method": "exact"}
+
+    def calibration_shapes(self) -> list[dict[str, int]]:
+        """Tall single blocks from 0.2 to 40 MB (float32)."""
+        sizes = [
+            (500, 100),
+            (2000, 100),
+            (1000, 400),
+            (5000, 300),
+            (4000, 800),
+            (20000, 200),
+            (10000, 1000),
+            (8000, 1200),
+        ]
+        return [{"time": t, "space": s} for t, s in sizes]
+
+    def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.Dataset:
+        """Stack, decompose and unstack: a Dataset of ``U``, ``S`` and ``V``."""
+        import dask.array
+
+        samples, features = _sides(da, kwargs["sample_dims"])
+        stacked = da.stack(sample=samples, feature=features).transpose("sample", "feature")
+        data, k = stacked.data, kwargs.get("k")
+        if not hasattr(data, "dask"):
+            u, s, v = np.linalg.svd(np.asarray(data), full_matrices=False)
+        elif kwargs["method"] == "compressed":
+            u, s, v = dask.array.linalg.svd_compressed(
+                data,
+                k,
+                n_power_iter=kwargs["n_power_iter"],
+                n_oversamples=kwargs["n_oversamples"],
+                seed=kwargs["seed"],
+                compute=_has_client(),
+            )
+        else:
+            u, s, v = dask.array.linalg.svd(data)
+        if k is not None:
+            u, s, v = u[:, :k], s[:k], v[:k, :]
+        modes = np.arange(s.shape[0])
+        result = xr.Dataset(
+            {
+                "U": (("sample", "mode"), u),
+                "S": ("mode", s),
+                "V": (("mode", "feature"), v),
+            },
+            coords={"sample": stacked["sample"], "feature": stacked["feature"], "mode": modes},
+        )
+        result = result.unstack("sample").unstack("feature")
+        result["U"] = result["U"].transpose(*samples, "mode")
+        result["V"] = result["V"].transpose("mode", *features)
+        result["S"].attrs["long_name"] = "singular values"
+        result["V"].attrs["long_name"] = "right singular vectors (EOF patterns)"
+        result["U"].attrs["long_name"] = "left singular vectors (principal component series)"
+        return result
+
+    def compute_dataset(self, ds, uses, **kwargs):
+        """One variable only: the SVD of a Dataset's single planned variable."""
+        if len(uses) != 1:
+            raise MemchunkError(
+                f"svd decomposes one variable; the Dataset has {len(uses)} ({', '.join(uses)}): "
+                f"select one, e.g. ds['{next(iter(uses))}']"
+            )
+        (name,) = uses
+        return self.compute(ds[name], uses[name], **kwargs)
+
+
+def _needs_k() -> Exception:
+    from ..errors import InfeasiblePlanError
+
+    return InfeasiblePlanError(
+        "no k was given for svd_compressed: pass k= (components to keep) so that method='auto' "
+        "can fall back to the compressed SVD, which chunks both dims"
+    )
+
+
+def _split_names(extents, sample_dims) -> tuple[list[str], list[str]]:
+    samples = [d for d in extents if sample_dims and d in sample_dims]
+    features = [d for d in extents if d not in samples]
+    return samples, features
+
+
+def _has_client() -> bool:
+    from ..budget import active_client
+
+    return active_client() is not None
