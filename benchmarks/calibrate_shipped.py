@@ -27,6 +27,7 @@ OPERATORS = [
     ("quantile", {}),
     ("gst3d", {}),
     ("gst3d", {"kernel": "d2geo"}),
+    ("svd", {}),
 ]
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import dask
 
@@ -58,8 +58,6 @@ class Budget:
         ``"distributed client tcp://127.0.0.1:8786"``.
     worker_baseline, task_share, pause_fraction
         The terms of the formula, kept so that :meth:`explain` can show the arithmetic.
-    device
-        ``"cpu"`` or ``"gpu"``.
     """
 
     worker_memory: int
@@ -70,7 +68,6 @@ class Budget:
     worker_baseline: int = 0
     task_share: float = 1.0
     pause_fraction: float = 1.0
-    device: str = "cpu"
 
     @property
     def total_threads(self) -> int:
@@ -226,7 +223,3 @@ def system_budget() -> Budget:
     available = int(psutil.virtual_memory().available)
     return make_budget(available, threads, 1, "system memory (available, threaded scheduler)")
 
-
-def with_per_task(budget: Budget, per_task: int, source: str) -> Budget:
-    """Return ``budget`` with another per-task figure (used by device-memory budgets)."""
-    return replace(budget, per_task=per_task, source=source)

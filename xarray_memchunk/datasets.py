@@ -17,6 +17,23 @@ def _hash_noise(i, j, k, seed: int) -> np.ndarray:
     return 2.0 * (h - np.floor(h)) - 1.0
 
 
+def _generate(shape, chunks, dtype, name, values):
+    """``values(block_shape, offsets)`` for the whole array (numpy), or per chunk (lazy).
+
+    Each chunk is computed from its global offsets where it is needed, so a lazily generated
+    array holds nothing in the graph and is the same for any chunking.
+    """
+    if chunks is None:
+        return values(tuple(shape), (0,) * len(shape))
+    template = da.empty(shape, chunks=chunks, dtype=dtype)
+
+    def block(x, block_info=None):
+        offsets = [lo for lo, _ in block_info[None]["array-location"]]
+        return values(x.shape, offsets)
+
+    return template.map_blocks(block, dtype=dtype, token=name)
+
+
 def _seismic_block(shape, offsets, normal, waves, noise, seed, dtype):
     """One block, computed an inline slice at a time so float64 temporaries stay small."""
     out = np.empty(shape, dtype=dtype)
@@ -80,16 +97,15 @@ def synthetic_seismic(
     ]
     dip, az = np.radians(dip_degrees), np.radians(azimuth_degrees)
     normal = (np.sin(dip) * np.sin(az), np.sin(dip) * np.cos(az), np.cos(dip))
-    if chunks is None:
-        data = _seismic_block(tuple(shape), (0, 0, 0), normal, waves, noise, seed, dtype)
-    else:
-        template = da.empty(shape, chunks=chunks, dtype=dtype)
-
-        def block(x, block_info=None):
-            offsets = [lo for lo, _ in block_info[None]["array-location"]]
-            return _seismic_block(x.shape, offsets, normal, waves, noise, seed, dtype)
-
-        data = template.map_blocks(block, dtype=dtype, name="synthetic-seismic")
+    data = _generate(
+        tuple(shape),
+        chunks,
+        dtype,
+        "synthetic-seismic",
+        lambda block_shape, offsets: _seismic_block(
+            block_shape, offsets, normal, waves, noise, seed, dtype
+        ),
+    )
     coords = {
         "inline": ("inline", np.arange(shape[0]), {"axis": "X", "long_name": "inline number"}),
         "crossline": (
@@ -158,19 +174,9 @@ def synthetic_climate(
         values = 250.0 + 40.0 * np.cos(phi) + 10.0 * season + 2.0 * _hash_noise(t, y, x, seed)
         return values.astype(dtype)
 
-    if chunks is None:
-        data = block_values(shape, (0, 0, 0))
-    else:
-        if isinstance(chunks, Mapping):
-            names = ("time", "lat", "lon")
-            chunks = tuple(chunks.get(n, -1) for n in names)
-        template = da.empty(shape, chunks=chunks, dtype=dtype)
-
-        def block(x, block_info=None):
-            offsets = [lo for lo, _ in block_info[None]["array-location"]]
-            return block_values(x.shape, offsets)
-
-        data = template.map_blocks(block, dtype=dtype, name="synthetic-climate")
+    if isinstance(chunks, Mapping):
+        chunks = tuple(chunks.get(n, -1) for n in ("time", "lat", "lon"))
+    data = _generate(shape, chunks, dtype, "synthetic-climate", block_values)
     time = np.arange(n_time)
     coords = {
         "time": (

@@ -7,10 +7,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["UNDER_TOLERANCE", "LinearFit", "fit_linear", "prediction_errors"]
+__all__ = ["ABSOLUTE_SLACK", "UNDER_TOLERANCE", "LinearFit", "fit_linear", "prediction_errors"]
 
 #: Largest under-prediction (fraction of the measurement) left on the fitted profiles.
 UNDER_TOLERANCE = 0.03
+#: Under-predictions smaller than this many bytes are measurement noise (page granularity,
+#: allocator arenas: repeated runs of a 3 MB task spread over 1.3 MB) and set no margin.
+ABSOLUTE_SLACK = 4 * 2**20
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,14 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
 def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:
     """Fit non-negative coefficients (``LinearRegression(positive=True)``), then make it safe.
 
-    The least-squares fit weights each profile by ``1 / peak**2``, so it minimises relative
-    error: a 1 MB task counts as much as a 1 GB one. A model that under-predicts is the one
-    that kills workers, so every coefficient and the intercept are then scaled by
+    The least-squares fit weights each profile by ``1 / peak``, between absolute error (large
+    tasks dominate) and relative error (every task counts alike). A model that under-predicts
+    is the one that kills workers, so every coefficient and the intercept are then scaled by
     ``1 + margin``, the smallest margin at which no profile is under-predicted by more than
-    :data:`UNDER_TOLERANCE` (the per-task budget keeps a further reserve, see
-    :mod:`xarray_memchunk.budget`). Non-negative coefficients keep predictions growing with
-    the task, which is what lets the model extrapolate past the profiled shapes.
+    :data:`UNDER_TOLERANCE` plus :data:`ABSOLUTE_SLACK` bytes (the per-task budget keeps a
+    further reserve, see :mod:`xarray_memchunk.budget`). Non-negative coefficients keep
+    predictions growing with the task, which is what lets the model extrapolate past the
+    profiled shapes.
 
     Parameters
     ----------
@@ -87,11 +91,11 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     x = np.column_stack([np.asarray(features[n], dtype=np.float64) for n in names])
     y = np.asarray(peaks, dtype=np.float64)
     scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # conditioning: features span many decades
-    reg = LinearRegression(positive=True).fit(x / scale, y, sample_weight=1.0 / y**2)
+    reg = LinearRegression(positive=True).fit(x / scale, y, sample_weight=1.0 / y)
     coefficients = reg.coef_ / scale
     intercept = max(0.0, float(reg.intercept_))
     raw = intercept + x @ coefficients
-    worst = float(np.max(y / np.maximum(raw, 1.0)))
+    worst = float(np.max((y - ABSOLUTE_SLACK) / np.maximum(raw, 1.0)))
     margin = max(0.0, worst * (1.0 - UNDER_TOLERANCE) - 1.0)
     coefficients = coefficients * (1.0 + margin)
     intercept = intercept * (1.0 + margin)

@@ -157,7 +157,7 @@ def measure_task(
         uses = op.dim_uses(da, **kwargs)
         start = time.perf_counter()
         result = op.compute(da, uses, **kwargs)
-        np.asarray(result.data)  # force, in case an operator returned something lazy
+        result.load()  # force, in case an operator returned something lazy
         seconds = time.perf_counter() - start
         del result, da, data
     finally:

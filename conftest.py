@@ -1,0 +1,5 @@
+"""Run the tutorial notebooks (collected by nbmake) at their small size."""
+
+import os
+
+os.environ.setdefault("MEMCHUNK_NOTEBOOK_SIZE", "small")

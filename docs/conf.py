@@ -1,0 +1,63 @@
+"""Sphinx configuration: MyST pages, executed tutorial notebooks, accessor API reference."""
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import sphinx_autosummary_accessors
+
+import xarray_memchunk
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+project = "xarray-memchunk"
+author = "xarray-memchunk developers"
+copyright = "2026, xarray-memchunk developers"
+release = version = xarray_memchunk.__version__
+
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx_autosummary_accessors",
+]
+templates_path = ["_templates", sphinx_autosummary_accessors.templates_path]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
+html_theme = "pydata_sphinx_theme"
+html_title = "xarray-memchunk"
+
+autosummary_generate = True
+autodoc_typehints = "none"
+napoleon_numpy_docstring = True
+napoleon_google_docstring = False
+napoleon_use_param = False
+napoleon_use_rtype = False
+myst_enable_extensions = ["colon_fence", "dollarmath"]
+suppress_warnings = ["mystnb.unknown_mime_type"]
+
+# Tutorials: the notebooks in notebooks/ are copied here and executed at the small size.
+nb_execution_mode = "force"
+nb_execution_timeout = 600
+nb_execution_raise_on_error = True
+os.environ.setdefault("MEMCHUNK_NOTEBOOK_SIZE", "small")
+tutorials = HERE / "tutorials"
+tutorials.mkdir(exist_ok=True)
+for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    shutil.copy2(notebook, tutorials / notebook.name)
+
+# CLI reference: the parser's own help, so the page never drifts from the code.
+sys.path.insert(0, str(ROOT))
+from xarray_memchunk.cli import _build_parser  # noqa: E402
+
+generated = HERE / "_generated"
+generated.mkdir(exist_ok=True)
+parser = _build_parser()
+subparsers = parser._subparsers._group_actions[0].choices
+with open(generated / "cli.txt", "w") as f:
+    f.write(parser.format_help())
+    for name, sub in subparsers.items():
+        f.write(f"\n\n$ memchunk {name} --help\n")
+        f.write(sub.format_help())
