@@ -63,7 +63,7 @@ def test_compressed_chunks_both_dims():
 def test_auto_prefers_exact_then_compressed_then_explains():
     x = field(20000, 50, 100, chunks={"time": 1000}, dtype="float32")
     big = xm.Budget(
-        worker_memory=10**10, threads_per_worker=1, n_workers=2, per_task=2 * 10**9, source="test"
+        worker_memory=10**11, threads_per_worker=1, n_workers=2, per_task=8 * 10**9, source="test"
     )
     small = xm.Budget(
         worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"

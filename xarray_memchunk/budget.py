@@ -222,4 +222,3 @@ def system_budget() -> Budget:
     threads = os.cpu_count() or 1
     available = int(psutil.virtual_memory().available)
     return make_budget(available, threads, 1, "system memory (available, threaded scheduler)")
-

@@ -140,7 +140,7 @@ def calibrate(
                 "intercept": fit.intercept,
                 "seconds_per_element": seconds,
                 "fit": {
-                    "margin": fit.margin,
+                    "lift_bytes": fit.lift,
                     "median_abs_pct_error": fit.median_abs_pct_error,
                     "worst_under_pct": fit.worst_under_pct,
                     "worst_over_pct": fit.worst_over_pct,

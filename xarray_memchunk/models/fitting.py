@@ -12,7 +12,7 @@ __all__ = ["ABSOLUTE_SLACK", "UNDER_TOLERANCE", "LinearFit", "fit_linear", "pred
 #: Largest under-prediction (fraction of the measurement) left on the fitted profiles.
 UNDER_TOLERANCE = 0.03
 #: Under-predictions smaller than this many bytes are measurement noise (page granularity,
-#: allocator arenas: repeated runs of a 3 MB task spread over 1.3 MB) and set no margin.
+#: allocator arenas: repeated runs of a 3 MB task spread over 1.3 MB) and lift nothing.
 ABSOLUTE_SLACK = 4 * 2**20
 
 
@@ -23,18 +23,18 @@ class LinearFit:
     Attributes
     ----------
     coefficients, intercept
-        The model, already scaled by ``1 + margin``.
-    margin
-        Scale applied so that no profile used in the fit is under-predicted.
+        The model, the intercept already lifted by ``lift``.
+    lift
+        Bytes added to the intercept so that the small profiles are covered.
     median_abs_pct_error, worst_under_pct, worst_over_pct
-        Errors on the profiles used in the fit, after the margin (percent).
+        Errors on the profiles used in the fit, after the lift (percent).
     n_profiles
         Profiles fitted.
     """
 
     coefficients: dict[str, float]
     intercept: float
-    margin: float
+    lift: float
     median_abs_pct_error: float
     worst_under_pct: float
     worst_over_pct: float
@@ -67,16 +67,20 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
 
 
 def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:
-    """Fit non-negative coefficients (``LinearRegression(positive=True)``), then make it safe.
+    """Fit a linear upper bound of task peaks that stays safe beyond the profiled shapes.
 
-    The least-squares fit weights each profile by ``1 / peak``, between absolute error (large
-    tasks dominate) and relative error (every task counts alike). A model that under-predicts
-    is the one that kills workers, so every coefficient and the intercept are then scaled by
-    ``1 + margin``, the smallest margin at which no profile is under-predicted by more than
-    :data:`UNDER_TOLERANCE` plus :data:`ABSOLUTE_SLACK` bytes (the per-task budget keeps a
-    further reserve, see :mod:`xarray_memchunk.budget`). Non-negative coefficients keep
-    predictions growing with the task, which is what lets the model extrapolate past the
-    profiled shapes.
+    1. The coefficients come from the **larger half** of the profiles (by peak), with
+       scikit-learn's ``LinearRegression(positive=True)`` weighted by ``1 / peak``. That is the
+       regime plans are made in, and its slope is the one that extrapolates: a task's peak is
+       often the maximum of phases (GST3D: the tensor phase for large blocks, the eigen-solver's
+       fixed slab buffers for small ones), a convex curve that any line fitted across the
+       whole range, or drawn as a chord, under-predicts beyond the largest profile.
+    2. The constant is then lifted until no profile is under-predicted by more than
+       :data:`UNDER_TOLERANCE` plus :data:`ABSOLUTE_SLACK` bytes, which covers the small tasks'
+       fixed costs without bending the slope. A model that under-predicts is the one that
+       kills workers; the per-task budget keeps a further reserve (:mod:`~xarray_memchunk.budget`).
+
+    Non-negative coefficients keep predictions growing with the task.
 
     Parameters
     ----------
@@ -90,20 +94,21 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     names = list(features)
     x = np.column_stack([np.asarray(features[n], dtype=np.float64) for n in names])
     y = np.asarray(peaks, dtype=np.float64)
+    large = y >= np.median(y)
     scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # conditioning: features span many decades
-    reg = LinearRegression(positive=True).fit(x / scale, y, sample_weight=1.0 / y)
+    reg = LinearRegression(positive=True).fit(
+        x[large] / scale, y[large], sample_weight=1.0 / y[large]
+    )
     coefficients = reg.coef_ / scale
     intercept = max(0.0, float(reg.intercept_))
-    raw = intercept + x @ coefficients
-    worst = float(np.max((y - ABSOLUTE_SLACK) / np.maximum(raw, 1.0)))
-    margin = max(0.0, worst * (1.0 - UNDER_TOLERANCE) - 1.0)
-    coefficients = coefficients * (1.0 + margin)
-    intercept = intercept * (1.0 + margin)
+    fitted = intercept + x @ coefficients
+    lift = max(0.0, float(np.max(y * (1.0 - UNDER_TOLERANCE) - ABSOLUTE_SLACK - fitted)))
+    intercept += lift
     errors = prediction_errors(intercept + x @ coefficients, y)
     return LinearFit(
         coefficients={n: float(c) for n, c in zip(names, coefficients, strict=True)},
         intercept=intercept,
-        margin=margin,
+        lift=lift,
         n_profiles=len(y),
         **errors,
     )

@@ -154,7 +154,7 @@ class GST3D(Operator):
         return np.dtype(kwargs.get("dtype", "float32")).itemsize
 
     def calibration_shapes(self) -> list[dict[str, int]]:
-        """Padded blocks from 32^3 to 2.7 million voxels, cubes and slabs."""
+        """Padded blocks from 32^3 to 8.2 million voxels, cubes and slabs."""
         sizes = [
             (32, 32, 32),
             (64, 48, 40),
@@ -164,6 +164,8 @@ class GST3D(Operator):
             (100, 100, 100),
             (128, 128, 96),
             (160, 120, 140),
+            (200, 200, 200),
+            (256, 160, 200),
         ]
         return [{"inline": a, "crossline": b, "sample": c} for a, b, c in sizes]
 
@@ -175,7 +177,7 @@ class GST3D(Operator):
         """Padded input, 3 gradients, 1 product buffer, 6 tensor components: 11 x the input."""
         compute_itemsize = 8 if np.dtype(array_dtype) == np.float64 else 4
         factor = 11 * compute_itemsize / np.dtype(array_dtype).itemsize
-        return LinearMemoryModel({"input_bytes": factor, "output_bytes": 1.0}, intercept=16 * 2**20)
+        return LinearMemoryModel({"input_bytes": factor, "output_bytes": 1.0}, intercept=8 * 2**20)
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Run GST3D lazily as one ``map_overlap`` (or directly on numpy data)."""

@@ -7,9 +7,11 @@ chunked (stacking a chunked trailing dim would make Dask rechunk).
 
 Per-task memory (the features of the model):
 
-- ``block_bytes``: one block of the stacked matrix (QR or a product of it);
-- ``stack_bytes``: the stacked R factors that tsqr decomposes in one task: ``blocks x n x n``,
-  bounded by one block's rows once tsqr recurses (blocks of at least ``2 n`` rows);
+- ``block_bytes``: the largest matrix one task decomposes. For the exact SVD that is a block,
+  or the stacked R factors that tsqr decomposes in one task (``blocks x min(rows, n)`` rows of
+  ``n``), whichever is larger; tsqr recurses, bounding the stack by one block's rows, only for
+  blocks of at least ``2 n`` rows, so short blocks make one task decompose a matrix as large
+  as the input. For the compressed SVD, one block of the input;
 - ``square_bytes``: ``n x n`` (R, the small SVD);
 - ``sketch_bytes`` (compressed): a block's rows and columns times ``k + n_oversamples``.
 
@@ -150,7 +152,6 @@ class SVD(Operator):
             width = min(kwargs["k"] + kwargs["n_oversamples"], total_rows, total_cols)
             return {
                 "block_bytes": rows * cols * itemsize,
-                "stack_bytes": np.zeros_like(rows),
                 "square_bytes": np.full_like(rows, width * width * itemsize),
                 "sketch_bytes": (rows + cols) * width * itemsize,
             }
@@ -160,16 +161,15 @@ class SVD(Operator):
         stacked_rows = blocks * np.minimum(chunk, n)
         stacked_rows = np.where(chunk >= 2 * n, np.minimum(stacked_rows, chunk), stacked_rows)
         return {
-            "block_bytes": chunk * n * itemsize,
-            "stack_bytes": np.where(blocks > 1, stacked_rows * n * itemsize, 0.0),
+            "block_bytes": np.maximum(chunk, stacked_rows) * n * itemsize,
             "square_bytes": n * n * itemsize,
             "sketch_bytes": np.zeros_like(chunk),
         }
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """LAPACK QR/SVD: input, Q and workspace ~3x a block; the small SVD ~5x n^2."""
+        """LAPACK QR/SVD in float64: a copy, Q and workspace ~9x a float32 block."""
         return LinearMemoryModel(
-            {"block_bytes": 3.0, "stack_bytes": 3.0, "square_bytes": 5.0, "sketch_bytes": 3.0},
+            {"block_bytes": 9.0, "square_bytes": 12.0, "sketch_bytes": 3.0},
             intercept=16 * 2**20,
         )
 

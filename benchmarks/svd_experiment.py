@@ -1,0 +1,99 @@
+"""SVD at 1.5 GB per worker: naive ``chunks="auto"`` + dask.array.linalg vs memchunk.
+
+    python benchmarks/svd_experiment.py            # both fields
+    python benchmarks/svd_experiment.py --small    # 10x smaller fields, for a quick look
+
+Fields are float32 (time, space), generated lazily on the workers. Cases:
+
+- (time=20000, space=4000), 320 MB: an exact SVD plan should fit;
+- (time=20000, space=50000), 4 GB, k=10: only the compressed SVD fits.
+
+"naive" rechunks to ``chunks="auto"`` and calls ``da.linalg.svd`` (first field) or
+``da.linalg.svd_compressed(k=10)`` (second); "memchunk" calls
+``.memchunk.apply("svd", sample_dims="time", k=...)`` with ``method="auto"``.
+Each case runs on a fresh ``LocalCluster(n_workers=2, threads_per_worker=1)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import dask
+import dask.array as da
+import xarray as xr
+from distributed import Client, LocalCluster
+
+import xarray_memchunk  # noqa: F401
+from xarray_memchunk.diagnostics import run_watched
+from xarray_memchunk.units import format_bytes
+
+
+def field(n_time: int, n_space: int) -> xr.DataArray:
+    data = da.random.default_rng(0).standard_normal((n_time, n_space), chunks=(1000, 1000))
+    return xr.DataArray(data.astype("float32"), dims=("time", "space"), name="field")
+
+
+def cases(small: bool):
+    scale = 10 if small else 1
+    exact = field(20000 // scale, 4000 // scale)
+    wide = field(20000 // scale, 50000 // scale)
+    return [
+        ("20000x4000 naive", lambda: da.linalg.svd(exact.data.rechunk("auto"))[1], None),
+        (
+            "20000x4000 memchunk",
+            lambda: exact.memchunk.apply("svd", sample_dims="time").S,
+            lambda: exact.memchunk.plan("svd", sample_dims="time"),
+        ),
+        (
+            "20000x50000 naive k=10",
+            lambda: da.linalg.svd_compressed(wide.data.rechunk("auto"), 10, seed=0)[1],
+            None,
+        ),
+        (
+            "20000x50000 memchunk k=10",
+            lambda: wide.memchunk.apply("svd", sample_dims="time", k=10).S,
+            lambda: wide.memchunk.plan("svd", sample_dims="time", k=10),
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--memory-limit", default="1.5GB")
+    parser.add_argument("--small", action="store_true")
+    args = parser.parse_args()
+    for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    rows = []
+    for label, build, plan in cases(args.small):
+        with (
+            dask.config.set({"distributed.scheduler.allowed-failures": 3}),
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                memory_limit=args.memory_limit,
+                dashboard_address=":0",
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            note = ""
+            if plan is not None:
+                p = plan()
+                note = (
+                    f"chunks {p.chunks}, predicted {format_bytes(p.predicted_peak_bytes)}; "
+                    + p.notes[-1]
+                )
+            outcome = run_watched(client, label, build)
+        rows.append((outcome, note))
+        print(
+            f"{label:<26} {'completed' if outcome.completed else 'FAILED':<9} "
+            f"{outcome.seconds:>7.1f} s  peak/worker {format_bytes(outcome.peak_bytes):>10}  "
+            f"pauses {outcome.pauses} deaths {outcome.worker_deaths}  "
+            f"{outcome.error[:70]}{note}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
