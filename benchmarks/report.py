@@ -22,7 +22,7 @@ def render(path: Path) -> str:
     record = json.loads(path.read_text())
     shape = "x".join(map(str, record["shape"]))
     lines = [
-        f"### {shape} {record['dtype']}, {record['workers']} workers x {record['threads']} "
+        f"## {shape} {record['dtype']}, {record['workers']} workers x {record['threads']} "
         f"thread x {record['memory_limit']} ({record['date']})",
         "",
         "| case | chunks | tasks | outcome | wall s (median of runs) | peak RSS per worker "

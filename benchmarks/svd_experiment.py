@@ -25,6 +25,7 @@ import xarray as xr
 from distributed import Client, LocalCluster
 
 import xarray_memchunk  # noqa: F401
+from xarray_memchunk import InfeasiblePlanError
 from xarray_memchunk.diagnostics import run_watched
 from xarray_memchunk.units import format_bytes
 
@@ -44,6 +45,11 @@ def cases(small: bool):
             "20000x4000 memchunk",
             lambda: exact.memchunk.apply("svd", sample_dims="time").S,
             lambda: exact.memchunk.plan("svd", sample_dims="time"),
+        ),
+        (
+            "20000x4000 memchunk k=10",
+            lambda: exact.memchunk.apply("svd", sample_dims="time", k=10).S,
+            lambda: exact.memchunk.plan("svd", sample_dims="time", k=10),
         ),
         (
             "20000x50000 naive k=10",
@@ -79,11 +85,12 @@ def main() -> None:
         ):
             note = ""
             if plan is not None:
-                p = plan()
-                note = (
-                    f"chunks {p.chunks}, predicted {format_bytes(p.predicted_peak_bytes)}; "
-                    + p.notes[-1]
-                )
+                try:
+                    p = plan()
+                except InfeasiblePlanError as exc:
+                    print(f"{label:<26} refused before running: {str(exc)[:150]}", flush=True)
+                    continue
+                note = f"  chunks {p.chunks}, predicted {format_bytes(p.predicted_peak_bytes)}"
             outcome = run_watched(client, label, build)
         rows.append((outcome, note))
         print(

@@ -25,7 +25,7 @@ extensions = [
     "sphinx_autosummary_accessors",
 ]
 templates_path = ["_templates", sphinx_autosummary_accessors.templates_path]
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_*.md", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints"]
 html_theme = "pydata_sphinx_theme"
 html_title = "xarray-memchunk"
 
