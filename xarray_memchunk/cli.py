@@ -218,7 +218,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         shape, memory_limit=args.memory_limit, cases=default_cases(manual)
     )
     print(format_table(outcomes, args.memory_limit))
-    print(f"\nworker memory over time: {plot_memory(outcomes, args.memory_limit, args.plot)}")
+    try:
+        print(f"\nworker memory over time: {plot_memory(outcomes, args.memory_limit, args.plot)}")
+    except ImportError:
+        print("\nno plot: matplotlib is not installed (pip install 'xarray-memchunk[demo]')")
     return 0 if outcomes[-1].completed else 1
 
 
