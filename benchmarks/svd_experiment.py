@@ -10,7 +10,8 @@ Fields are float32 (time, space), generated lazily on the workers. Cases:
 
 "naive" rechunks to ``chunks="auto"`` and calls ``da.linalg.svd`` (first field) or
 ``da.linalg.svd_compressed(k=10)`` (second); "memchunk" calls
-``.memchunk.apply("svd", sample_dims="time", k=...)`` with ``method="auto"``.
+``.memchunk.apply("svd", sample_dims="time", k=...)`` with ``method="auto"``. Both compressed
+SVDs use the same ``n_power_iter`` (Dask's default, 0, unless ``--n-power-iter`` is given).
 Each case runs on a fresh ``LocalCluster(n_workers=2, threads_per_worker=1)``.
 """
 
@@ -35,7 +36,7 @@ def field(n_time: int, n_space: int) -> xr.DataArray:
     return xr.DataArray(data.astype("float32"), dims=("time", "space"), name="field")
 
 
-def cases(small: bool):
+def cases(small: bool, power: int):
     scale = 10 if small else 1
     exact = field(20000 // scale, 4000 // scale)
     wide = field(20000 // scale, 50000 // scale)
@@ -53,13 +54,15 @@ def cases(small: bool):
         ),
         (
             "20000x50000 naive k=10",
-            lambda: da.linalg.svd_compressed(wide.data.rechunk("auto"), 10, seed=0)[1],
+            lambda: da.linalg.svd_compressed(
+                wide.data.rechunk("auto"), 10, n_power_iter=power, seed=0
+            )[1],
             None,
         ),
         (
             "20000x50000 memchunk k=10",
-            lambda: wide.memchunk.apply("svd", sample_dims="time", k=10).S,
-            lambda: wide.memchunk.plan("svd", sample_dims="time", k=10),
+            lambda: wide.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=power).S,
+            lambda: wide.memchunk.plan("svd", sample_dims="time", k=10, n_power_iter=power),
         ),
     ]
 
@@ -68,11 +71,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-limit", default="1.5GB")
     parser.add_argument("--small", action="store_true")
+    parser.add_argument(
+        "--n-power-iter",
+        type=int,
+        default=0,
+        help="power iterations for both compressed SVDs (dask's default: 0)",
+    )
+    parser.add_argument("--only-wide", action="store_true", help="run the 20000x50000 cases only")
     args = parser.parse_args()
     for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     rows = []
-    for label, build, plan in cases(args.small):
+    selected = cases(args.small, args.n_power_iter)
+    if args.only_wide:
+        selected = [c for c in selected if c[0].startswith("20000x50000")]
+    for label, build, plan in selected:
         with (
             dask.config.set({"distributed.scheduler.allowed-failures": 3}),
             LocalCluster(
