@@ -1,7 +1,7 @@
 """The seed experiment, runnable: GST3D with Dask auto chunks, manual chunks and memchunk.
 
 For GST3D on a synthetic volume and a ``LocalCluster`` with a per-worker ``memory_limit``, each
-case runs on freshly restarted workers and records: completed or failed (and how), wall time,
+case runs on a fresh cluster and records: completed or failed (and how), wall time,
 peak RSS per worker (sampled), pauses, worker deaths, task count and the predicted peak per
 task of the chunks used. ``memchunk demo`` and ``benchmarks/gst3d_experiment.py`` run it.
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .datasets import synthetic_seismic
 from .diagnostics import RunOutcome, run_watched
+from .errors import InfeasiblePlanError
 from .units import format_bytes, to_bytes
 
 __all__ = ["Case", "format_table", "plot_memory", "run_gst3d_experiment"]
@@ -47,7 +48,10 @@ def run_gst3d_experiment(
     repeats: int = 1,
     quiet: bool = True,
 ) -> list[RunOutcome]:
-    """Run every case of GST3D on one ``LocalCluster`` and return their outcomes.
+    """Run every case of GST3D, each run on a fresh ``LocalCluster``, and return the outcomes.
+
+    A case whose plan is refused before running (:class:`InfeasiblePlanError`) is recorded as
+    not completed, with that error, and nothing runs for it.
 
     Parameters
     ----------
@@ -97,7 +101,14 @@ def run_gst3d_experiment(
 
             with warnings.catch_warnings(record=True):
                 warnings.simplefilter("always")
-                plan = source.memchunk.plan("gst3d", chunks=case.chunks)
+                try:
+                    plan = source.memchunk.plan("gst3d", chunks=case.chunks)
+                except InfeasiblePlanError as exc:
+                    refused = f"{type(exc).__name__}: {exc}"
+                    runs.setdefault(case.label, []).append(
+                        RunOutcome(case.label, False, refused[:200], 0.0, {}, 0, 0, 0)
+                    )
+                    continue
             outcome = run_watched(client, case.label, build)
             outcome.extra.update(
                 chunks=plan.chunks,
