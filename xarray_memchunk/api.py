@@ -14,7 +14,7 @@ import xarray as xr
 
 from .budget import Budget, resolve_budget
 from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
-from .operators import DimUse, Operator, get_operator
+from .operators import DimUse, Operator, TaskModel, get_operator
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.search import plan_chunks, plan_for_chunks
@@ -208,16 +208,15 @@ def _prepare_one(
     kwargs = operator.bind(next(iter(targets.values())), kwargs)
     uses = {name: operator.dim_uses(da, **kwargs) for name, da in targets.items()}
     specs = _dim_specs(targets, uses)
-    seconds = max(
-        operator.task_model(da.dtype, device_of(da), **kwargs).seconds_per_element
-        for da in targets.values()
-    )
+    task_models = [
+        operator.task_model(da.dtype, device_of(da), **kwargs) for da in targets.values()
+    ]
     problem = PlanProblem(
         operator=operator.name,
         dims=specs,
         peak_bytes=_peak_function(operator, targets, uses, kwargs),
-        seconds_per_element=seconds,
-        notes=_model_notes(operator, targets, kwargs, obj),
+        seconds_per_element=max(m.seconds_per_element for m in task_models),
+        notes=_model_notes(task_models, targets, obj),
     )
     if chunks is None:
         return _Prepared(operator, kwargs, uses, plan_chunks(problem, resolved))
@@ -234,11 +233,8 @@ def _prepare_one(
     return _Prepared(operator, kwargs, uses, chunk_plan)
 
 
-def _model_notes(operator: Operator, targets, kwargs, obj) -> tuple[str, ...]:
-    sources = {
-        operator.task_model(da.dtype, device_of(da), **kwargs).source for da in targets.values()
-    }
-    notes = [f"memory model: {', '.join(sorted(sources))}"]
+def _model_notes(task_models: list[TaskModel], targets, obj) -> tuple[str, ...]:
+    notes = [f"memory model: {', '.join(sorted({m.source for m in task_models}))}"]
     if isinstance(obj, xr.Dataset):
         left = sorted(set(map(str, obj.data_vars)) - set(targets))
         if left:
