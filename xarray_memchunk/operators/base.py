@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import inspect
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,23 @@ class Operator(abc.ABC):
     def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Resolve arguments that name dims of ``da`` (e.g. CF axes) once, before planning."""
         return kwargs
+
+    def reject_unknown(self, unknown: Iterable[str], accepted: Iterable[str] | None = None) -> None:
+        """Raise :class:`MemchunkError` naming ``unknown`` arguments and the accepted ones.
+
+        ``accepted`` defaults to the named parameters of :meth:`normalize_kwargs`.
+        """
+        unknown = sorted(unknown)
+        if not unknown:
+            return
+        if accepted is None:
+            parameters = inspect.signature(self.normalize_kwargs).parameters.values()
+            accepted = [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
+        from ..errors import MemchunkError
+
+        raise MemchunkError(
+            f"{self.name} got unexpected arguments {unknown}; it takes {', '.join(accepted)}"
+        )
 
     def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
         """Check and complete the operator's keyword arguments, before anything runs.

@@ -118,11 +118,7 @@ class GST3D(Operator):
         **unknown: Any,
     ) -> dict[str, Any]:
         """Check the arguments before anything runs."""
-        if unknown:
-            raise MemchunkError(
-                f"gst3d got unexpected arguments {sorted(unknown)}; it takes attribute, kernel, "
-                f"sigma, rho, truncate, dims, dtype"
-            )
+        self.reject_unknown(unknown)
         if attribute not in ATTRIBUTES:
             raise MemchunkError(f"gst3d attribute must be one of {ATTRIBUTES}, got {attribute!r}")
         if kernel not in KERNELS:

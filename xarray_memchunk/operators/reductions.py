@@ -70,12 +70,7 @@ class Reduction(Operator):
         allowed = {"std": {"ddof"}, "var": {"ddof"}, "quantile": {"q", "method"}}.get(
             self.name, set()
         )
-        unknown = set(kwargs) - allowed
-        if unknown:
-            raise MemchunkError(
-                f"{self.name!r} got unexpected arguments {sorted(unknown)}; it takes dim, skipna"
-                + (f", {', '.join(sorted(allowed))}" if allowed else "")
-            )
+        self.reject_unknown(set(kwargs) - allowed, ["dim", "skipna", *sorted(allowed)])
         if self.name == "quantile":
             if "q" not in kwargs:
                 raise MemchunkError("'quantile' needs q=, e.g. q=0.9 or q=[0.1, 0.5, 0.9]")

@@ -83,11 +83,7 @@ class SVD(Operator):
         **unknown: Any,
     ) -> dict[str, Any]:
         """Check the arguments before anything runs."""
-        if unknown:
-            raise MemchunkError(
-                f"svd got unexpected arguments {sorted(unknown)}; it takes sample_dims, method, "
-                f"k, n_power_iter, n_oversamples, seed"
-            )
+        self.reject_unknown(unknown)
         if method not in METHODS:
             raise MemchunkError(f"svd method must be one of {METHODS}, got {method!r}")
         if k is not None and (not isinstance(k, (int, np.integer)) or k < 1):
