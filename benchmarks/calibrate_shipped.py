@@ -15,6 +15,7 @@ from distributed import Client, LocalCluster
 
 from xarray_memchunk.calibrate import calibrate
 from xarray_memchunk.models.calibration import shipped_dir
+from xarray_memchunk.operators import get_operator
 
 OPERATORS = [
     ("sum", {}),
@@ -28,13 +29,14 @@ OPERATORS = [
     ("gst3d", {}),
     ("gst3d", {"kernel": "d2geo"}),
     ("svd", {}),
+    ("svd", {"method": "compressed", "k": 10}),
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", nargs="*", help="operator names to recalibrate")
+    parser.add_argument("--only", nargs="*", help="calibration names to redo, e.g. svd-compressed")
     args = parser.parse_args()
     print(
         f"{'operator':<14} {'dtype':<8} {'shapes':>6} {'median |err| %':>15} "
@@ -47,13 +49,13 @@ def main() -> None:
         Client(cluster) as client,
     ):
         for name, kwargs in OPERATORS:
-            if args.only and name not in args.only:
+            label = get_operator(name).calibration_key(**kwargs)
+            if args.only and label not in args.only:
                 continue
             start = time.perf_counter()
             fits = calibrate(
                 name, repeats=args.repeats, client=client, directory=shipped_dir(), **kwargs
             )
-            label = name + ("-" + kwargs["kernel"] if kwargs else "")
             for dtype, fit in fits.items():
                 s = fit["fit"]
                 print(

@@ -70,6 +70,16 @@ CASES = {
             + ([(30000, 1000)] if big else [])
         ],
     ),
+    "svd-compressed": (
+        "svd",
+        {"sample_dims": ("time",), "method": "compressed", "k": 10},
+        lambda big: [
+            {"time": t, "space": s}
+            for t, s in [(1500, 2500), (7000, 3000), (3000, 9000), (6000, 6000)]
+            # 400 M elements (1.6 GB float32): 10x the largest fitted (40 M)
+            + ([(20000, 20000)] if big else [])
+        ],
+    ),
 }
 
 

@@ -2,6 +2,7 @@
 
     python benchmarks/svd_experiment.py            # both fields
     python benchmarks/svd_experiment.py --small    # 10x smaller fields, for a quick look
+    python benchmarks/svd_experiment.py --only-wide --manual 2500x2500 10000x10000
 
 Fields are float32 (time, space), generated lazily on the workers. Cases:
 
@@ -34,6 +35,28 @@ from xarray_memchunk.units import format_bytes
 def field(n_time: int, n_space: int) -> xr.DataArray:
     data = da.random.default_rng(0).standard_normal((n_time, n_space), chunks=(1000, 1000))
     return xr.DataArray(data.astype("float32"), dims=("time", "space"), name="field")
+
+
+def manual_cases(small: bool, power: int, shapes: list[str]):
+    """memchunk's compressed SVD on the wide field with chunks given as ``TIMExSPACE``."""
+    scale = 10 if small else 1
+    wide = field(20000 // scale, 50000 // scale)
+    result = []
+    for shape in shapes:
+        t, s = (int(v) for v in shape.split("x"))
+        chunks = {"time": t, "space": s}
+        result.append(
+            (
+                f"20000x50000 manual {shape}",
+                lambda c=chunks: (
+                    wide.memchunk.apply(
+                        "svd", sample_dims="time", k=10, n_power_iter=power, chunks=c
+                    ).S
+                ),
+                None,
+            )
+        )
+    return result
 
 
 def cases(small: bool, power: int):
@@ -78,6 +101,13 @@ def main() -> None:
         help="power iterations for both compressed SVDs (dask's default: 0)",
     )
     parser.add_argument("--only-wide", action="store_true", help="run the 20000x50000 cases only")
+    parser.add_argument(
+        "--manual",
+        nargs="*",
+        default=[],
+        metavar="TIMExSPACE",
+        help="also run memchunk's compressed SVD on the wide field with these chunks",
+    )
     args = parser.parse_args()
     for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -85,6 +115,7 @@ def main() -> None:
     selected = cases(args.small, args.n_power_iter)
     if args.only_wide:
         selected = [c for c in selected if c[0].startswith("20000x50000")]
+    selected += manual_cases(args.small, args.n_power_iter, args.manual)
     for label, build, plan in selected:
         with (
             dask.config.set({"distributed.scheduler.allowed-failures": 3}),

@@ -95,7 +95,7 @@ def test_every_builtin_operator_plans_with_fitted_coefficients():
         calibration = load_calibration(name, "cpu", "float32")
         assert calibration is not None, name
         assert calibration.metadata["fit"]["n_profiles"] >= 8
-    for key in ["gst3d", "gst3d-d2geo", "svd"]:
+    for key in ["gst3d", "gst3d-d2geo", "svd", "svd-compressed"]:
         assert load_calibration(key, "cpu", "float64") is not None, key
     volume = xr.DataArray(np.zeros((40, 40, 40), "float32"), dims=("inline", "crossline", "sample"))
     assert any("calibration" in n for n in volume.memchunk.plan("gst3d").notes)

@@ -6,6 +6,7 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.diagnostics import run_watched
+from xarray_memchunk.operators import get_operator
 
 
 def field(n_time, n_y, n_x, chunks, rank=None, seed=0, dtype="float64"):
@@ -58,6 +59,55 @@ def test_compressed_chunks_both_dims():
     assert len(plan.dask_chunks["time"]) > 1 and len(plan.dask_chunks["y"]) > 1
     assert plan.dask_chunks["x"] == (100,)
     assert plan.predicted_peak_bytes <= budget.per_task
+
+
+@pytest.mark.parametrize("n_power_iter", [0, 1, 2])
+def test_compressed_tasks_per_chunk_matches_dasks_graph(n_power_iter):
+    operator = get_operator("svd")
+    counts = {}
+    for blocks in (4, 8):
+        x = da.random.random((blocks * 50, blocks * 50), chunks=50)
+        u, _, _ = da.linalg.svd_compressed(x, 3, n_power_iter=n_power_iter, seed=0)
+        (u,) = dask.optimize(u)
+        counts[blocks] = len(dict(u.__dask_graph__()))
+    per_block = (counts[8] - counts[4]) / (8 * 8 - 4 * 4)
+    modelled = operator.tasks_per_chunk(method="compressed", n_power_iter=n_power_iter)
+    assert per_block == pytest.approx(modelled, rel=0.15)
+
+
+def test_compressed_plans_with_its_own_calibration_and_passes():
+    x = field(20000, 50, 100, chunks={"time": 1000}, dtype="float32")
+    budget = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"
+    )
+    plans = {
+        q: x.memchunk.plan(
+            "svd", sample_dims="time", method="compressed", k=10, n_power_iter=q, budget=budget
+        )
+        for q in (0, 2)
+    }
+    assert any(n.endswith("svd-compressed-cpu.json") for n in plans[0].notes)
+    # two power iterations make 6 passes over the data instead of 2: about 3x the time
+    ratio = plans[2].estimated_seconds / plans[0].estimated_seconds
+    assert 2.0 < ratio < 3.5
+
+
+def test_auto_with_user_chunks_takes_the_method_those_chunks_fit(recwarn):
+    # regression: auto planned the exact SVD on chunks given for the compressed one, merged
+    # time whole (a warning), predicted far over the budget, and killed 1.5 GB workers
+    x = field(20000, 50, 100, chunks={"time": 1000}, dtype="float32")
+    small = xm.Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"
+    )
+    chunks = {"time": 5000, "y": 10}
+    plan = x.memchunk.plan("svd", sample_dims="time", k=10, budget=small, chunks=chunks)
+    assert any(n.startswith("compressed SVD (k=10) chosen") for n in plan.notes)
+    assert plan.dask_chunks["time"] == (5000,) * 4 and plan.dask_chunks["y"] == (10,) * 5
+    assert plan.fits
+    assert not [w for w in recwarn if issubclass(w.category, xm.MemoryBudgetWarning)]
+    with pytest.warns(xm.MemoryBudgetWarning, match="predicted to need"):
+        too_big = x.memchunk.plan("svd", sample_dims="time", k=10, budget=small, chunks=-1)
+    assert any("chosen" in n for n in too_big.notes) and not too_big.fits
 
 
 def test_auto_prefers_exact_then_compressed_then_explains():

@@ -14,7 +14,7 @@ import xarray as xr
 
 from .budget import Budget, resolve_budget
 from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
-from .operators import DimUse, Operator, TaskModel, get_operator
+from .operators import TASK_OVERHEAD_S, DimUse, Operator, TaskModel, get_operator
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.search import plan_chunks, plan_for_chunks
@@ -40,6 +40,25 @@ def device_of(da: xr.DataArray) -> str:
     data = da.data
     meta = getattr(data, "_meta", data)
     return "gpu" if type(meta).__module__.split(".")[0] == "cupy" else "cpu"
+
+
+def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
+    """The one device the data lives on; an error if the operator cannot run there."""
+    arrays = obj.data_vars.values() if isinstance(obj, xr.Dataset) else [obj]
+    devices = {device_of(da) for da in arrays} or {"cpu"}
+    if len(devices) > 1:
+        raise MemchunkError(
+            "the Dataset mixes NumPy (CPU) and CuPy (GPU) variables: select the variables of "
+            "one device, or move them with .as_numpy() / .map_blocks(cupy.asarray)"
+        )
+    (device,) = devices
+    if device not in operator.devices:
+        raise MemchunkError(
+            f"{operator.name!r} runs on NumPy (CPU) data, and this data holds CuPy (GPU) "
+            f"arrays: convert it with .as_numpy() first, or use an operator that runs on the "
+            f"GPU (the reductions)"
+        )
+    return device
 
 
 def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:
@@ -123,9 +142,15 @@ def _peak_function(operator: Operator, targets, uses, kwargs):
 
 
 def _normalize_user_chunks(
-    chunks: Chunks, targets: Mapping[str, xr.DataArray], specs: tuple[DimSpec, ...]
+    chunks: Chunks,
+    targets: Mapping[str, xr.DataArray],
+    specs: tuple[DimSpec, ...],
+    cautions: list[str],
 ) -> dict[str, tuple[int, ...]]:
-    """Turn ``.chunk()``-style chunks into chunk tuples for every planned dim."""
+    """Turn ``.chunk()``-style chunks into chunk tuples for every planned dim.
+
+    Chunks that split a dim the operator needs whole are merged, with a line in ``cautions``.
+    """
     da = next(iter(targets.values()))
     if not isinstance(chunks, Mapping):
         chunks = {s.name: chunks for s in specs}
@@ -158,11 +183,9 @@ def _normalize_user_chunks(
         result = {s.name: tuple(int(c) for c in a) for s, a in zip(specs, auto, strict=True)}
     for spec in specs:
         if spec.role is DimRole.WHOLE and len(result[spec.name]) > 1:
-            warnings.warn(
+            cautions.append(
                 f"{spec.name!r} must be one chunk for this operator; the given chunks split it "
-                f"in {len(result[spec.name])}: it will be rechunked whole",
-                MemoryBudgetWarning,
-                stacklevel=4,
+                f"in {len(result[spec.name])}: it will be rechunked whole"
             )
             result[spec.name] = (spec.size,)
     return result
@@ -175,26 +198,47 @@ def _prepare(
     chunks: Chunks,
     op_kwargs: dict[str, Any],
 ) -> _Prepared:
+    """Plan the first of the operator's alternatives that fits the budget.
+
+    With user ``chunks`` an alternative fits when those chunks are predicted to; when none
+    does, the one with the smallest predicted peak is taken and a
+    :class:`MemoryBudgetWarning` says so. Warnings are issued for the chosen one only.
+    """
     operator = get_operator(op)
-    resolved = resolve_budget(budget)
+    resolved = resolve_budget(budget, _device(obj, operator))
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
     failures: list[str] = []
-    for index, (label, kwargs) in enumerate(alternatives):
+    over_budget: list[tuple[str, _Prepared, list[str]]] = []
+    chosen = None
+    for label, kwargs in alternatives:
         try:
-            prepared = _prepare_one(obj, operator, resolved, chunks, kwargs)
+            prepared, cautions = _prepare_one(obj, operator, resolved, chunks, kwargs)
         except InfeasiblePlanError as exc:
-            if index == len(alternatives) - 1:
-                if failures:
-                    raise InfeasiblePlanError("; ".join([*failures, f"{label}: {exc}"])) from exc
+            if len(alternatives) == 1:
                 raise
             failures.append(f"{label}: {exc}")
             continue
-        if len(alternatives) > 1:
-            why = [f"{label} chosen"] + [f"not {f}" for f in failures]
-            plan = replace(prepared.plan, notes=(*prepared.plan.notes, "; ".join(why)))
-            prepared = replace(prepared, plan=plan)
-        return prepared
-    raise AssertionError("an operator must offer at least one alternative")
+        if prepared.plan.fits:
+            chosen = (label, prepared, cautions)
+            break
+        over_budget.append((label, prepared, cautions))
+        failures.append(
+            f"{label}: the given chunks are predicted to need "
+            f"{format_bytes(prepared.plan.predicted_peak_bytes)} per task"
+        )
+    if chosen is None:
+        if not over_budget:
+            raise InfeasiblePlanError("; ".join(failures))
+        chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
+        failures.remove(next(f for f in failures if f.startswith(f"{chosen[0]}: ")))
+    label, prepared, cautions = chosen
+    for caution in cautions:
+        warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
+    if len(alternatives) > 1:
+        why = [f"{label} chosen"] + [f"not {f}" for f in failures]
+        plan = replace(prepared.plan, notes=(*prepared.plan.notes, "; ".join(why)))
+        prepared = replace(prepared, plan=plan)
+    return prepared
 
 
 def _prepare_one(
@@ -203,7 +247,8 @@ def _prepare_one(
     resolved: Budget,
     chunks: Chunks,
     kwargs: dict[str, Any],
-) -> _Prepared:
+) -> tuple[_Prepared, list[str]]:
+    """Plan one alternative; also return the warnings it would issue if chosen."""
     targets = _targets(obj, operator, kwargs)
     kwargs = operator.bind(next(iter(targets.values())), kwargs)
     uses = {name: operator.dim_uses(da, **kwargs) for name, da in targets.items()}
@@ -215,22 +260,24 @@ def _prepare_one(
         operator=operator.name,
         dims=specs,
         peak_bytes=_peak_function(operator, targets, uses, kwargs),
-        seconds_per_element=max(m.seconds_per_element for m in task_models),
+        seconds_per_element=max(m.seconds_per_element for m in task_models)
+        * operator.passes(**kwargs),
+        task_overhead_s=TASK_OVERHEAD_S * operator.tasks_per_chunk(**kwargs),
         notes=_model_notes(task_models, targets, obj),
     )
     if chunks is None:
-        return _Prepared(operator, kwargs, uses, plan_chunks(problem, resolved))
-    chunk_plan = plan_for_chunks(problem, resolved, _normalize_user_chunks(chunks, targets, specs))
+        return _Prepared(operator, kwargs, uses, plan_chunks(problem, resolved)), []
+    cautions: list[str] = []
+    user_chunks = _normalize_user_chunks(chunks, targets, specs, cautions)
+    chunk_plan = plan_for_chunks(problem, resolved, user_chunks)
     if not chunk_plan.fits:
-        warnings.warn(
+        cautions.append(
             "the given chunks are predicted to need "
             f"{format_bytes(chunk_plan.predicted_peak_bytes)} per {operator.name!r} task, "
             f"over the per-task budget of {format_bytes(resolved.per_task)}: workers may "
-            "pause or be killed. Leave chunks out to let memchunk choose.",
-            MemoryBudgetWarning,
-            stacklevel=4,
+            "pause or be killed. Leave chunks out to let memchunk choose."
         )
-    return _Prepared(operator, kwargs, uses, chunk_plan)
+    return _Prepared(operator, kwargs, uses, chunk_plan), cautions
 
 
 def _model_notes(task_models: list[TaskModel], targets, obj) -> tuple[str, ...]:

@@ -20,6 +20,12 @@ Sources, in order: an explicit ``budget=`` argument (bytes, or a size string par
 ``LocalCluster(memory_limit=...)``), the active ``distributed.Client``'s workers, the dask config
 key ``memchunk.worker-memory``, and the memory available on this machine for the threaded
 scheduler.
+
+CuPy-backed data is budgeted against the GPU's memory instead (:func:`device_budget`): the
+same formula with the device's total memory, what is already in use on it as the baseline,
+and ``memchunk.device-memory-fraction`` (0.8) in place of the pause threshold, since nothing
+pauses a GPU task: CUDA raises an out-of-memory error. An explicit argument or the config key
+``memchunk.device-memory`` takes precedence.
 """
 
 from __future__ import annotations
@@ -32,11 +38,12 @@ import dask
 
 from .units import format_bytes, to_bytes
 
-__all__ = ["Budget", "per_task_bytes", "resolve_budget"]
+__all__ = ["Budget", "device_budget", "per_task_bytes", "resolve_budget"]
 
 DEFAULT_WORKER_BASELINE = "200MB"
 DEFAULT_TASK_SHARE = 0.75
 DEFAULT_PAUSE_FRACTION = 0.8
+DEFAULT_DEVICE_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class Budget:
         ``"distributed client tcp://127.0.0.1:8786"``.
     worker_baseline, task_share, pause_fraction
         The terms of the formula, kept so that :meth:`explain` can show the arithmetic.
+    memory_name, fraction_name
+        What ``worker_memory`` and ``pause_fraction`` are, in :meth:`explain`
+        (``"device memory"`` and ``"usable fraction"`` for a GPU).
     """
 
     worker_memory: int
@@ -68,6 +78,8 @@ class Budget:
     worker_baseline: int = 0
     task_share: float = 1.0
     pause_fraction: float = 1.0
+    memory_name: str = "worker memory"
+    fraction_name: str = "pause threshold"
 
     @property
     def total_threads(self) -> int:
@@ -78,8 +90,10 @@ class Budget:
         """State the per-task budget and the arithmetic behind it."""
         return (
             f"per-task budget {format_bytes(self.per_task)} = "
-            f"({self.pause_fraction:g} pause threshold x {format_bytes(self.worker_memory)} worker "
-            f"memory - {format_bytes(self.worker_baseline)} idle worker) x {self.task_share:g} "
+            f"({self.pause_fraction:g} {self.fraction_name} x {format_bytes(self.worker_memory)} "
+            f"{self.memory_name} - {format_bytes(self.worker_baseline)} "
+            f"{'in use' if self.memory_name == 'device memory' else 'idle worker'}) x "
+            f"{self.task_share:g} "
             f"task share / {self.threads_per_worker} thread(s) per worker; "
             f"source: {self.source}; {self.n_workers} worker(s) x {self.threads_per_worker} "
             f"thread(s)"
@@ -168,7 +182,7 @@ def _accepts_n_workers(client) -> bool:
     return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
 
-def resolve_budget(budget: Budget | int | float | str | None = None) -> Budget:
+def resolve_budget(budget: Budget | int | float | str | None = None, device: str = "cpu") -> Budget:
     """Find the memory one task may use.
 
     Parameters
@@ -178,6 +192,9 @@ def resolve_budget(budget: Budget | int | float | str | None = None) -> Budget:
         ``memchunk.worker-memory``, then this machine's available memory); the memory limit of
         one worker as bytes or a size string (``"1.5GB"``), meaning what
         ``LocalCluster(memory_limit=...)`` means; or a ready :class:`Budget`, used as is.
+    device
+        ``"gpu"`` for CuPy-backed data: discovered budgets come from ``memchunk.device-memory``
+        or the GPU (:func:`device_budget`), and a given size means the device memory.
 
     Returns
     -------
@@ -199,6 +216,8 @@ def resolve_budget(budget: Budget | int | float | str | None = None) -> Budget:
         else:
             threads, n_workers = 1, os.cpu_count() or 1
         return make_budget(worker_memory, threads, n_workers, "argument")
+    if device == "gpu":
+        return device_budget(cluster[1] if cluster is not None and cluster[2] else None)
     if cluster is not None and cluster[0]:
         memory, threads, n_workers, address = cluster
         return make_budget(memory, threads, n_workers, f"distributed client {address}")
@@ -222,3 +241,49 @@ def system_budget() -> Budget:
     threads = os.cpu_count() or 1
     available = int(psutil.virtual_memory().available)
     return make_budget(available, threads, 1, "system memory (available, threaded scheduler)")
+
+
+def device_budget(threads: int | None = None) -> Budget:
+    """Budget for CuPy-backed data: the memory of the current GPU.
+
+    Parameters
+    ----------
+    threads
+        Tasks that run on the GPU at once: a distributed worker's threads (one worker per GPU,
+        as ``dask_cuda.LocalCUDACluster`` starts them), else one per CPU (the threaded
+        scheduler).
+
+    Returns
+    -------
+    Budget
+        From the config key ``memchunk.device-memory`` when set, else from
+        ``cupy.cuda.Device().mem_info``: the total as the memory, what is already allocated
+        (CUDA context, CuPy's memory pool, other processes) as the baseline.
+    """
+    threads = threads or os.cpu_count() or 1
+    fraction = float(dask.config.get("memchunk.device-memory-fraction", DEFAULT_DEVICE_FRACTION))
+    share = float(dask.config.get("memchunk.task-share", DEFAULT_TASK_SHARE))
+    configured = dask.config.get("memchunk.device-memory", None)
+    if configured is not None:
+        total = to_bytes(configured, what="memchunk.device-memory")
+        in_use, source = 0, "dask config memchunk.device-memory"
+    else:
+        import cupy
+
+        device = cupy.cuda.Device()
+        free, total = device.mem_info
+        in_use, source = total - free, f"GPU {device.id} (cupy): {format_bytes(free)} free"
+    return Budget(
+        worker_memory=int(total),
+        threads_per_worker=threads,
+        n_workers=1,
+        per_task=per_task_bytes(
+            int(total), threads, worker_baseline=in_use, task_share=share, pause_fraction=fraction
+        ),
+        source=source,
+        worker_baseline=int(in_use),
+        task_share=share,
+        pause_fraction=fraction,
+        memory_name="device memory",
+        fraction_name="usable fraction",
+    )

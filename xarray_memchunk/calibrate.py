@@ -77,14 +77,15 @@ def features_of(
 def fit_profiles(
     operator: Operator, profiles: Sequence[TaskProfile], kwargs: Mapping[str, Any]
 ) -> tuple[LinearFit, float]:
-    """Fit the memory model and the time per element to profiles of one dtype."""
+    """Fit the memory model and the time per element and pass to profiles of one dtype."""
     rows = [features_of(operator, p.extents, p.dtype, kwargs) for p in profiles]
     features = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     fit = fit_linear(features, np.array([p.peak_bytes for p in profiles]))
     elements = np.array([np.prod(list(p.extents.values()), dtype=float) for p in profiles])
     seconds = np.array([p.seconds for p in profiles])
     large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
-    return fit, float(np.median(seconds[large] / elements[large]))
+    per_pass = seconds[large] / elements[large] / operator.passes(**kwargs)
+    return fit, float(np.median(per_pass))
 
 
 def calibrate(
@@ -128,7 +129,7 @@ def calibrate(
     """
     operator = get_operator(op)
     kwargs = operator.normalize_kwargs(**(operator.calibration_kwargs() | op_kwargs))
-    shapes = list(shapes) if shapes is not None else operator.calibration_shapes()
+    shapes = list(shapes) if shapes is not None else operator.calibration_shapes(**kwargs)
     fits: dict[str, dict[str, Any]] = {}
     with _profiling_client(client) as profiler:
         method = profiler.submit(peak_method, pure=False).result()

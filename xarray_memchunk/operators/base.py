@@ -14,7 +14,10 @@ import xarray as xr
 from ..models import LinearMemoryModel, load_calibration
 from ..planning.problem import DimRole
 
-__all__ = ["DimUse", "Operator", "TaskModel"]
+__all__ = ["TASK_OVERHEAD_S", "DimUse", "Operator", "TaskModel"]
+
+#: Dask's scheduling cost of one task, seconds (about 1 ms on a distributed cluster).
+TASK_OVERHEAD_S = 1e-3
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class Operator(abc.ABC):
     description: str = ""
     #: Default compute time per padded input element (used until calibrated).
     default_seconds_per_element: float = 1e-8
+    #: Devices whose arrays :meth:`compute` accepts: ``"cpu"`` (NumPy), ``"gpu"`` (CuPy).
+    devices: tuple[str, ...] = ("cpu",)
 
     def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """Ways to run the operator, tried in order until one has a plan that fits.
@@ -112,6 +117,22 @@ class Operator(abc.ABC):
             return False
         return True
 
+    def passes(self, **kwargs: Any) -> int:
+        """How many times the computation processes each input element; 1 by default.
+
+        Calibration divides the measured time per element by this and planning multiplies
+        it back, so one calibration serves every setting (the compressed SVD makes
+        ``2 n_power_iter + 2`` passes over its input).
+        """
+        return 1
+
+    def tasks_per_chunk(self, **kwargs: Any) -> float:
+        """Dask tasks the computation creates per planned chunk, for the scheduling overhead.
+
+        1 by default; the compressed SVD creates several per chunk and pass.
+        """
+        return 1.0
+
     def output_extents(
         self, extents: Mapping[str, np.ndarray], uses: Mapping[str, DimUse], **kwargs: Any
     ) -> dict[str, np.ndarray]:
@@ -162,8 +183,11 @@ class Operator(abc.ABC):
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Analytic memory model, used when no calibration exists for this input dtype."""
 
-    def calibration_shapes(self) -> list[dict[str, int]]:
+    def calibration_shapes(self, **kwargs: Any) -> list[dict[str, int]]:
         """Padded task extents that :func:`xarray_memchunk.calibrate` profiles by default.
+
+        ``kwargs`` are the operator's (normalized) arguments, for operators whose variants
+        are calibrated on different shapes.
 
         Raises
         ------

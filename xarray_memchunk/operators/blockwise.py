@@ -37,6 +37,9 @@ class BlockwiseOperator(Operator):
         dtype of the result (the input's by default).
     description
         One line for :func:`xarray_memchunk.operators`.
+    devices
+        Where ``func`` runs: ``("cpu",)`` for NumPy blocks; add ``"gpu"`` when it also takes
+        CuPy blocks (the plan is then budgeted against the GPU's memory for CuPy data).
 
     Examples
     --------
@@ -57,6 +60,7 @@ class BlockwiseOperator(Operator):
         whole: Sequence[str] = (),
         output_dtype: np.dtype | str | None = None,
         description: str = "",
+        devices: Sequence[str] = ("cpu",),
     ) -> None:
         self.name = name
         self.func = func
@@ -65,6 +69,7 @@ class BlockwiseOperator(Operator):
         self.whole = tuple(whole)
         self.output_dtype = np.dtype(output_dtype) if output_dtype is not None else None
         self.description = description or f"user blockwise operator {name!r}"
+        self.devices = tuple(devices)
 
     def dim_uses(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """Whole dims and halo dims as declared; each must exist in ``da``."""
@@ -89,7 +94,7 @@ class BlockwiseOperator(Operator):
         """Apply ``func`` block by block (with halos where declared), lazily."""
         dtype = self.output_dtype or da.dtype
         if not hasattr(da.data, "dask"):
-            return da.copy(data=self.func(da.values, **kwargs).astype(dtype, copy=False))
+            return da.copy(data=self.func(da.data, **kwargs).astype(dtype, copy=False))
         depth = {da.get_axis_num(d): u.depth for d, u in uses.items() if u.role is DimRole.HALO}
         if depth:
             data = da.data.map_overlap(

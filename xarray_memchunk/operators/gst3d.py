@@ -149,7 +149,7 @@ class GST3D(Operator):
         """The output dtype's itemsize."""
         return np.dtype(kwargs.get("dtype", "float32")).itemsize
 
-    def calibration_shapes(self) -> list[dict[str, int]]:
+    def calibration_shapes(self, **kwargs: Any) -> list[dict[str, int]]:
         """Padded blocks from 32^3 to 8.2 million voxels, cubes and slabs."""
         sizes = [
             (32, 32, 32),

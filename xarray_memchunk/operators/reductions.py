@@ -53,6 +53,8 @@ class Reduction(Operator):
     """
 
     default_seconds_per_element = 2e-9
+    #: xarray's reductions and ``numpy.nanmedian`` dispatch to CuPy on CuPy blocks.
+    devices = ("cpu", "gpu")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -120,7 +122,7 @@ class Reduction(Operator):
         """Reduce over ``time`` (and take the 90th percentile for quantile)."""
         return {"dim": "time"} | ({"q": 0.9} if self.name == "quantile" else {})
 
-    def calibration_shapes(self) -> list[dict[str, int]]:
+    def calibration_shapes(self, **kwargs: Any) -> list[dict[str, int]]:
         """Chunks from 0.1 to 64 MB, long and short in the reduced dim, for ``(time, y, x)``."""
         sizes = [
             (30, 40, 80),

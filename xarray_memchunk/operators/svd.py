@@ -7,13 +7,17 @@ chunked (stacking a chunked trailing dim would make Dask rechunk).
 
 Per-task memory (the features of the model):
 
-- ``block_bytes``: the largest matrix one task decomposes. For the exact SVD that is a block,
-  or the stacked R factors that tsqr decomposes in one task (``blocks x min(rows, n)`` rows of
-  ``n``), whichever is larger; tsqr recurses, bounding the stack by one block's rows, only for
-  blocks of at least ``2 n`` rows, so short blocks make one task decompose a matrix as large
-  as the input. For the compressed SVD, one block of the input;
+- ``block_bytes``: the largest matrix one task decomposes or multiplies. For the exact SVD
+  that is a block, or the stacked R factors that tsqr decomposes in one task (``blocks x
+  min(rows, n)`` rows of ``n``), whichever is larger; tsqr recurses, bounding the stack by one
+  block's rows, only for blocks of at least ``2 n`` rows, so short blocks make one task
+  decompose a matrix as large as the input. For the compressed SVD, one block of the input,
+  which each of its ``2 n_power_iter + 2`` passes multiplies by a thin matrix;
 - ``square_bytes``: ``n x n`` (R, the small SVD);
 - ``sketch_bytes`` (compressed): a block's rows and columns times ``k + n_oversamples``.
+
+The two methods are calibrated separately (``svd`` and ``svd-compressed``): tsqr's tasks run
+LAPACK in float64, the compressed SVD's tasks are matrix products in the input's dtype.
 
 EOF naming: ``V``'s modes are the spatial patterns (EOFs), ``U`` the principal components
 (time series), ``S`` the singular values.
@@ -162,29 +166,61 @@ class SVD(Operator):
             "sketch_bytes": np.zeros_like(chunk),
         }
 
+    def passes(self, method: str = "exact", n_power_iter: int = 0, **kwargs: Any) -> int:
+        """Exact: one. Compressed: the sketch, two per power iteration, the projection."""
+        return 2 * n_power_iter + 2 if method == "compressed" else 1
+
+    def tasks_per_chunk(self, method: str = "exact", n_power_iter: int = 0, **kwargs) -> float:
+        """Compressed: ``3 (n_power_iter + 2)`` tasks per block, counted in Dask's graph.
+
+        The optimized graph of ``svd_compressed`` on 4x4 to 8x8 blocks grows by 5.7, 8.6 and
+        12.4 tasks per block for 0, 1 and 2 power iterations (``tests/test_svd.py`` checks it).
+        """
+        return 3.0 * (n_power_iter + 2) if method == "compressed" else 1.0
+
+    def calibration_key(self, method: str = "exact", **kwargs: Any) -> str:
+        """``svd`` (tsqr) and ``svd-compressed`` are calibrated separately."""
+        return "svd-compressed" if method == "compressed" else "svd"
+
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """LAPACK QR/SVD in float64: a copy, Q and workspace ~9x a float32 block."""
-        return LinearMemoryModel(
-            {"block_bytes": 9.0, "square_bytes": 12.0, "sketch_bytes": 3.0},
-            intercept=16 * 2**20,
-        )
+        """Exact: LAPACK QR/SVD in float64, a copy, Q and workspace ~9x a float32 block.
+
+        Compressed: the block, a product and partial sums ~3x a block.
+        """
+        if kwargs.get("method") == "compressed":
+            coefficients = {"block_bytes": 3.0, "square_bytes": 12.0, "sketch_bytes": 6.0}
+        else:
+            coefficients = {"block_bytes": 9.0, "square_bytes": 12.0, "sketch_bytes": 3.0}
+        return LinearMemoryModel(coefficients, intercept=16 * 2**20)
 
     def calibration_kwargs(self) -> dict[str, Any]:
-        """Exact SVD of (time, space) blocks."""
+        """Exact SVD of (time, space) blocks (``method="compressed", k=10`` for the other)."""
         return {"sample_dims": ("time",), "method": "exact"}
 
-    def calibration_shapes(self) -> list[dict[str, int]]:
-        """Tall single blocks from 0.2 to 40 MB (float32)."""
-        sizes = [
-            (500, 100),
-            (2000, 100),
-            (1000, 400),
-            (5000, 300),
-            (4000, 800),
-            (20000, 200),
-            (10000, 1000),
-            (8000, 1200),
-        ]
+    def calibration_shapes(self, method: str = "exact", **kwargs: Any) -> list[dict[str, int]]:
+        """Exact: tall single blocks, 0.2 to 40 MB. Compressed: blocks of 4 to 160 MB (float32)."""
+        if method == "compressed":
+            sizes = [
+                (1000, 1000),
+                (2000, 3000),
+                (4000, 2000),
+                (3000, 6000),
+                (6000, 4000),
+                (5000, 8000),
+                (8000, 5000),
+                (10000, 4000),
+            ]
+        else:
+            sizes = [
+                (500, 100),
+                (2000, 100),
+                (1000, 400),
+                (5000, 300),
+                (4000, 800),
+                (20000, 200),
+                (10000, 1000),
+                (8000, 1200),
+            ]
         return [{"time": t, "space": s} for t, s in sizes]
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.Dataset:
@@ -194,17 +230,20 @@ class SVD(Operator):
         samples, features = _sides(da, kwargs["sample_dims"])
         stacked = da.stack(sample=samples, feature=features).transpose("sample", "feature")
         data, k = stacked.data, kwargs.get("k")
-        if not hasattr(data, "dask"):
-            u, s, v = np.linalg.svd(np.asarray(data), full_matrices=False)
-        elif kwargs["method"] == "compressed":
+        lazy = hasattr(data, "dask")
+        if kwargs["method"] == "compressed":
+            if not lazy:  # one block: the same randomized result as on chunked data
+                data = dask.array.from_array(np.asarray(data), chunks=data.shape)
             u, s, v = dask.array.linalg.svd_compressed(
                 data,
                 k,
                 n_power_iter=kwargs["n_power_iter"],
                 n_oversamples=kwargs["n_oversamples"],
                 seed=kwargs["seed"],
-                compute=_has_client(),
+                compute=lazy and _has_client(),
             )
+        elif not lazy:
+            u, s, v = np.linalg.svd(np.asarray(data), full_matrices=False)
         else:
             u, s, v = dask.array.linalg.svd(data)
         if k is not None:

@@ -1,0 +1,68 @@
+"""Where the data lives decides the budget: CuPy-backed data plans against the GPU's memory.
+
+These tests need no GPU: a stand-in ``cupy`` module reports the device memory, and the data's
+device is set by replacing ``device_of``. What runs on a real GPU is in ``test_gpu.py``.
+"""
+
+import os
+import sys
+import types
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk import api, resolve_budget
+
+GiB = 2**30
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A ``cupy`` whose device 0 has 80 GiB, 10 GiB of it in use; all data counts as on it."""
+    device = types.SimpleNamespace(id=0, mem_info=(70 * GiB, 80 * GiB))
+    module = types.ModuleType("cupy")
+    module.cuda = types.SimpleNamespace(Device=lambda: device)
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    monkeypatch.setattr(api, "device_of", lambda da: "gpu")
+    return device
+
+
+def test_gpu_budget_is_device_memory_minus_what_is_in_use(fake_gpu):
+    budget = resolve_budget(device="gpu")
+    threads = os.cpu_count()
+    assert budget.worker_memory == 80 * GiB and budget.worker_baseline == 10 * GiB
+    assert budget.per_task == int((0.8 * 80 * GiB - 10 * GiB) * 0.75 / threads)
+    assert budget.source.startswith("GPU 0 (cupy)")
+    assert "device memory" in budget.explain() and "usable fraction" in budget.explain()
+
+
+def test_gpu_budget_config_and_argument_take_precedence(fake_gpu):
+    with dask.config.set(
+        {"memchunk.device-memory": "16GB", "memchunk.device-memory-fraction": 0.9}
+    ):
+        configured = resolve_budget(device="gpu")
+    assert configured.worker_memory == 16 * 10**9
+    assert configured.per_task == int(0.9 * 16e9 * 0.75 / os.cpu_count())
+    assert resolve_budget("4GB", device="gpu").source == "argument"
+
+
+def test_reductions_plan_against_the_gpu_and_cpu_only_operators_refuse(fake_gpu):
+    field = xr.DataArray(np.zeros((400, 30, 40), "float32"), dims=("time", "y", "x"))
+    plan = field.chunk({"time": 50}).memchunk.plan("median", dim="time")
+    assert plan.budget.source.startswith("GPU 0")
+    assert any("analytic" in n for n in plan.notes)  # no GPU calibration is shipped
+    volume = xr.DataArray(np.zeros((40, 40, 40), "float32"), dims=("x", "y", "z"))
+    with pytest.raises(xm.MemchunkError, match=r"runs on NumPy.*as_numpy"):
+        volume.memchunk.plan("gst3d", dims=("x", "y", "z"))
+    with pytest.raises(xm.MemchunkError, match="runs on NumPy"):
+        field.memchunk.plan("svd", sample_dims="time")
+
+
+def test_mixed_devices_in_one_dataset_is_an_error(monkeypatch):
+    monkeypatch.setattr(api, "device_of", lambda da: "gpu" if da.name == "a" else "cpu")
+    ds = xr.Dataset({name: ("time", np.zeros(10)) for name in "ab"})
+    with pytest.raises(xm.MemchunkError, match="mixes NumPy"):
+        ds.memchunk.plan("mean", dim="time")
