@@ -2,7 +2,7 @@
 
     python benchmarks/svd_experiment.py            # both fields
     python benchmarks/svd_experiment.py --small    # 10x smaller fields, for a quick look
-    python benchmarks/svd_experiment.py --only-wide --manual 2500x2500 10000x10000
+    python benchmarks/svd_experiment.py --manual 2000x2000 4000x10000 10000x5000
 
 Fields are float32 (time, space), generated lazily on the workers. Cases:
 

@@ -14,9 +14,9 @@ import xarray as xr
 
 from .budget import Budget, resolve_budget
 from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
-from .operators import TASK_OVERHEAD_S, DimUse, Operator, TaskModel, get_operator
+from .operators import DimUse, Operator, TaskModel, get_operator
 from .planning.plan import ChunkPlan
-from .planning.problem import DimRole, DimSpec, PlanProblem
+from .planning.problem import TASK_OVERHEAD_S, DimRole, DimSpec, PlanProblem
 from .planning.search import plan_chunks, plan_for_chunks
 from .units import format_bytes
 
@@ -207,7 +207,7 @@ def _prepare(
     operator = get_operator(op)
     resolved = resolve_budget(budget, _device(obj, operator))
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
-    failures: list[str] = []
+    failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
     over_budget: list[tuple[str, _Prepared, list[str]]] = []
     chosen = None
     for label, kwargs in alternatives:
@@ -216,26 +216,23 @@ def _prepare(
         except InfeasiblePlanError as exc:
             if len(alternatives) == 1:
                 raise
-            failures.append(f"{label}: {exc}")
+            failures.append((label, str(exc)))
             continue
         if prepared.plan.fits:
             chosen = (label, prepared, cautions)
             break
         over_budget.append((label, prepared, cautions))
-        failures.append(
-            f"{label}: the given chunks are predicted to need "
-            f"{format_bytes(prepared.plan.predicted_peak_bytes)} per task"
-        )
+        peak = format_bytes(prepared.plan.predicted_peak_bytes)
+        failures.append((label, f"the given chunks are predicted to need {peak} per task"))
     if chosen is None:
         if not over_budget:
-            raise InfeasiblePlanError("; ".join(failures))
+            raise InfeasiblePlanError("; ".join(f"{what}: {why}" for what, why in failures))
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
-        failures.remove(next(f for f in failures if f.startswith(f"{chosen[0]}: ")))
     label, prepared, cautions = chosen
     for caution in cautions:
         warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
     if len(alternatives) > 1:
-        why = [f"{label} chosen"] + [f"not {f}" for f in failures]
+        why = [f"{label} chosen"] + [f"not {w}: {r}" for w, r in failures if w != label]
         plan = replace(prepared.plan, notes=(*prepared.plan.notes, "; ".join(why)))
         prepared = replace(prepared, plan=plan)
     return prepared

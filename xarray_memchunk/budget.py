@@ -45,6 +45,12 @@ DEFAULT_TASK_SHARE = 0.75
 DEFAULT_PAUSE_FRACTION = 0.8
 DEFAULT_DEVICE_FRACTION = 0.8
 
+#: How :meth:`Budget.explain` names pause_fraction, worker_memory and worker_baseline.
+_TERM_NAMES = {
+    "cpu": ("pause threshold", "worker memory", "idle worker"),
+    "gpu": ("usable fraction", "device memory", "in use"),
+}
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -65,9 +71,9 @@ class Budget:
         ``"distributed client tcp://127.0.0.1:8786"``.
     worker_baseline, task_share, pause_fraction
         The terms of the formula, kept so that :meth:`explain` can show the arithmetic.
-    memory_name, fraction_name
-        What ``worker_memory`` and ``pause_fraction`` are, in :meth:`explain`
-        (``"device memory"`` and ``"usable fraction"`` for a GPU).
+    device
+        ``"cpu"``, or ``"gpu"`` for a GPU's memory (the terms are named accordingly in
+        :meth:`explain`).
     """
 
     worker_memory: int
@@ -78,8 +84,7 @@ class Budget:
     worker_baseline: int = 0
     task_share: float = 1.0
     pause_fraction: float = 1.0
-    memory_name: str = "worker memory"
-    fraction_name: str = "pause threshold"
+    device: str = "cpu"
 
     @property
     def total_threads(self) -> int:
@@ -88,12 +93,11 @@ class Budget:
 
     def explain(self) -> str:
         """State the per-task budget and the arithmetic behind it."""
+        fraction, memory, baseline = _TERM_NAMES[self.device]
         return (
             f"per-task budget {format_bytes(self.per_task)} = "
-            f"({self.pause_fraction:g} {self.fraction_name} x {format_bytes(self.worker_memory)} "
-            f"{self.memory_name} - {format_bytes(self.worker_baseline)} "
-            f"{'in use' if self.memory_name == 'device memory' else 'idle worker'}) x "
-            f"{self.task_share:g} "
+            f"({self.pause_fraction:g} {fraction} x {format_bytes(self.worker_memory)} {memory} "
+            f"- {format_bytes(self.worker_baseline)} {baseline}) x {self.task_share:g} "
             f"task share / {self.threads_per_worker} thread(s) per worker; "
             f"source: {self.source}; {self.n_workers} worker(s) x {self.threads_per_worker} "
             f"thread(s)"
@@ -132,15 +136,26 @@ def _formula_terms() -> dict[str, float | int]:
     return {"pause_fraction": float(pause), "worker_baseline": baseline, "task_share": share}
 
 
-def make_budget(worker_memory: int, threads_per_worker: int, n_workers: int, source: str) -> Budget:
-    """Build a :class:`Budget` from a worker's memory and threads with the configured terms."""
-    terms = _formula_terms()
+def make_budget(
+    worker_memory: int,
+    threads_per_worker: int,
+    n_workers: int,
+    source: str,
+    device: str = "cpu",
+    **terms: float | int,
+) -> Budget:
+    """Build a :class:`Budget` from a worker's memory and threads with the configured terms.
+
+    ``terms`` (``pause_fraction``, ``worker_baseline``, ``task_share``) replace configured ones.
+    """
+    terms = _formula_terms() | terms
     return Budget(
         worker_memory=worker_memory,
         threads_per_worker=threads_per_worker,
         n_workers=n_workers,
         per_task=per_task_bytes(worker_memory, threads_per_worker, **terms),
         source=source,
+        device=device,
         **terms,
     )
 
@@ -260,9 +275,7 @@ def device_budget(threads: int | None = None) -> Budget:
         ``cupy.cuda.Device().mem_info``: the total as the memory, what is already allocated
         (CUDA context, CuPy's memory pool, other processes) as the baseline.
     """
-    threads = threads or os.cpu_count() or 1
     fraction = float(dask.config.get("memchunk.device-memory-fraction", DEFAULT_DEVICE_FRACTION))
-    share = float(dask.config.get("memchunk.task-share", DEFAULT_TASK_SHARE))
     configured = dask.config.get("memchunk.device-memory", None)
     if configured is not None:
         total = to_bytes(configured, what="memchunk.device-memory")
@@ -273,17 +286,12 @@ def device_budget(threads: int | None = None) -> Budget:
         device = cupy.cuda.Device()
         free, total = device.mem_info
         in_use, source = total - free, f"GPU {device.id} (cupy): {format_bytes(free)} free"
-    return Budget(
-        worker_memory=int(total),
-        threads_per_worker=threads,
-        n_workers=1,
-        per_task=per_task_bytes(
-            int(total), threads, worker_baseline=in_use, task_share=share, pause_fraction=fraction
-        ),
-        source=source,
-        worker_baseline=int(in_use),
-        task_share=share,
+    return make_budget(
+        int(total),
+        threads or os.cpu_count() or 1,
+        1,
+        source,
+        device="gpu",
         pause_fraction=fraction,
-        memory_name="device memory",
-        fraction_name="usable fraction",
+        worker_baseline=int(in_use),
     )

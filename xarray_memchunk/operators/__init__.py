@@ -1,6 +1,6 @@
 """Operators: what dims they need, their memory models, and their lazy computations."""
 
-from .base import TASK_OVERHEAD_S, DimUse, Operator, TaskModel
+from .base import DimUse, Operator, TaskModel
 from .blockwise import BlockwiseOperator
 from .gst3d import GST3D
 from .reductions import REDUCTIONS, Reduction
@@ -8,7 +8,6 @@ from .registry import get_operator, operator_names, register_operator
 from .svd import SVD
 
 __all__ = [
-    "TASK_OVERHEAD_S",
     "BlockwiseOperator",
     "DimUse",
     "GST3D",

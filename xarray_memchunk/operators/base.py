@@ -14,10 +14,7 @@ import xarray as xr
 from ..models import LinearMemoryModel, load_calibration
 from ..planning.problem import DimRole
 
-__all__ = ["TASK_OVERHEAD_S", "DimUse", "Operator", "TaskModel"]
-
-#: Dask's scheduling cost of one task, seconds (about 1 ms on a distributed cluster).
-TASK_OVERHEAD_S = 1e-3
+__all__ = ["DimUse", "Operator", "TaskModel"]
 
 
 @dataclass(frozen=True)

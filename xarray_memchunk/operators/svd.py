@@ -232,7 +232,7 @@ class SVD(Operator):
         data, k = stacked.data, kwargs.get("k")
         lazy = hasattr(data, "dask")
         if kwargs["method"] == "compressed":
-            if not lazy:  # one block: the same randomized result as on chunked data
+            if not lazy:  # NumPy data: the same randomized algorithm, on one block
                 data = dask.array.from_array(np.asarray(data), chunks=data.shape)
             u, s, v = dask.array.linalg.svd_compressed(
                 data,

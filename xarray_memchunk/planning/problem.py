@@ -8,7 +8,10 @@ from enum import StrEnum
 
 import numpy as np
 
-__all__ = ["DimRole", "DimSpec", "PlanProblem", "PeakFunction"]
+__all__ = ["TASK_OVERHEAD_S", "DimRole", "DimSpec", "PlanProblem", "PeakFunction"]
+
+#: Dask's scheduling cost of one task, seconds (about 1 ms on a distributed cluster).
+TASK_OVERHEAD_S = 1e-3
 
 #: Maps the padded extents of one task (dim name -> array of extents, one entry per candidate
 #: chunk shape) to the predicted peak bytes of that task (array of the same length).
@@ -82,7 +85,7 @@ class PlanProblem:
     dims: tuple[DimSpec, ...]
     peak_bytes: PeakFunction
     seconds_per_element: float = 1e-8
-    task_overhead_s: float = 1e-3
+    task_overhead_s: float = TASK_OVERHEAD_S
     read_seconds_per_element: float = 2e-9
     notes: tuple[str, ...] = field(default=())
 
