@@ -2,7 +2,7 @@ import dask
 import pytest
 
 from xarray_memchunk import Budget, BudgetError, resolve_budget
-from xarray_memchunk.budget import per_task_bytes
+from xarray_memchunk.planning.budget import per_task_bytes
 from xarray_memchunk.units import to_bytes
 
 
@@ -30,24 +30,24 @@ def test_budget_argument_formula():
     with dask.config.set(
         {
             "memchunk.worker-baseline": "200MB",
-            "memchunk.task-share": 0.75,
+            "memchunk.reserve": 0.1,
             "distributed.worker.memory.pause": 0.8,
         }
     ):
         budget = resolve_budget("1.5GB")
     assert budget.source == "argument"
     assert budget.worker_memory == 1_500_000_000
-    assert budget.per_task == int((0.8 * 1.5e9 - 200e6) * 0.75 / budget.threads_per_worker)
+    assert budget.per_task == int((0.8 * 1.5e9 - 200e6) * (1 - 0.1) / budget.threads_per_worker)
     assert budget.per_task < 0.8 * budget.worker_memory / budget.threads_per_worker
     assert "per-task budget" in budget.explain() and "argument" in budget.explain()
 
 
 def test_per_task_shrinks_with_threads():
     one = per_task_bytes(
-        4_000_000_000, 1, worker_baseline=200_000_000, task_share=0.75, pause_fraction=0.8
+        4_000_000_000, 1, worker_baseline=200_000_000, reserve=0.1, pause_fraction=0.8
     )
     four = per_task_bytes(
-        4_000_000_000, 4, worker_baseline=200_000_000, task_share=0.75, pause_fraction=0.8
+        4_000_000_000, 4, worker_baseline=200_000_000, reserve=0.1, pause_fraction=0.8
     )
     assert four == one // 4 or abs(four - one / 4) < 1
 

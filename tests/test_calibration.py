@@ -5,9 +5,10 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
+from xarray_memchunk.calibrate import run_task
 from xarray_memchunk.models.calibration import load_calibration, save_calibration, shipped_dir
 from xarray_memchunk.models.fitting import UNDER_TOLERANCE, fit_linear
-from xarray_memchunk.models.profiling import measure_task
+from xarray_memchunk.models.profiling import measure_peak
 
 MB = 1_000_000
 
@@ -31,7 +32,8 @@ def user_dir(tmp_path, monkeypatch):
 
 def test_profiler_sees_a_known_peak():
     # 10 M float32 = 40 MB input; hog holds input + a, b, c and a temporary: 5 x 40 MB
-    peak, seconds, method = measure_task(HOG, {"x": 10_000_000}, "float32", {})
+    extents = {"x": 10_000_000}
+    peak, seconds, method = measure_peak(run_task, HOG, {}, extents, extents, "float32", 0)
     assert method in {"hwm", "sampling"}
     assert 4.5 * 40 * MB < peak < 6.5 * 40 * MB
     assert seconds > 0

@@ -34,7 +34,7 @@ def test_gpu_budget_is_device_memory_minus_what_is_in_use(fake_gpu):
     budget = resolve_budget(device="gpu")
     threads = os.cpu_count()
     assert budget.worker_memory == 80 * GiB and budget.worker_baseline == 10 * GiB
-    assert budget.per_task == int((0.8 * 80 * GiB - 10 * GiB) * 0.75 / threads)
+    assert budget.per_task == int((0.8 * 80 * GiB - 10 * GiB) * (1 - 0.1) / threads)
     assert budget.source.startswith("GPU 0 (cupy)")
     assert "device memory" in budget.explain() and "usable fraction" in budget.explain()
 
@@ -45,7 +45,7 @@ def test_gpu_budget_config_and_argument_take_precedence(fake_gpu):
     ):
         configured = resolve_budget(device="gpu")
     assert configured.worker_memory == 16 * 10**9
-    assert configured.per_task == int(0.9 * 16e9 * 0.75 / os.cpu_count())
+    assert configured.per_task == int(0.9 * 16e9 * (1 - 0.1) / os.cpu_count())
     assert resolve_budget("4GB", device="gpu").source == "argument"
 
 

@@ -55,7 +55,7 @@ def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threa
     assert xr.open_dataset(nc).dip.encoding["chunksizes"] == back.dip.encoding["chunks"]
     with pytest.raises(xm.MemchunkError, match="exists"):
         dip.memchunk.to_zarr(tmp_path / "dip.zarr")
-    assert [p.name for p in tmp_path.iterdir() if "memchunk-tmp" in p.name] == []
+    assert [p.name for p in tmp_path.iterdir() if "memchunk-" in p.name] == []
 
 
 def test_cli_plan_prints_the_plan(files):
@@ -137,9 +137,9 @@ def test_killed_run_leaves_old_target_intact(files, tmp_path):
         start_new_session=True,
     )
     deadline = time.time() + 120
-    while time.time() < deadline and not any("memchunk-tmp" in p.name for p in tmp_path.iterdir()):
+    while time.time() < deadline and not any("memchunk-" in p.name for p in tmp_path.iterdir()):
         time.sleep(0.05)
-    assert any("memchunk-tmp" in p.name for p in tmp_path.iterdir()), "the write never started"
+    assert any("memchunk-" in p.name for p in tmp_path.iterdir()), "the write never started"
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)  # the client, its LocalCluster and workers: all at once
     proc.wait(timeout=30)
@@ -147,7 +147,7 @@ def test_killed_run_leaves_old_target_intact(files, tmp_path):
     np.testing.assert_array_equal(intact.dip.values, np.arange(5.0))
     leftovers = [p for p in tmp_path.iterdir() if p.name not in {"big.zarr", "dip.zarr"}]
     # whatever a hard kill leaves is hidden and never named like the target
-    assert all(p.name.startswith(".dip.zarr.memchunk-tmp-") for p in leftovers)
+    assert all(p.name.startswith(".dip.zarr.memchunk-partial-") for p in leftovers)
 
 
 def test_cli_help_reads_well():

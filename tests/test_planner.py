@@ -31,7 +31,7 @@ def budget(per_task, threads=2):
         per_task=per_task,
         source="test",
         worker_baseline=0,
-        task_share=1.0,
+        reserve=0.0,
         pause_fraction=1.0,
     )
 

@@ -95,7 +95,8 @@ def test_compressed_plans_with_its_own_calibration_and_passes():
 def test_auto_with_user_chunks_takes_the_method_those_chunks_fit(recwarn):
     # regression: auto planned the exact SVD on chunks given for the compressed one, merged
     # time whole (a warning), predicted far over the budget, and killed 1.5 GB workers
-    x = field(20000, 50, 100, chunks={"time": 1000}, dtype="float32")
+    # stored in the chunks given below, so no rechunk holds pieces of it
+    x = field(20000, 50, 100, chunks={"time": 5000, "y": 10}, dtype="float32")
     small = xm.Budget(
         worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"
     )

@@ -11,18 +11,20 @@ import dask
 import dask.array
 import numpy as np
 import xarray as xr
+from dask.array.overlap import ensure_minimum_chunksize
 
 from .budget import Budget, resolve_budget
 from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
-from .operators import DimUse, Operator, TaskModel, get_operator
+from .operators import Operator, get_operator
+from .operators.cost import TaskCost, resolve_cost
+from .operators.sources import device_of, read_chunked, storage_chunks
+from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
 from .planning.problem import TASK_OVERHEAD_S, DimRole, DimSpec, PlanProblem
+from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
-from .units import format_bytes
 
 __all__ = ["apply", "plan", "storage_chunks"]
-
-_ROLE_RANK = {DimRole.FREE: 0, DimRole.HALO: 1, DimRole.WHOLE: 2}
 
 Chunks = Mapping[str, Any] | str | int | None
 
@@ -31,15 +33,8 @@ Chunks = Mapping[str, Any] | str | int | None
 class _Prepared:
     operator: Operator
     kwargs: dict[str, Any]
-    uses: dict[str, dict[str, DimUse]]  # variable name -> dim -> use
+    costs: dict[str, TaskCost]  # variable name -> its resolved cost
     plan: ChunkPlan
-
-
-def device_of(da: xr.DataArray) -> str:
-    """``"gpu"`` when ``da`` holds CuPy data (or dask chunks of CuPy), else ``"cpu"``."""
-    data = da.data
-    meta = getattr(data, "_meta", data)
-    return "gpu" if type(meta).__module__.split(".")[0] == "cupy" else "cpu"
 
 
 def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
@@ -61,82 +56,59 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
     return device
 
 
-def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:
-    """Storage chunk length per dim: on-disk chunks from the encoding, else current dask chunks."""
-    preferred = da.encoding.get("preferred_chunks") or {}
-    on_disk = da.encoding.get("chunks")
-    result: dict[str, int | None] = {}
-    for axis, dim in enumerate(da.dims):
-        length = preferred.get(dim)
-        if length is None and on_disk is not None and len(on_disk) == da.ndim:
-            length = on_disk[axis]
-        if length is None and da.chunks is not None:
-            length = max(da.chunks[axis])
-        result[str(dim)] = int(length) if length else None
-    return result
+def _variables(
+    obj: xr.DataArray | xr.Dataset, operator: Operator, kwargs: Mapping[str, Any]
+) -> tuple[dict[str, xr.DataArray], dict[str, str]]:
+    """The variables to plan, and those left out with the reason (a Dataset's only).
 
-
-def _targets(obj: xr.DataArray | xr.Dataset, operator: Operator, kwargs) -> dict[str, xr.DataArray]:
-    if isinstance(obj, xr.DataArray):
-        return {str(obj.name) if obj.name is not None else "<array>": obj}
-    if isinstance(obj, xr.Dataset):
-        found = {str(k): v for k, v in obj.data_vars.items() if operator.accepts(v, **kwargs)}
-        if not found:
-            # let the operator say what is missing, on the first variable
-            first = next(iter(obj.data_vars.values()), None)
-            if first is None:
-                raise MemchunkError("the Dataset has no data variables to apply the operator to")
-            operator.dim_uses(first, **kwargs)
-            raise DimensionError(f"no variable of the Dataset suits operator {operator.name!r}")
-        return found
-    raise MemchunkError(
-        f"memchunk works on xarray Dataset and DataArray objects, not {type(obj).__name__}"
-    )
-
-
-def _dim_specs(
-    targets: Mapping[str, xr.DataArray], uses: Mapping[str, Mapping[str, DimUse]]
-) -> tuple[DimSpec, ...]:
-    specs: dict[str, DimSpec] = {}
-    for name, da in targets.items():
-        stored = storage_chunks(da)
-        for dim, size in zip(da.dims, da.shape, strict=True):
-            dim = str(dim)
-            use = uses[name].get(dim, DimUse())
-            old = specs.get(dim)
-            if old is not None and _ROLE_RANK[old.role] > _ROLE_RANK[use.role]:
-                use = DimUse(old.role, old.depth)
-            depth = max(use.depth, old.depth if old else 0)
-            storage = (old.storage_chunk if old else None) or stored[dim]
-            specs[dim] = DimSpec(dim, int(size), use.role, depth, storage)
-    return tuple(specs.values())
-
-
-#: A rechunk task that assembles a planned chunk holds its pieces and the chunk at once.
-RECHUNK_FACTOR = 2.0
-
-
-def _peak_function(operator: Operator, targets, uses, kwargs):
-    """Predicted peak of the worst task ``apply`` creates: the operator's, or the rechunk's.
-
-    ``apply`` rechunks to the plan first; a task of that rechunk holds the pieces of a chunk
-    and the chunk itself (:data:`RECHUNK_FACTOR` x its bytes), which exceeds an operator
-    needing little more than its input (a median over a long axis).
+    Raises
+    ------
+    MemchunkError
+        A DataArray of a dtype the operator does not compute on, a Dataset none of whose
+        variables suits it (:class:`DimensionError` when dims are missing), or not an xarray
+        object.
     """
-    models = {
-        name: (da.dims, da.dtype, device_of(da), {str(d): int(n) for d, n in da.sizes.items()})
-        for name, da in targets.items()
-    }
+    if isinstance(obj, xr.DataArray):
+        if obj.dtype.kind not in operator.dtype_kinds:
+            raise MemchunkError(
+                f"{operator.rejects(obj, **kwargs)}; convert the data first, e.g. "
+                f".astype('float32')"
+            )
+        return {str(obj.name) if obj.name is not None else "<array>": obj}, {}
+    targets, skipped = {}, {}
+    for name, da in obj.data_vars.items():
+        reason = operator.rejects(da, **kwargs)
+        if reason is None:
+            targets[str(name)] = da
+        else:
+            skipped[str(name)] = reason
+    if not obj.data_vars:
+        raise MemchunkError("the Dataset has no data variables to apply the operator to")
+    if not targets:
+        first = next(iter(obj.data_vars.values()))
+        operator.dim_uses(first, **kwargs)  # let the operator say what is missing
+        raise MemchunkError(
+            f"no variable of the Dataset suits operator {operator.name!r}: "
+            + "; ".join(f"{n}: {r}" for n, r in skipped.items())
+        )
+    return targets, skipped
+
+
+def _check_dims(obj: xr.DataArray | xr.Dataset) -> None:
+    """Refuse dim names that are not strings: every plan and chunk mapping is keyed by name."""
+    odd = [d for d in obj.dims if not isinstance(d, str)]
+    if odd:
+        raise DimensionError(
+            f"memchunk needs dims named by strings; {odd!r} are not: rename them first, "
+            f"e.g. obj.rename({{{odd[0]!r}: 'x'}})"
+        )
+
+
+def _peak_function(costs: Mapping[str, TaskCost]):
+    """Predicted peak of the worst variable's task, from padded extents of every dim."""
 
     def peak(extents: Mapping[str, np.ndarray]) -> np.ndarray:
-        worst = None
-        for name, (dims, dtype, device, sizes) in models.items():
-            own = {str(d): extents[str(d)] for d in dims}
-            value = operator.peak_bytes(own, uses[name], dtype, device, sizes=sizes, **kwargs)
-            elements = np.prod([np.asarray(v, dtype=np.float64) for v in own.values()], axis=0)
-            value = np.maximum(value, RECHUNK_FACTOR * elements * np.dtype(dtype).itemsize)
-            worst = value if worst is None else np.maximum(worst, value)
-        return worst
+        return np.max(np.stack([np.asarray(c.peak_bytes(extents)) for c in costs.values()]), 0)
 
     return peak
 
@@ -146,10 +118,13 @@ def _normalize_user_chunks(
     targets: Mapping[str, xr.DataArray],
     specs: tuple[DimSpec, ...],
     cautions: list[str],
+    notes: list[str],
 ) -> dict[str, tuple[int, ...]]:
     """Turn ``.chunk()``-style chunks into chunk tuples for every planned dim.
 
-    Chunks that split a dim the operator needs whole are merged, with a line in ``cautions``.
+    Chunks that split a dim the operator needs whole are merged, with a line in ``cautions``;
+    halo chunks shorter than the halo are merged into their neighbours (as ``map_overlap``
+    would), with a line in ``notes``: the plan describes the chunks that will run.
     """
     da = next(iter(targets.values()))
     if not isinstance(chunks, Mapping):
@@ -169,6 +144,7 @@ def _normalize_user_chunks(
     result: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         value = chunks.get(spec.name, current.get(spec.name, -1))
+        _check_chunk_value(spec.name, value)
         try:
             (normalized,) = dask.array.core.normalize_chunks(
                 (value,), shape=(spec.size,), dtype=da.dtype
@@ -188,13 +164,37 @@ def _normalize_user_chunks(
                 f"in {len(result[spec.name])}: it will be rechunked whole"
             )
             result[spec.name] = (spec.size,)
+        split = result[spec.name]
+        if spec.role is DimRole.HALO and len(split) > 1 and min(split) < spec.depth:
+            merged = ensure_minimum_chunksize(spec.depth, split) if spec.size >= spec.depth else ()
+            result[spec.name] = merged or (spec.size,)
+            notes.append(
+                f"chunks along {spec.name!r} shorter than its halo of {spec.depth} merged into "
+                f"their neighbours, as dask's map_overlap does: {result[spec.name]}"
+            )
     return result
+
+
+def _check_chunk_value(dim: str, value: Any) -> None:
+    """Check one dim's ``.chunk()`` value.
+
+    A positive int, -1 or None (the whole dim), ``"auto"``, or a tuple of positive ints.
+    """
+    if value is None or value == -1 or (isinstance(value, str) and value == "auto"):
+        return
+    values = value if isinstance(value, tuple | list) else (value,)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v <= 0:
+            raise MemchunkError(
+                f"invalid chunks for dim {dim!r}: {value!r}; give a positive length, -1 for "
+                f"the whole dim, 'auto', or a tuple of positive lengths"
+            )
 
 
 def _prepare(
     obj: xr.DataArray | xr.Dataset,
     op: str | Operator,
-    budget: Budget | int | str | None,
+    memory_limit: Budget | int | str | None,
     chunks: Chunks,
     op_kwargs: dict[str, Any],
 ) -> _Prepared:
@@ -205,14 +205,23 @@ def _prepare(
     :class:`MemoryBudgetWarning` says so. Warnings are issued for the chosen one only.
     """
     operator = get_operator(op)
-    resolved = resolve_budget(budget, _device(obj, operator))
+    if not isinstance(obj, xr.DataArray | xr.Dataset):
+        raise MemchunkError(
+            f"memchunk works on xarray Dataset and DataArray objects, not {type(obj).__name__}"
+        )
+    _check_dims(obj)
+    device = _device(obj, operator)
+    resolved = resolve_budget(memory_limit, device)
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
     failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
     over_budget: list[tuple[str, _Prepared, list[str]]] = []
     chosen = None
-    for label, kwargs in alternatives:
+    for label, kwargs, reason in alternatives:
+        if kwargs is None:
+            failures.append((label, reason))
+            continue
         try:
-            prepared, cautions = _prepare_one(obj, operator, resolved, chunks, kwargs)
+            prepared, cautions = _prepare_one(obj, operator, resolved, device, chunks, kwargs)
         except InfeasiblePlanError as exc:
             if len(alternatives) == 1:
                 raise
@@ -222,7 +231,7 @@ def _prepare(
             chosen = (label, prepared, cautions)
             break
         over_budget.append((label, prepared, cautions))
-        peak = format_bytes(prepared.plan.predicted_peak_bytes)
+        peak = resolved.format(prepared.plan.predicted_peak_bytes)
         failures.append((label, f"the given chunks are predicted to need {peak} per task"))
     if chosen is None:
         if not over_budget:
@@ -242,47 +251,55 @@ def _prepare_one(
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
     resolved: Budget,
+    device: str,
     chunks: Chunks,
     kwargs: dict[str, Any],
 ) -> tuple[_Prepared, list[str]]:
     """Plan one alternative; also return the warnings it would issue if chosen."""
-    targets = _targets(obj, operator, kwargs)
+    targets, skipped = _variables(obj, operator, kwargs)
     kwargs = operator.bind(next(iter(targets.values())), kwargs)
-    uses = {name: operator.dim_uses(da, **kwargs) for name, da in targets.items()}
-    specs = _dim_specs(targets, uses)
-    task_models = [
-        operator.task_model(da.dtype, device_of(da), **kwargs) for da in targets.values()
-    ]
+    costs = {name: resolve_cost(operator, name, da, kwargs, device) for name, da in targets.items()}
+    specs = merge_dims(
+        [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
+    )
+    empty = [s.name for s in specs if s.size == 0]
+    if empty:
+        raise DimensionError(
+            f"dim {empty[0]!r} has length 0: there is nothing to compute; select a non-empty "
+            f"range first"
+        )
     problem = PlanProblem(
         operator=operator.name,
         dims=specs,
-        peak_bytes=_peak_function(operator, targets, uses, kwargs),
-        seconds_per_element=max(m.seconds_per_element for m in task_models)
-        * operator.passes(**kwargs),
-        task_overhead_s=TASK_OVERHEAD_S * operator.tasks_per_chunk(**kwargs),
-        notes=_model_notes(task_models, targets, obj),
+        peak_bytes=_peak_function(costs),
+        seconds_per_element=max(c.seconds_per_element for c in costs.values()),
+        task_overhead_s=TASK_OVERHEAD_S * max(c.tasks_per_chunk for c in costs.values()),
+        notes=_notes(costs, skipped),
+        inputs=tuple(c.layout for c in costs.values()),
     )
     if chunks is None:
-        return _Prepared(operator, kwargs, uses, plan_chunks(problem, resolved)), []
+        return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
     cautions: list[str] = []
-    user_chunks = _normalize_user_chunks(chunks, targets, specs, cautions)
+    notes: list[str] = []
+    user_chunks = _normalize_user_chunks(chunks, targets, specs, cautions, notes)
+    problem = replace(problem, notes=(*problem.notes, *notes))
     chunk_plan = plan_for_chunks(problem, resolved, user_chunks)
     if not chunk_plan.fits:
         cautions.append(
             "the given chunks are predicted to need "
-            f"{format_bytes(chunk_plan.predicted_peak_bytes)} per {operator.name!r} task, "
-            f"over the per-task budget of {format_bytes(resolved.per_task)}: workers may "
+            f"{resolved.format(chunk_plan.predicted_peak_bytes)} per {operator.name!r} task, "
+            f"over the per-task budget of {resolved.format(resolved.per_task)}: workers may "
             "pause or be killed. Leave chunks out to let memchunk choose."
         )
-    return _Prepared(operator, kwargs, uses, chunk_plan), cautions
+    return _Prepared(operator, kwargs, costs, chunk_plan), cautions
 
 
-def _model_notes(task_models: list[TaskModel], targets, obj) -> tuple[str, ...]:
-    notes = [f"memory model: {', '.join(sorted({m.source for m in task_models}))}"]
-    if isinstance(obj, xr.Dataset):
-        left = sorted(set(map(str, obj.data_vars)) - set(targets))
-        if left:
-            notes.append(f"variables without the operator's dims are left out: {', '.join(left)}")
+def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[str, ...]:
+    notes = [f"memory model: {', '.join(sorted({c.model_source for c in costs.values()}))}"]
+    kinds = {c.layout.kind for c in costs.values()}
+    if InputKind.FILE in kinds:
+        notes.append("input read straight from its file: each task reads its own block")
+    notes += [f"left out: {name} ({reason})" for name, reason in skipped.items()]
     return tuple(notes)
 
 
@@ -330,54 +347,68 @@ def apply(
     *,
     budget: Budget | int | str | None = None,
     chunks: Chunks = None,
+    record_plan: bool = False,
     **op_kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
     """Rechunk ``obj`` per the plan and return the operator's lazy result.
 
-    Takes the same arguments as :func:`plan`. Dataset in, Dataset out (variables without the
-    operator's dims are left out); DataArray in, DataArray out. Nothing is computed: call
-    ``.compute()``, ``.to_zarr()`` or ``.memchunk.to_zarr()`` on the result.
+    Takes the same arguments as :func:`plan`, and ``record_plan``: add the plan's one-line
+    summary to the result's attributes as ``memchunk_plan`` (``memchunk run`` does, so that a
+    written file says how it was computed). Dataset in, Dataset out: the reductions keep or
+    drop the variables they do not reduce as xarray's own do, the other operators leave them
+    out. DataArray in, DataArray out, named after the operator when the input has no name.
+    Nothing is computed: call ``.compute()``, ``.to_zarr()`` or ``.memchunk.to_zarr()`` on the
+    result.
     """
     prepared = _prepare(obj, op, budget, chunks, op_kwargs)
     rechunked = _rechunk(obj, prepared)
     operator, kwargs = prepared.operator, prepared.kwargs
+    uses = {name: cost.uses for name, cost in prepared.costs.items()}
     if isinstance(rechunked, xr.DataArray):
-        (uses,) = prepared.uses.values()
-        result = operator.compute(rechunked, uses, **kwargs)
+        (own,) = uses.values()
+        result = operator.compute(rechunked, own, **kwargs)
     else:
-        result = operator.compute_dataset(rechunked[list(prepared.uses)], prepared.uses, **kwargs)
-    result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
+        result = operator.compute_dataset(rechunked, uses, **kwargs)
+    if isinstance(result, xr.DataArray) and result.name is None:
+        result = result.rename(operator.name)
+    if record_plan:
+        result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
     return result
 
 
 def _rechunk(obj, prepared: _Prepared):
-    """Rechunk to the plan as a task graph whose every task the plan bounds.
+    """Bring each planned variable to the planned chunks, in the way that holds least.
 
-    Dask's P2P rechunk (chosen for large rechunks on a distributed cluster) buffers data outside
-    tasks, beyond what the plan accounts for: it paused 600 MB workers in a test where the
-    task-based rechunk did not. The task-based one is used, its intermediate blocks capped at
-    the planned chunk's bytes (``array.chunk-size``) so no rechunk task exceeds
-    :data:`RECHUNK_FACTOR` x a planned chunk.
+    - Read straight from a file: the tasks read the planned chunks from the file (halos are
+      read by the operator itself), so no chunk waits in a worker for other tasks.
+    - Produced by a Dask graph: a task-based rechunk. Dask's P2P rechunk (chosen for large
+      rechunks on a distributed cluster) buffers data outside tasks, beyond what the plan
+      accounts for: it paused 600 MB workers in a test where the task-based one did not. Its
+      intermediate blocks are capped at the planned chunk's bytes (``array.chunk-size``).
+    - NumPy data: cut into the planned chunks.
     """
-    dask_chunks = {d: c for d, c in prepared.plan.dask_chunks.items() if d in obj.dims}
-    if isinstance(obj, xr.Dataset):
-        obj = obj[list(prepared.uses)]
-    itemsize = max(np.dtype(v.dtype).itemsize for v in _arrays(obj))
-    chunk_bytes = itemsize * int(np.prod([max(c) for c in dask_chunks.values()]))
-    limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
-    with dask.config.set(limits):
-        # only the data variables planned are rechunked; index coords stay in memory
-        return obj.chunk(dask_chunks)
-
-
-def _arrays(obj: xr.DataArray | xr.Dataset) -> list[xr.DataArray]:
-    return [obj] if isinstance(obj, xr.DataArray) else list(obj.data_vars.values())
+    chunks = prepared.plan.dask_chunks
+    planned = {}
+    for name, cost in prepared.costs.items():
+        da = obj if isinstance(obj, xr.DataArray) else obj[name]
+        own = {d: chunks[d] for d in cost.dims}
+        if cost.layout.kind is InputKind.FILE:
+            planned[name] = read_chunked(da, own)
+            continue
+        chunk_bytes = cost.dtype.itemsize * int(np.prod([max(c) for c in own.values()]))
+        limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
+        with dask.config.set(limits):
+            planned[name] = da.chunk(own)
+    if isinstance(obj, xr.DataArray):
+        return next(iter(planned.values()))
+    # the other variables stay as they are: the operator decides what to keep of them
+    return obj.assign(planned)
 
 
 def _plan_summary(chunk_plan: ChunkPlan) -> str:
     chunks = ", ".join(f"{d}={c}" for d, c in chunk_plan.chunks.items())
+    size = chunk_plan.budget.format
     return (
         f"{chunk_plan.operator}: chunks {chunks}; predicted peak per task "
-        f"{format_bytes(chunk_plan.predicted_peak_bytes)} "
-        f"of {format_bytes(chunk_plan.budget.per_task)}"
+        f"{size(chunk_plan.predicted_peak_bytes)} of {size(chunk_plan.budget.per_task)}"
     )

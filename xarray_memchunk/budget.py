@@ -1,25 +1,18 @@
-"""How many bytes one task may use, and where that number came from.
+"""Where the per-task memory budget comes from: an argument, a Dask cluster, the config, a GPU.
 
-The per-task budget is::
+The arithmetic (pause threshold, worker baseline, reserve, threads) is
+:mod:`xarray_memchunk.planning.budget`; this module discovers its inputs:
 
-    per_task = (pause_fraction * worker_memory - worker_baseline) * task_share / threads_per_worker
-
-- ``worker_memory``: the memory limit of one worker (the smallest one on a cluster).
-- ``pause_fraction``: Dask pauses a worker whose process memory passes this fraction of its limit
-  (config ``distributed.worker.memory.pause``, 0.8 by default) and kills it at 0.95; the plan stays
-  below the pause threshold, so a run that follows it is never paused nor killed.
-- ``worker_baseline``: what an idle worker process already holds (interpreter, numpy, scipy,
-  distributed itself); config ``memchunk.worker-baseline``, 200 MB by default (an idle
-  ``LocalCluster`` worker measured 150-180 MB RSS here).
-- ``task_share``: the part of the rest one running task may take; the remainder is for what else a
-  worker holds at the same time (inputs fetched for the next task, results not yet sent to their
-  consumer, allocator fragmentation). Config ``memchunk.task-share``, 0.75 by default.
-- ``threads_per_worker``: every thread of a worker runs a task at once.
-
-Sources, in order: an explicit ``budget=`` argument (bytes, or a size string parsed like
-``LocalCluster(memory_limit=...)``), the active ``distributed.Client``'s workers, the dask config
-key ``memchunk.worker-memory``, and the memory available on this machine for the threaded
-scheduler.
+- ``worker_memory``: in order, an explicit ``memory_limit`` argument (bytes, or a size string
+  parsed like ``LocalCluster(memory_limit=...)``), the active ``distributed.Client``'s smallest
+  worker, the dask config key ``memchunk.worker-memory``, and the memory available on this
+  machine for the threaded scheduler.
+- ``pause_fraction``: ``distributed.worker.memory.pause`` (0.8), or the terminate threshold where
+  pausing is disabled.
+- ``worker_baseline``: ``memchunk.worker-baseline`` (200 MB; an idle ``LocalCluster`` worker
+  measured 130-180 MB RSS here), or more when the cluster's workers already hold more: the
+  largest worker's process memory from the scheduler's last heartbeat.
+- ``reserve``: ``memchunk.reserve`` (0.1).
 
 CuPy-backed data is budgeted against the GPU's memory instead (:func:`device_budget`): the
 same formula with the device's total memory, what is already in use on it as the baseline,
@@ -36,92 +29,31 @@ from dataclasses import dataclass
 
 import dask
 
-from .units import format_bytes, to_bytes
+from .errors import BudgetError, MemchunkError
+from .planning.budget import Budget, format_size, per_task_bytes
+from .units import to_bytes
 
-__all__ = ["Budget", "device_budget", "per_task_bytes", "resolve_budget"]
+__all__ = [
+    "Budget",
+    "active_client",
+    "device_budget",
+    "make_budget",
+    "resolve_budget",
+    "system_budget",
+]
 
 DEFAULT_WORKER_BASELINE = "200MB"
-DEFAULT_TASK_SHARE = 0.75
+DEFAULT_RESERVE = 0.1
 DEFAULT_PAUSE_FRACTION = 0.8
 DEFAULT_DEVICE_FRACTION = 0.8
 
-#: How :meth:`Budget.explain` names pause_fraction, worker_memory and worker_baseline.
-_TERM_NAMES = {
-    "cpu": ("pause threshold", "worker memory", "idle worker"),
-    "gpu": ("usable fraction", "device memory", "in use"),
-}
 
-
-@dataclass(frozen=True)
-class Budget:
-    """The memory one task may use.
-
-    Attributes
-    ----------
-    worker_memory
-        Memory limit of one worker, bytes.
-    threads_per_worker
-        Tasks a worker runs at once.
-    n_workers
-        Number of workers; ``n_workers * threads_per_worker`` tasks run at once.
-    per_task
-        Bytes one task may use at its peak (see the module docstring for the formula).
-    source
-        Where ``worker_memory`` came from, e.g. ``"argument"`` or
-        ``"distributed client tcp://127.0.0.1:8786"``.
-    worker_baseline, task_share, pause_fraction
-        The terms of the formula, kept so that :meth:`explain` can show the arithmetic.
-    device
-        ``"cpu"``, or ``"gpu"`` for a GPU's memory (the terms are named accordingly in
-        :meth:`explain`).
-    """
-
-    worker_memory: int
-    threads_per_worker: int
-    n_workers: int
-    per_task: int
-    source: str
-    worker_baseline: int = 0
-    task_share: float = 1.0
-    pause_fraction: float = 1.0
-    device: str = "cpu"
-
-    @property
-    def total_threads(self) -> int:
-        """Tasks that run at the same time across all workers."""
-        return self.n_workers * self.threads_per_worker
-
-    def explain(self) -> str:
-        """State the per-task budget and the arithmetic behind it."""
-        fraction, memory, baseline = _TERM_NAMES[self.device]
-        return (
-            f"per-task budget {format_bytes(self.per_task)} = "
-            f"({self.pause_fraction:g} {fraction} x {format_bytes(self.worker_memory)} {memory} "
-            f"- {format_bytes(self.worker_baseline)} {baseline}) x {self.task_share:g} "
-            f"task share / {self.threads_per_worker} thread(s) per worker; "
-            f"source: {self.source}; {self.n_workers} worker(s) x {self.threads_per_worker} "
-            f"thread(s)"
-        )
-
-
-def per_task_bytes(
-    worker_memory: int,
-    threads_per_worker: int,
-    *,
-    worker_baseline: int,
-    task_share: float,
-    pause_fraction: float,
-) -> int:
-    """Apply the per-task budget formula of this module to plain numbers.
-
-    Returns
-    -------
-    int
-        Bytes one task may use; at least 1 so that an impossible budget is reported by the
-        planner with the minimum the operator needs, not here.
-    """
-    usable = pause_fraction * worker_memory - worker_baseline
-    return max(1, int(usable * task_share / max(1, threads_per_worker)))
+def is_decimal(value: int | float | str) -> bool:
+    """Whether a size was written in decimal units (``"1.5GB"``, ``1.5e9``) rather than binary."""
+    if isinstance(value, str):
+        unit = value.strip().rstrip("bB").lower()
+        return not unit.endswith("i") and any(c.isalpha() for c in value)
+    return int(value) % 10**6 == 0 and int(value) % 2**20 != 0
 
 
 def _formula_terms() -> dict[str, float | int]:
@@ -132,8 +64,10 @@ def _formula_terms() -> dict[str, float | int]:
         dask.config.get("memchunk.worker-baseline", DEFAULT_WORKER_BASELINE),
         what="memchunk.worker-baseline",
     )
-    share = float(dask.config.get("memchunk.task-share", DEFAULT_TASK_SHARE))
-    return {"pause_fraction": float(pause), "worker_baseline": baseline, "task_share": share}
+    reserve = float(dask.config.get("memchunk.reserve", DEFAULT_RESERVE))
+    if not 0.0 <= reserve < 1.0:
+        raise BudgetError(f"memchunk.reserve must be within [0, 1), got {reserve!r}")
+    return {"pause_fraction": float(pause), "worker_baseline": baseline, "reserve": reserve}
 
 
 def make_budget(
@@ -142,20 +76,26 @@ def make_budget(
     n_workers: int,
     source: str,
     device: str = "cpu",
+    *,
+    decimal: bool | None = None,
+    baseline_source: str = "",
     **terms: float | int,
 ) -> Budget:
     """Build a :class:`Budget` from a worker's memory and threads with the configured terms.
 
-    ``terms`` (``pause_fraction``, ``worker_baseline``, ``task_share``) replace configured ones.
+    ``terms`` (``pause_fraction``, ``worker_baseline``, ``reserve``) replace configured ones.
     """
     terms = _formula_terms() | terms
+    decimal = is_decimal(worker_memory) if decimal is None else decimal
     return Budget(
-        worker_memory=worker_memory,
+        worker_memory=int(worker_memory),
         threads_per_worker=threads_per_worker,
         n_workers=n_workers,
-        per_task=per_task_bytes(worker_memory, threads_per_worker, **terms),
+        per_task=per_task_bytes(worker_memory, threads_per_worker, decimal=decimal, **terms),
         source=source,
         device=device,
+        decimal=decimal,
+        baseline_source=baseline_source,
         **terms,
     )
 
@@ -172,37 +112,66 @@ def active_client():
         return None
 
 
-def _client_workers(client) -> tuple[int | None, int, int, str]:
-    """Smallest worker memory limit, its threads, worker count and scheduler address."""
-    info = (
-        client.scheduler_info(n_workers=-1)
-        if _accepts_n_workers(client)
-        else (client.scheduler_info())
-    )
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the scheduler says of its workers: enough to budget a plan."""
+
+    memory_limit: int | None
+    threads_per_worker: int
+    n_workers: int
+    address: str
+    largest_process_memory: int
+
+
+def cluster_facts(client) -> ClusterFacts:
+    """Smallest worker's memory limit and threads, worker count, and the largest worker RSS.
+
+    Raises
+    ------
+    MemchunkError
+        When the cluster has no workers: a plan made then would wait for ever.
+    """
+    info = client.scheduler_info(n_workers=-1)
     workers = list(info.get("workers", {}).values())
+    address = info.get("address", "?")
     if not workers:
-        return None, 1, 0, info.get("address", "?")
+        raise MemchunkError(
+            f"the Dask cluster at {address} has no workers: nothing could run a plan. Start "
+            f"workers (cluster.scale(n)), or close the client to plan for this machine"
+        )
     limited = [w for w in workers if w.get("memory_limit")]
     smallest = min(limited, key=lambda w: w["memory_limit"]) if limited else workers[0]
-    memory = smallest.get("memory_limit") or None
-    total_threads = sum(int(w.get("nthreads", 1)) for w in workers)
     threads = int(smallest.get("nthreads", 1))
-    n_workers = max(1, total_threads // max(1, threads))
-    return memory, threads, n_workers, info.get("address", "?")
+    total_threads = sum(int(w.get("nthreads", 1)) for w in workers)
+    rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers)
+    return ClusterFacts(
+        memory_limit=smallest.get("memory_limit") or None,
+        threads_per_worker=threads,
+        n_workers=max(1, total_threads // max(1, threads)),
+        address=address,
+        largest_process_memory=rss,
+    )
 
 
-def _accepts_n_workers(client) -> bool:
-    import inspect
+def _cluster_terms(facts: ClusterFacts) -> dict:
+    """The configured baseline, or the largest worker's memory where it is already more."""
+    configured = _formula_terms()["worker_baseline"]
+    if facts.largest_process_memory > configured:
+        return {
+            "worker_baseline": facts.largest_process_memory,
+            "baseline_source": "the largest worker's process memory now",
+        }
+    return {}
 
-    return "n_workers" in inspect.signature(client.scheduler_info).parameters
 
-
-def resolve_budget(budget: Budget | int | float | str | None = None, device: str = "cpu") -> Budget:
+def resolve_budget(
+    memory_limit: Budget | int | float | str | None = None, device: str = "cpu"
+) -> Budget:
     """Find the memory one task may use.
 
     Parameters
     ----------
-    budget
+    memory_limit
         ``None`` to discover it (active ``distributed.Client``, then the dask config key
         ``memchunk.worker-memory``, then this machine's available memory); the memory limit of
         one worker as bytes or a size string (``"1.5GB"``), meaning what
@@ -218,24 +187,47 @@ def resolve_budget(budget: Budget | int | float | str | None = None, device: str
     Raises
     ------
     BudgetError
-        When ``budget`` cannot be parsed, or is zero or negative.
+        When ``memory_limit`` cannot be parsed, is not a positive finite size, or leaves no
+        room for a task.
+    MemchunkError
+        When the active client's cluster has no workers.
     """
-    if isinstance(budget, Budget):
-        return budget
+    if isinstance(memory_limit, Budget):
+        return memory_limit
     client = active_client()
-    cluster = _client_workers(client) if client is not None else None
-    if budget is not None:
-        worker_memory = to_bytes(budget)
-        if cluster is not None and cluster[2]:
-            _, threads, n_workers, _ = cluster
+    facts = cluster_facts(client) if client is not None else None
+    if memory_limit is not None:
+        worker_memory = to_bytes(memory_limit, what="budget")
+        if device == "gpu":
+            return device_budget(facts.threads_per_worker if facts else None, worker_memory)
+        if facts is not None:
+            threads, n_workers = facts.threads_per_worker, facts.n_workers
         else:
             threads, n_workers = 1, os.cpu_count() or 1
-        return make_budget(worker_memory, threads, n_workers, "argument")
+        return make_budget(
+            worker_memory, threads, n_workers, "argument", decimal=is_decimal(memory_limit)
+        )
     if device == "gpu":
-        return device_budget(cluster[1] if cluster is not None and cluster[2] else None)
-    if cluster is not None and cluster[0]:
-        memory, threads, n_workers, address = cluster
-        return make_budget(memory, threads, n_workers, f"distributed client {address}")
+        return device_budget(facts.threads_per_worker if facts else None)
+    if facts is not None and facts.memory_limit:
+        return make_budget(
+            facts.memory_limit,
+            facts.threads_per_worker,
+            facts.n_workers,
+            f"distributed client {facts.address}",
+            **_cluster_terms(facts),
+        )
+    if facts is not None:  # workers without a memory limit: the machine's memory, shared
+        budget = system_budget()
+        return make_budget(
+            budget.worker_memory // facts.n_workers,
+            facts.threads_per_worker,
+            facts.n_workers,
+            f"distributed client {facts.address} (workers without memory_limit: this "
+            f"machine's available memory, shared)",
+            decimal=False,
+            **_cluster_terms(facts),
+        )
     configured = dask.config.get("memchunk.worker-memory", None)
     if configured is not None:
         threads = int(dask.config.get("memchunk.threads-per-worker", 1))
@@ -245,6 +237,7 @@ def resolve_budget(budget: Budget | int | float | str | None = None, device: str
             threads,
             n_workers,
             "dask config memchunk.worker-memory",
+            decimal=is_decimal(configured),
         )
     return system_budget()
 
@@ -255,10 +248,12 @@ def system_budget() -> Budget:
 
     threads = os.cpu_count() or 1
     available = int(psutil.virtual_memory().available)
-    return make_budget(available, threads, 1, "system memory (available, threaded scheduler)")
+    return make_budget(
+        available, threads, 1, "system memory (available, threaded scheduler)", decimal=False
+    )
 
 
-def device_budget(threads: int | None = None) -> Budget:
+def device_budget(threads: int | None = None, device_memory: int | None = None) -> Budget:
     """Budget for CuPy-backed data: the memory of the current GPU.
 
     Parameters
@@ -267,17 +262,21 @@ def device_budget(threads: int | None = None) -> Budget:
         Tasks that run on the GPU at once: a distributed worker's threads (one worker per GPU,
         as ``dask_cuda.LocalCUDACluster`` starts them), else one per CPU (the threaded
         scheduler).
+    device_memory
+        The device memory to plan for (an explicit ``memory_limit`` on CuPy data); else the
+        config key ``memchunk.device-memory``, else ``cupy.cuda.Device().mem_info``.
 
     Returns
     -------
     Budget
-        From the config key ``memchunk.device-memory`` when set, else from
-        ``cupy.cuda.Device().mem_info``: the total as the memory, what is already allocated
-        (CUDA context, CuPy's memory pool, other processes) as the baseline.
+        With what is already allocated on the device (CUDA context, CuPy's memory pool, other
+        processes) as the baseline when the device is read, none when its memory was given.
     """
     fraction = float(dask.config.get("memchunk.device-memory-fraction", DEFAULT_DEVICE_FRACTION))
     configured = dask.config.get("memchunk.device-memory", None)
-    if configured is not None:
+    if device_memory is not None:
+        total, in_use, source = device_memory, 0, "argument"
+    elif configured is not None:
         total = to_bytes(configured, what="memchunk.device-memory")
         in_use, source = 0, "dask config memchunk.device-memory"
     else:
@@ -285,7 +284,8 @@ def device_budget(threads: int | None = None) -> Budget:
 
         device = cupy.cuda.Device()
         free, total = device.mem_info
-        in_use, source = total - free, f"GPU {device.id} (cupy): {format_bytes(free)} free"
+        in_use = total - free
+        source = f"GPU {device.id} (cupy): {format_size(free)} free"
     return make_budget(
         int(total),
         threads or os.cpu_count() or 1,

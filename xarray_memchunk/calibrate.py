@@ -21,10 +21,15 @@ import numpy as np
 
 from .models.calibration import save_calibration
 from .models.fitting import LinearFit, fit_linear
-from .models.profiling import TaskProfile, peak_method, profile_tasks
+from .models.profiling import TaskProfile, peak_method, profile_in_worker
 from .operators import Operator, get_operator
+from .planning.candidates import padded_extent
 
-__all__ = ["calibrate", "features_of", "fit_profiles"]
+__all__ = ["calibrate", "features_of", "fit_profiles", "run_task"]
+
+#: A calibration shape: chunk extents per dim, or (extents, sizes of the whole array) for a
+#: task whose graph spans several chunks (a tree reduction over a chunked dim).
+Shape = Mapping[str, int] | tuple[Mapping[str, int], Mapping[str, int]]
 
 
 def _versions() -> dict[str, str]:
@@ -59,29 +64,92 @@ def _machine() -> dict[str, Any]:
     }
 
 
+def _split_shape(shape: Shape) -> tuple[dict[str, int], dict[str, int]]:
+    """``(extents, sizes)`` of a calibration shape; a one-chunk array when sizes are not given."""
+    if isinstance(shape, tuple):
+        extents, sizes = shape
+    else:
+        extents = sizes = shape
+    extents = {str(d): int(n) for d, n in extents.items()}
+    return extents, {d: int(sizes.get(d, n)) for d, n in extents.items()}
+
+
 def features_of(
-    operator: Operator, extents: Mapping[str, int], dtype: str, kwargs: Mapping[str, Any]
+    operator: Operator,
+    extents: Mapping[str, int],
+    dtype: str,
+    kwargs: Mapping[str, Any],
+    sizes: Mapping[str, int] | None = None,
 ) -> dict[str, float]:
-    """The memory-model features of one task shape, as the planner computes them."""
+    """The memory-model features of one task, as the planner computes them.
+
+    Parameters
+    ----------
+    extents
+        Chunk extents per dim (without halo: it is added as the planner adds it).
+    sizes
+        Lengths of the whole array; ``extents`` (one chunk) when None.
+    """
     import xarray as xr
 
+    sizes = dict(sizes or extents)
     template = xr.DataArray(np.empty((1,) * len(extents), dtype=dtype), dims=list(extents))
     uses = operator.dim_uses(template, **kwargs)
-    arrays = {d: np.array([v]) for d, v in extents.items()}
-    feats = operator.task_features(
-        arrays, uses, np.dtype(dtype).itemsize, sizes=dict(extents), **kwargs
-    )
+    padded = {
+        d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
+        for d, n in extents.items()
+    }
+    feats = operator.task_features(padded, uses, np.dtype(dtype).itemsize, sizes=sizes, **kwargs)
     return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in feats.items()}
+
+
+def run_task(
+    operator: Operator,
+    kwargs: Mapping[str, Any],
+    extents: Mapping[str, int],
+    sizes: Mapping[str, int],
+    dtype: str,
+    seed: int,
+) -> None:
+    """Run one task of ``operator`` as the graph that ``apply`` builds runs it.
+
+    The input is a Dask array of ``sizes`` in chunks of ``extents``, generated inside the graph
+    (so that, as with data read from a file, producing the input fuses into the task). The
+    operator's lazy result is built as ``apply`` builds it, and the graph of its middle
+    output block is computed in this thread: for a one-chunk array that is the one fused
+    task; for a tree reduction over a chunked dim, its chunk tasks and the combine tasks
+    that hold their partial results.
+    """
+    import dask
+    import dask.array as da
+    import xarray as xr
+
+    dims = list(extents)
+    data = da.random.default_rng(seed).random(
+        tuple(sizes[d] for d in dims), chunks=tuple(extents[d] for d in dims), dtype=dtype
+    )
+    obj = xr.DataArray(data, dims=dims)
+    uses = operator.dim_uses(obj, **kwargs)
+    result = operator.compute(obj, uses, **kwargs)
+    arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
+    blocks = []
+    for array in arrays:
+        lazy = array.data
+        if hasattr(lazy, "blocks") and lazy.ndim:
+            lazy = lazy.blocks[tuple(n // 2 for n in lazy.numblocks)]
+        blocks.append(lazy)
+    with dask.config.set(scheduler="synchronous"):
+        dask.compute(*blocks)
 
 
 def fit_profiles(
     operator: Operator, profiles: Sequence[TaskProfile], kwargs: Mapping[str, Any]
 ) -> tuple[LinearFit, float]:
     """Fit the memory model and the time per element and pass to profiles of one dtype."""
-    rows = [features_of(operator, p.extents, p.dtype, kwargs) for p in profiles]
+    rows = [features_of(operator, p.extents, p.dtype, kwargs, p.sizes) for p in profiles]
     features = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     fit = fit_linear(features, np.array([p.peak_bytes for p in profiles]))
-    elements = np.array([np.prod(list(p.extents.values()), dtype=float) for p in profiles])
+    elements = np.array([np.prod(list(p.sizes.values()), dtype=float) for p in profiles])
     seconds = np.array([p.seconds for p in profiles])
     large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
     per_pass = seconds[large] / elements[large] / operator.passes(**kwargs)
@@ -92,7 +160,7 @@ def calibrate(
     op: str | Operator,
     *,
     dtypes: Sequence[str] = ("float32", "float64"),
-    shapes: Sequence[Mapping[str, int]] | None = None,
+    shapes: Sequence[Shape] | None = None,
     repeats: int = 3,
     client=None,
     save: bool = True,
@@ -108,8 +176,8 @@ def calibrate(
     dtypes
         Input dtypes to calibrate.
     shapes
-        Padded task extents to profile (dim -> length); the operator's
-        ``calibration_shapes()`` by default.
+        Chunk extents to profile (dim -> length), or ``(extents, sizes)`` pairs for tasks of
+        a larger array; the operator's ``calibration_shapes()`` by default.
     repeats
         Runs per shape (the median peak is fitted).
     client
@@ -130,11 +198,18 @@ def calibrate(
     operator = get_operator(op)
     kwargs = operator.normalize_kwargs(**(operator.calibration_kwargs() | op_kwargs))
     shapes = list(shapes) if shapes is not None else operator.calibration_shapes(**kwargs)
+    cases = [_split_shape(shape) for shape in shapes]
     fits: dict[str, dict[str, Any]] = {}
     with _profiling_client(client) as profiler:
         method = profiler.submit(peak_method, pure=False).result()
         for dtype in dtypes:
-            profiles = profile_tasks(profiler, operator, shapes, dtype, kwargs, repeats)
+            profiles = profile_in_worker(
+                profiler,
+                run_task,
+                [(e, n, (operator, kwargs, e, n, dtype)) for e, n in cases],
+                dtype,
+                repeats,
+            )
             fit, seconds = fit_profiles(operator, profiles, kwargs)
             fits[dtype] = {
                 "coefficients": fit.coefficients,
@@ -150,6 +225,7 @@ def calibrate(
                 "profiles": [
                     {
                         "extents": p.extents,
+                        "sizes": p.sizes,
                         "peak_bytes": p.peak_bytes,
                         "peak_spread": p.peak_spread,
                         "seconds": p.seconds,

@@ -1,7 +1,10 @@
 """The ``memchunk`` command line: plan, run, demo, calibrate, operators.
 
-Bad input (missing file, not a dataset, unknown variable or operator, missing dims, unparsable
-budget, output that exists) exits with status 2 and one line on stderr, no traceback.
+Bad input (missing file, not a dataset, unknown variable or operator, missing dims, an operator
+option of the wrong type, unparsable sizes, counts below one, output that exists or whose
+directory is not one) exits with status 2 and one line on stderr, no traceback; ``run``
+checks all of it, and plans, before it starts a cluster. Ctrl-C and SIGTERM end a run with
+status 130 and one line, after removing its partial output.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +20,10 @@ from typing import Any
 from .errors import MemchunkError
 
 DEMO_SIZE = 200
+DEMO_MIN_SIZE = 20
 DEMO_MEMORY_LIMIT = "1.5GB"
+#: Seconds between progress lines when stdout is not a terminal (a log file, CI).
+PROGRESS_PERIOD_S = 10.0
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -30,10 +37,20 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 
 def _op_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The operator's options, checked by the operator itself before anything starts."""
+    from .operators import get_operator
+
     kwargs = dict(_parse_option(o) for o in args.option or [])
     if args.dim:
         kwargs["dim"] = args.dim if len(args.dim) > 1 else args.dim[0]
+    get_operator(args.op).normalize_kwargs(**kwargs)
     return kwargs
+
+
+def _at_least_one(value: int, flag: str) -> int:
+    if value < 1:
+        raise MemchunkError(f"{flag} must be at least 1, got {value}")
+    return value
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +168,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _worker_memory(args: argparse.Namespace) -> int:
+    """Each LocalCluster worker's memory limit in bytes, as distributed will set it."""
+    from .units import to_bytes
+
+    if args.memory_limit != "auto":
+        return to_bytes(args.memory_limit, what="--memory-limit")
+    import logging
+    import os
+
+    from distributed.worker_memory import parse_memory_limit
+
+    total = os.cpu_count() or 1
+    return int(parse_memory_limit("auto", args.nthreads, total, logger=logging.getLogger(__name__)))
+
+
 @contextlib.contextmanager
 def _client(args: argparse.Namespace):
     from distributed import Client, LocalCluster
@@ -163,14 +195,11 @@ def _client(args: argparse.Namespace):
         with client:
             yield client
         return
-    from .units import to_bytes
-
-    limit = args.memory_limit if args.memory_limit == "auto" else to_bytes(args.memory_limit)
     with (
         LocalCluster(
             n_workers=args.nworkers,
             threads_per_worker=args.nthreads,
-            memory_limit=limit,
+            memory_limit=_worker_memory(args),
             dashboard_address=":0",
         ) as cluster,
         Client(cluster) as client,
@@ -178,26 +207,76 @@ def _client(args: argparse.Namespace):
         yield client
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _progress(future) -> None:
+    """Distributed's progress bar on a terminal; a plain line every few seconds elsewhere."""
     from distributed import progress
+    from distributed.diagnostics.progressbar import TextProgressBar
 
-    from .io import check_target, open_input, safe_write
+    if sys.stdout.isatty():
+        progress(future)
+        print(flush=True)
+        return
+
+    class LineProgress(TextProgressBar):
+        last = -PROGRESS_PERIOD_S
+
+        def _draw_bar(self, remaining, all, **kwargs):
+            done = 1.0 - remaining / all if all else 1.0
+            if self.elapsed - self.last >= PROGRESS_PERIOD_S or remaining == 0:
+                self.last = self.elapsed
+                print(f"{100 * done:.0f}% of {all} tasks done, {self.elapsed:.0f} s", flush=True)
+
+        def _draw_stop(self, **kwargs):
+            pass
+
+    LineProgress([future], interval="1s")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import logging
+    import os
+
+    from .budget import make_budget
+    from .io import check_target, open_input, recover, safe_write
 
     obj = open_input(args.input, args.var)
-    check_target(args.output, args.overwrite)
     kwargs = _op_kwargs(args)
-    with _client(args) as client:
-        plan = obj.memchunk.plan(args.op, **kwargs)  # budget from the cluster's workers
-        print(plan.explain(), flush=True)
-        result = obj.memchunk.apply(args.op, **kwargs)
+    check_target(args.output, args.overwrite)
+    if not args.scheduler:  # plan for the cluster about to start, before starting it
+        _at_least_one(args.nworkers, "--nworkers")
+        _at_least_one(args.nthreads, "--nthreads")
+        budget = make_budget(
+            _worker_memory(args), args.nthreads, args.nworkers, "the LocalCluster to start"
+        )
+        obj.memchunk.plan(args.op, budget=budget, **kwargs)
+    for message in recover(args.output):
+        print(f"memchunk: {message}", flush=True)
+    # the run reports its own progress and errors; distributed's logs of its shutdown are noise,
+    # here and in the workers it starts (which read the level from the environment)
+    logging.getLogger("distributed").setLevel(logging.CRITICAL)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    try:
+        with _client(args) as client:
+            plan = obj.memchunk.plan(args.op, **kwargs)  # budget from the cluster's workers
+            print(plan.explain(), flush=True)
+            result = obj.memchunk.apply(args.op, record_plan=True, **kwargs)
 
-        def compute(delayed):
-            future = client.compute(delayed)
-            progress(future)
-            print(flush=True)
-            future.result()
+            def compute(delayed):
+                future = client.compute(delayed)
+                _progress(future)
+                future.result()
 
-        safe_write(result, args.output, overwrite=args.overwrite, compute=compute)
+            safe_write(result, args.output, overwrite=args.overwrite, compute=compute)
+    except MemchunkError:
+        raise
+    except KeyboardInterrupt:
+        recover(args.output)  # the workers have stopped: remove what they wrote meanwhile
+        raise
+    except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
+        recover(args.output)
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        print(f"memchunk: the computation failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        return 1
     print(f"wrote {args.output}")
     return 0
 
@@ -208,6 +287,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .units import to_bytes
 
     to_bytes(args.memory_limit, what="--memory-limit")
+    if args.size < DEMO_MIN_SIZE:
+        raise MemchunkError(f"--size must be at least {DEMO_MIN_SIZE}, got {args.size}")
     shape = (args.size,) * 3
     print(f"GST3D dip on a synthetic {shape} float32 volume (20 degree reflectors),")
     print(f"LocalCluster(n_workers=2, threads_per_worker=1, memory_limit={args.memory_limit!r})\n")
@@ -228,9 +309,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate
     from .models.calibration import calibration_dir
+    from .operators import get_operator
+    from .operators.base import float_dtype
 
     kwargs = dict(_parse_option(o) for o in args.option or [])
+    get_operator(args.op).normalize_kwargs(**kwargs)
     dtypes = tuple(args.dtype or ("float32", "float64"))
+    for dtype in dtypes:
+        float_dtype(dtype, "--dtype")
+    _at_least_one(args.repeats, "--repeats")
     fits = calibrate(
         args.op, dtypes=dtypes, repeats=args.repeats, directory=args.output_dir, **kwargs
     )
@@ -254,9 +341,14 @@ def _cmd_operators(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memchunk`` console script."""
+    import warnings
+
     import xarray_memchunk  # noqa: F401  (registers the accessor)
 
     args = _build_parser().parse_args(argv)
+    # Zarr v3 stores get consolidated metadata (fast to open) with a warning that it is not in
+    # the v3 specification yet; a command line has nothing to do with it
+    warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
     commands = {
         "plan": _cmd_plan,
         "run": _cmd_run,
@@ -264,11 +356,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "calibrate": _cmd_calibrate,
         "operators": _cmd_operators,
     }
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return commands[args.command](args)
     except MemchunkError as exc:
         print(f"memchunk: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("memchunk: interrupted; partial output removed", file=sys.stderr)
+        return 130
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends a run as Ctrl-C does: partial output removed, one line, status 130."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -1,18 +1,30 @@
 """Open Zarr / netCDF inputs with their storage chunks, and write results safely.
 
-Safe writes: the result goes to a hidden temporary path next to the target
-(``.{name}.memchunk-tmp-{random}``) and is moved into place only once it is complete. An
-existing target is never touched without ``overwrite=True``; with it, the old target is moved
-aside, the new one moved in, and the old one removed only then. If the run fails (a killed
-worker, Ctrl-C, a full disk) the temporary is removed when possible and the previous target is
-untouched; a temporary left by a hard kill never has the target's name.
+Safe writes: the result is written next to the target under a hidden name that says what it
+is, and moved into place only once complete. With one id per write:
+
+1. ``.{name}.memchunk-partial-{id}``: being written;
+2. renamed ``.{name}.memchunk-complete-{id}`` once written;
+3. with ``overwrite=True``, the existing target is renamed ``.{name}.memchunk-old-{id}``;
+4. the complete result is renamed to the target;
+5. the old target is removed.
+
+An existing target is never touched without ``overwrite=True``. If the run fails (a killed
+worker, Ctrl-C, SIGTERM, a full disk) the partial write is removed and the target is untouched.
+A hard kill (SIGKILL, a power cut) can stop the sequence anywhere; the next write to the same
+target (:func:`recover`) reads the names left behind, finishes or undoes what was under way,
+and reports it: a partial write is removed; a complete one whose target is missing is moved into
+place (the kill came between steps 3 and 4); an old target whose replacement is in place is
+removed.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +33,12 @@ import xarray as xr
 
 from .errors import MemchunkError
 
-__all__ = ["open_input", "output_format", "safe_write"]
+__all__ = ["RecoveredWriteWarning", "open_input", "output_format", "recover", "safe_write"]
+
+
+class RecoveredWriteWarning(UserWarning):
+    """What :func:`recover` found and did with the leftovers of an interrupted write."""
+
 
 _NETCDF_SUFFIXES = {".nc", ".nc4", ".netcdf", ".cdf", ".h5", ".hdf5"}
 
@@ -62,26 +79,73 @@ def open_input(path: str | os.PathLike, variable: str | None = None) -> xr.Datas
     return ds[variable]
 
 
-def _temporary_path(target: Path) -> Path:
-    return target.with_name(f".{target.name}.memchunk-tmp-{uuid.uuid4().hex[:8]}")
+def _piece(target: Path, stage: str, write_id: str) -> Path:
+    """The hidden name of one piece of a write (``partial``, ``complete`` or ``old``)."""
+    return target.with_name(f".{target.name}.memchunk-{stage}-{write_id}")
 
 
 def _remove(path: Path) -> None:
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
+    elif path.exists() or path.is_symlink():
         path.unlink()
 
 
-def check_target(target: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail before any computation if ``target`` exists and ``overwrite`` is False."""
+def recover(target: str | os.PathLike) -> list[str]:
+    """Finish or undo what interrupted writes to ``target`` left, and say what was done.
+
+    See the module docstring for the names and the rules. Returns one sentence per action.
+    """
     target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.memchunk-(partial|complete|old)-(\w+)$")
+    found: dict[str, dict[str, Path]] = {}
+    for path in target.parent.iterdir():
+        match = pattern.match(path.name)
+        if match:
+            found.setdefault(match.group(2), {})[match.group(1)] = path
+    done = []
+    for _, pieces in sorted(found.items()):
+        if "partial" in pieces:
+            _remove(pieces["partial"])
+            done.append(f"removed {pieces['partial'].name}, a write interrupted before it ended")
+        complete, old = pieces.get("complete"), pieces.get("old")
+        if complete is not None and not target.exists():
+            os.replace(complete, target)
+            done.append(
+                f"moved {complete.name} to {target.name}: an interrupted run had written it "
+                f"completely and was replacing {target.name}"
+            )
+        elif complete is not None:
+            _remove(complete)
+            done.append(
+                f"removed {complete.name}: an interrupted run wrote it completely but never "
+                f"replaced {target.name}, which is kept"
+            )
+        if old is not None and target.exists():
+            _remove(old)
+            done.append(f"removed {old.name}, the previous {target.name} already replaced")
+        elif old is not None:
+            os.replace(old, target)
+            done.append(f"restored {target.name} from {old.name}")
+    return done
+
+
+def check_target(target: str | os.PathLike, overwrite: bool) -> Path:
+    """Fail before any computation if ``target`` exists and ``overwrite`` is False.
+
+    Also fails when the target's directory does not exist or is not a directory.
+    """
+    target = Path(target)
+    if not target.parent.exists():
+        raise MemchunkError(f"output directory {str(target.parent)!r} does not exist")
+    if not target.parent.is_dir():
+        raise MemchunkError(f"output directory {str(target.parent)!r} is not a directory")
     if target.exists() and not overwrite:
         raise MemchunkError(
             f"output {str(target)!r} exists; pass overwrite=True (--overwrite) to replace it"
         )
-    if not target.parent.exists():
-        raise MemchunkError(f"output directory {str(target.parent)!r} does not exist")
     return target
 
 
@@ -121,12 +185,20 @@ def safe_write(
     """
     import dask
 
+    for message in recover(target):
+        warnings.warn(message, RecoveredWriteWarning, stacklevel=2)
     target = check_target(target, overwrite)
+    if isinstance(obj, xr.DataArray) and obj.name is None:
+        raise MemchunkError(
+            "the DataArray has no name, and a file needs one for its variable: name it first, "
+            "e.g. result.rename('dip')"
+        )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
     chunks = uniform_chunks(ds)
     if chunks:
         ds = ds.chunk(chunks)
-    tmp = _temporary_path(target)
+    write_id = uuid.uuid4().hex[:8]
+    tmp = _piece(target, "partial", write_id)
     try:
         if (fmt or output_format(target)) == "netcdf":
             encoding = {
@@ -141,14 +213,16 @@ def safe_write(
                 var.encoding.pop("preferred_chunks", None)
             delayed = ds.to_zarr(tmp, mode="w-", compute=False, consolidated=True)
         (compute or dask.compute)(delayed)
-        if target.exists():
-            old = _temporary_path(target)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            _remove(old)
-        else:
-            os.replace(tmp, target)
     except BaseException:
         _remove(tmp)
         raise
+    complete = _piece(target, "complete", write_id)
+    os.replace(tmp, complete)
+    if target.exists():
+        old = _piece(target, "old", write_id)
+        os.replace(target, old)
+        os.replace(complete, target)
+        _remove(old)
+    else:
+        os.replace(complete, target)
     return target

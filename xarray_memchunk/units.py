@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dask.utils import format_bytes, parse_bytes
 
 from .errors import BudgetError
@@ -23,13 +25,16 @@ def to_bytes(value: int | float | str, *, what: str = "budget") -> int:
     Raises
     ------
     BudgetError
-        When the value cannot be parsed, or is zero or negative.
+        When the value cannot be parsed, is not finite (NaN, infinity, ``"1e400"``), or is
+        zero or negative.
     """
     if isinstance(value, bool):
         raise BudgetError(
             f"{what} must be a size such as '1.5GB' or a number of bytes, not {value!r}"
         )
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise BudgetError(f"{what} must be a finite size, got {value!r}")
         nbytes = int(value)
     elif isinstance(value, str):
         if not value.strip() or not any(ch.isdigit() for ch in value):
@@ -38,8 +43,11 @@ def to_bytes(value: int | float | str, *, what: str = "budget") -> int:
                 f"'1536MiB' or a number of bytes"
             )
         try:
-            nbytes = int(parse_bytes(value))
-        except (ValueError, TypeError) as exc:
+            parsed = parse_bytes(value)
+            if not math.isfinite(parsed):
+                raise ValueError("not a finite size")
+            nbytes = int(parsed)
+        except (ValueError, TypeError, OverflowError) as exc:
             raise BudgetError(
                 f"cannot parse {what} {value!r}: write a size as Dask does, e.g. '1.5GB', "
                 f"'1536MiB' or a number of bytes"

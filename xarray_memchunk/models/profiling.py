@@ -1,19 +1,20 @@
-"""Measure the peak memory of one operator task inside a Dask worker process.
+"""Measure the peak memory of one task inside a Dask worker process.
 
 Method: before the task, the worker's resident set size (``VmRSS``) is read and the kernel's
 high-water mark (``VmHWM``) is reset by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0).
-The task then creates its (padded) input, runs the operator and drops everything; the peak is
-``VmHWM - VmRSS_before``. The kernel updates ``VmHWM`` on every page it maps, so no peak is
-missed however short, and every allocator (numpy, scipy's C buffers, BLAS) is seen. This is the
-figure ``/usr/bin/time -v`` prints as "Maximum resident set size", minus the worker's idle
-baseline; a bare process's max RSS differs from it by the interpreter and imports (~100-150 MB),
-which a worker already holds (``benchmarks/model_accuracy.py --compare-bare`` measures both).
+The task then runs (creating its input, as the task in the real graph does) and drops
+everything; the peak is ``VmHWM - VmRSS_before``. The kernel updates ``VmHWM`` on every page it
+maps, so no peak is missed however short, and every allocator (numpy, scipy's C buffers, BLAS)
+is seen. This is the figure ``/usr/bin/time -v`` prints as "Maximum resident set size", minus
+the worker's idle baseline; a bare process's max RSS differs from it by the interpreter and
+imports (~100-150 MB), which a worker already holds
+(``benchmarks/model_accuracy.py --compare-bare`` measures both).
 
 Where ``clear_refs`` cannot be written (not Linux, or forbidden), a thread samples the RSS every
 0.5 ms instead and reports the largest sample: it can miss peaks shorter than that.
 
-Run inside a worker (not a bare Python), the task sees the worker's allocator settings (the
-nanny sets ``MALLOC_TRIM_THRESHOLD_``) and the memory Dask itself holds around a task.
+What runs is a plain callable: this module knows nothing of operators. The callables that
+build and compute an operator's task graph live in :mod:`xarray_memchunk.calibrate`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ import ctypes
 import gc
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TaskProfile", "measure_task", "peak_method", "profile_tasks"]
+__all__ = ["TaskProfile", "measure_peak", "peak_method", "profile_in_worker"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,9 @@ class TaskProfile:
     Attributes
     ----------
     extents
-        Padded input extents per dim.
+        Chunk extents per dim (unpadded: the planner adds halos where the operator has them).
+    sizes
+        Length per dim of the array the task belongs to (the extents for a one-chunk array).
     dtype
         Input dtype.
     peak_bytes
@@ -60,14 +63,15 @@ class TaskProfile:
     seconds: float
     runs: int
     method: str
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
-def _status_kb(field: str) -> int:
+def _status_kb(name: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(field + ":"):
+            if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
-    raise OSError(f"{field} not in /proc/self/status")
+    raise OSError(f"{name} not in /proc/self/status")
 
 
 def _reset_hwm() -> bool:
@@ -97,11 +101,14 @@ def _trim() -> None:
 
 
 class _Sampler:
+    """Largest RSS seen by a thread polling every 0.5 ms (where the high-water mark is fixed)."""
+
     def __init__(self) -> None:
         import psutil
 
         self._process = psutil.Process()
-        self.peak = 0
+        self.baseline = self._process.memory_info().rss
+        self.peak = self.baseline
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -110,100 +117,86 @@ class _Sampler:
             self.peak = max(self.peak, self._process.memory_info().rss)
             time.sleep(0.0005)
 
-    def __enter__(self):
+    def __enter__(self) -> _Sampler:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self.peak = max(self.peak, self._process.memory_info().rss)
 
 
-def measure_task(
-    operator, extents: Mapping[str, int], dtype: str, kwargs: Mapping[str, Any], seed: int = 0
-) -> tuple[int, float, str]:
-    """Run one task of ``operator`` on fresh random data of ``extents`` in this process.
+def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
+    """Call ``run(*args)`` in this process and measure its peak resident memory.
 
-    ``operator`` is an operator object (anything with ``normalize_kwargs``, ``dim_uses`` and
-    ``compute``), shipped to the worker by value.
+    ``run`` must create everything it needs and return nothing large (its result is dropped
+    before the measurement ends).
 
     Returns
     -------
     peak_bytes, seconds, method
-        Peak resident memory above the baseline before the input existed, wall time of the
-        operator call, and the measuring method.
+        Peak resident memory above the baseline before the call, wall time of the call, and
+        the measuring method.
     """
-    import dask
-    import xarray as xr
-
-    op = operator
-    kwargs = op.normalize_kwargs(**kwargs)
-    dims = list(extents)
-    shape = tuple(int(extents[d]) for d in dims)
     _trim()
     method = peak_method()
-    before = _status_kb("VmRSS") if method == "hwm" else 0
     if method == "hwm":
+        before = _status_kb("VmRSS")
         _reset_hwm()
-    sampler = _Sampler() if method == "sampling" else None
-    if sampler is not None:
-        sampler.__enter__()
-        before = sampler._process.memory_info().rss
-    try:
-        rng = np.random.default_rng(seed)
-        data = rng.standard_normal(shape, dtype=np.float64 if dtype == "float64" else np.float32)
-        data = data.astype(dtype, copy=False)
-        da = xr.DataArray(data, dims=dims)
-        uses = op.dim_uses(da, **kwargs)
         start = time.perf_counter()
-        # an operator may build a one-block Dask graph (svd_compressed): run it in this thread
-        with dask.config.set(scheduler="synchronous"):
-            result = op.compute(da, uses, **kwargs)
-            result.load()
+        result = run(*args)
         seconds = time.perf_counter() - start
-        del result, da, data
-    finally:
-        if sampler is not None:
-            sampler.__exit__(None, None, None)
-    peak = (_status_kb("VmHWM") if method == "hwm" else sampler.peak) - before
+        del result
+        peak = _status_kb("VmHWM") - before
+    else:
+        with _Sampler() as sampler:
+            start = time.perf_counter()
+            result = run(*args)
+            seconds = time.perf_counter() - start
+            del result
+        peak = sampler.peak - sampler.baseline
     _trim()
     return max(0, int(peak)), seconds, method
 
 
-def profile_tasks(
+def profile_in_worker(
     client,
-    operator,
-    shapes: list[Mapping[str, int]],
+    run: Callable[..., Any],
+    cases: Sequence[tuple[dict[str, int], dict[str, int], tuple[Any, ...]]],
     dtype: str,
-    kwargs: Mapping[str, Any] | None = None,
     repeats: int = 3,
 ) -> list[TaskProfile]:
-    """Profile ``operator`` on each task shape inside a worker of ``client``'s cluster.
+    """Measure ``run(*args, seed)`` for each case inside one worker of ``client``'s cluster.
 
-    Every run goes to the same worker, one at a time (``pure=False``), so runs do not overlap.
-    Use a cluster of one worker with one thread and no memory limit pressure for calibration.
+    Parameters
+    ----------
+    client
+        A ``distributed.Client``; every run goes to its first worker, one at a time
+        (``pure=False``), so runs do not overlap. Use one worker with one thread and no
+        memory limit.
+    run
+        Module-level callable (shipped by reference); called as ``run(*args, seed)``.
+    cases
+        ``(extents, sizes, args)`` per task shape; ``extents`` and ``sizes`` label the
+        profile.
+    dtype
+        Input dtype, recorded in the profiles.
+    repeats
+        Runs per case, with seeds ``0 .. repeats - 1``; the median peak is kept.
     """
     worker = next(iter(client.scheduler_info()["workers"]))
     profiles = []
-    for extents in shapes:
+    for extents, sizes, args in cases:
         runs = [
-            client.submit(
-                measure_task,
-                operator,
-                dict(extents),
-                dtype,
-                dict(kwargs or {}),
-                seed,
-                pure=False,
-                workers=[worker],
-            ).result()
+            client.submit(measure_peak, run, *args, seed, pure=False, workers=[worker]).result()
             for seed in range(repeats)
         ]
         peaks = sorted(r[0] for r in runs)
         profiles.append(
             TaskProfile(
                 extents={k: int(v) for k, v in extents.items()},
+                sizes={k: int(v) for k, v in sizes.items()},
                 dtype=dtype,
                 peak_bytes=int(np.median(peaks)),
                 peak_spread=int(peaks[-1] - peaks[0]),

@@ -1,6 +1,6 @@
 """Operators: what dims they need, their memory models, and their lazy computations."""
 
-from .base import DimUse, Operator, TaskModel
+from .base import DimUse, Operator
 from .blockwise import BlockwiseOperator
 from .gst3d import GST3D
 from .reductions import REDUCTIONS, Reduction
@@ -14,7 +14,6 @@ __all__ = [
     "Operator",
     "Reduction",
     "SVD",
-    "TaskModel",
     "get_operator",
     "operator_names",
     "register_operator",

@@ -5,33 +5,28 @@ from __future__ import annotations
 import abc
 import inspect
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from ..models import LinearMemoryModel, load_calibration
-from ..planning.problem import DimRole
+from ..models import LinearMemoryModel
+from ..planning.problem import DimUse
 
-__all__ = ["DimUse", "Operator", "TaskModel"]
-
-
-@dataclass(frozen=True)
-class DimUse:
-    """How an operator uses one dim: its :class:`DimRole` and, for halo dims, the depth."""
-
-    role: DimRole = DimRole.FREE
-    depth: int = 0
+__all__ = ["DimUse", "Operator", "float_dtype"]
 
 
-@dataclass(frozen=True)
-class TaskModel:
-    """The memory model an operator uses for one dtype and device, and where it came from."""
+def float_dtype(value: Any, what: str) -> np.dtype:
+    """``value`` as a float dtype, or a :class:`MemchunkError` naming ``what`` was wrong."""
+    from ..errors import MemchunkError
 
-    model: LinearMemoryModel
-    seconds_per_element: float
-    source: str
+    try:
+        dtype = np.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.kind != "f":
+        raise MemchunkError(f"{what} must be a float dtype such as float32, got {value!r}")
+    return dtype
 
 
 class Operator(abc.ABC):
@@ -55,13 +50,14 @@ class Operator(abc.ABC):
     #: Devices whose arrays :meth:`compute` accepts: ``"cpu"`` (NumPy), ``"gpu"`` (CuPy).
     devices: tuple[str, ...] = ("cpu",)
 
-    def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
         """Ways to run the operator, tried in order until one has a plan that fits.
 
-        Returns ``(description, kwargs)`` pairs; one, the kwargs themselves, by default.
-        SVD's ``method="auto"`` returns exact first, then compressed.
+        Returns ``(description, kwargs, reason)``: ``kwargs`` None marks a way that cannot be
+        taken, and ``reason`` says why. One, the kwargs themselves, by default; SVD's
+        ``method="auto"`` returns exact first, then compressed.
         """
-        return [("", kwargs)]
+        return [("", kwargs, "")]
 
     def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Resolve arguments that name dims of ``da`` (e.g. CF axes) once, before planning."""
@@ -84,6 +80,26 @@ class Operator(abc.ABC):
             f"{self.name} got unexpected arguments {unknown}; it takes {', '.join(accepted)}"
         )
 
+    def check_number(
+        self, label: str, value: Any, *, integer: bool = False, minimum: float | None = 0.0
+    ) -> float | int:
+        """``value`` as a finite number (an int when ``integer``) of at least ``minimum``.
+
+        Raises
+        ------
+        MemchunkError
+            Naming the argument and what it got, whatever the wrong type or value.
+        """
+        from ..errors import MemchunkError
+
+        kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+        if isinstance(value, bool) or not isinstance(value, kinds) or not np.isfinite(value):
+            kind = "an int" if integer else "a number"
+            raise MemchunkError(f"{self.name} {label} must be {kind}, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise MemchunkError(f"{self.name} {label} must be at least {minimum:g}, got {value!r}")
+        return int(value) if integer else float(value)
+
     def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
         """Check and complete the operator's keyword arguments, before anything runs.
 
@@ -104,15 +120,24 @@ class Operator(abc.ABC):
             When ``da`` lacks a dim the operator needs.
         """
 
-    def accepts(self, da: xr.DataArray, **kwargs: Any) -> bool:
-        """Whether the operator applies to this variable of a Dataset."""
+    #: Kinds of dtype (``numpy.dtype.kind``) the operator computes on.
+    dtype_kinds: str = "biufc"
+
+    def rejects(self, da: xr.DataArray, **kwargs: Any) -> str | None:
+        """Why the operator does not apply to this variable, or None when it does.
+
+        A Dataset's variables that it does not apply to are left out of the plan (and, for
+        the reductions, kept or dropped as xarray would); a DataArray raises with this reason.
+        """
         from ..errors import DimensionError
 
+        if da.dtype.kind not in self.dtype_kinds:
+            return f"dtype {da.dtype} is not one {self.name} computes on"
         try:
             self.dim_uses(da, **kwargs)
-        except DimensionError:
-            return False
-        return True
+        except DimensionError as exc:
+            return str(exc)
+        return None
 
     def passes(self, **kwargs: Any) -> int:
         """How many times the computation processes each input element; 1 by default.
@@ -205,32 +230,6 @@ class Operator(abc.ABC):
     def calibration_key(self, **kwargs: Any) -> str:
         """Name of the calibration file for these arguments (operator variants may differ)."""
         return self.name
-
-    def task_model(self, array_dtype: np.dtype, device: str = "cpu", **kwargs: Any) -> TaskModel:
-        """The calibrated model for this input dtype and device if there is one, else analytic."""
-        dtype_name = np.dtype(array_dtype).name
-        calibration = load_calibration(self.calibration_key(**kwargs), device, dtype_name)
-        if calibration is not None:
-            return TaskModel(calibration.model, calibration.seconds_per_element, calibration.path)
-        return TaskModel(
-            self.default_model(np.dtype(array_dtype), **kwargs),
-            self.default_seconds_per_element,
-            "analytic (not calibrated)",
-        )
-
-    def peak_bytes(
-        self,
-        extents: Mapping[str, np.ndarray],
-        uses: Mapping[str, DimUse],
-        array_dtype: np.dtype,
-        device: str = "cpu",
-        sizes: Mapping[str, int] | None = None,
-        **kwargs: Any,
-    ) -> np.ndarray:
-        """Predicted peak bytes of one task with these padded input extents."""
-        itemsize = np.dtype(array_dtype).itemsize
-        features = self.task_features(extents, uses, itemsize, sizes=sizes, **kwargs)
-        return self.task_model(array_dtype, device, **kwargs).model.peak_bytes(features)
 
     @abc.abstractmethod
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:

@@ -12,6 +12,7 @@ from ..errors import DimensionError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import DimUse, Operator
+from .sources import map_blocks_with_halo
 
 __all__ = ["BlockwiseOperator"]
 
@@ -93,13 +94,8 @@ class BlockwiseOperator(Operator):
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Apply ``func`` block by block (with halos where declared), lazily."""
         dtype = self.output_dtype or da.dtype
-        if not hasattr(da.data, "dask"):
-            return da.copy(data=self.func(da.data, **kwargs).astype(dtype, copy=False))
         depth = {da.get_axis_num(d): u.depth for d, u in uses.items() if u.role is DimRole.HALO}
-        if depth:
-            data = da.data.map_overlap(
-                self.func, depth=depth, boundary="none", dtype=dtype, **kwargs
-            )
-        else:
-            data = da.data.map_blocks(self.func, dtype=dtype, **kwargs)
+        data = map_blocks_with_halo(da.data, self.func, depth, dtype, **kwargs)
+        if not hasattr(data, "dask"):  # NumPy data: computed now
+            data = np.asarray(data).astype(dtype, copy=False)
         return da.copy(data=data)

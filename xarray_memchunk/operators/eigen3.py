@@ -8,6 +8,11 @@ few MiB whatever the chunk size.
 Eigenvalues: the trigonometric solution of the characteristic cubic (Smith, 1961).
 Principal eigenvector: the largest of the three cross products of rows of ``A - l1 I``, which
 span the plane orthogonal to it.
+
+Each matrix is divided by its trace before it is solved (a structure tensor is positive
+semi-definite: its trace is zero only for the zero matrix), so the solution does not depend on
+the data's scale: amplitudes in counts, in pascals or normalised give the same directions, and
+the thresholds below are relative. Eigenvalues are scaled back.
 """
 
 from __future__ import annotations
@@ -84,8 +89,11 @@ def principal_eigen(components, out_vector=None, out_values=None, slab: int = SL
     for start in range(0, n, slab):
         s = slice(start, min(n, start + slab))
         a = [np.asarray(c[s], dtype=np.float64) for c in components]
+        trace = np.abs(a[0] + a[1] + a[2])
+        scale = np.where(trace > 0, trace, 1.0)
+        a = [c / scale for c in a]
         l1, l2, l3 = _eigenvalues(*a)
         if out_values is not None:
-            out_values(s, l1, l2, l3)
+            out_values(s, l1 * scale, l2 * scale, l3 * scale)
         if out_vector is not None:
             out_vector(s, *_principal_vector(*a, l1))

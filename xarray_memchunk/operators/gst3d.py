@@ -1,9 +1,11 @@
 """GST3D: seismic dip (and azimuth, planarity, linearity) from the gradient structure tensor.
 
-Runs as ONE ``dask.array.map_overlap`` over the three spatial dims, with the halo depth the
-kernels need (:func:`~xarray_memchunk.operators.gst3d_kernels.halo_depth`) and
-``boundary="none"`` (blocks at the volume's edge use the kernels' own ``reflect`` mode), so a
-chunked result equals the unchunked computation voxel for voxel.
+Runs as one task per chunk: ``dask.array.map_overlap`` over the three spatial dims with the halo
+depth the kernels need (:func:`~xarray_memchunk.operators.gst3d_kernels.halo_depth`) and
+``boundary="none"`` (blocks at the volume's edge use the kernels' own ``reflect`` mode), or,
+for a volume read straight from a file, each task reading its padded block from the file
+(:func:`~xarray_memchunk.operators.sources.map_blocks_with_halo`). A chunked result equals the
+unchunked computation voxel for voxel.
 
 Defaults (``kernel="gaussian"``): ``sigma=1.0`` voxel for the derivative-of-Gaussian gradients
 (the scale of the reflectors), ``rho=2.0`` voxels for the tensor smoothing (the integration
@@ -22,9 +24,10 @@ import xarray as xr
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import DimUse, Operator
+from .base import DimUse, Operator, float_dtype
 from .dims import resolve_dim
-from .gst3d_kernels import ATTRIBUTES, KERNELS, gst3d_block, halo_depth
+from .gst3d_kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
+from .sources import map_blocks_with_halo
 
 __all__ = ["GST3D", "SPATIAL_NAMES", "spatial_dims"]
 
@@ -124,10 +127,13 @@ class GST3D(Operator):
         if kernel not in KERNELS:
             raise MemchunkError(f"gst3d kernel must be one of {KERNELS}, got {kernel!r}")
         for label, value in (("sigma", sigma), ("rho", rho), ("truncate", truncate)):
-            if not np.isfinite(value) or value <= 0:
+            if self.check_number(label, value, minimum=None) <= 0:
                 raise MemchunkError(f"gst3d {label} must be a positive number, got {value!r}")
-        if np.dtype(dtype).kind != "f":
-            raise MemchunkError(f"gst3d output dtype must be a float dtype, got {dtype!r}")
+        float_dtype(dtype, "gst3d output dtype")
+        if dims is not None and (isinstance(dims, str) or len(dims) != 3):
+            raise MemchunkError(
+                f"gst3d dims must name three dims (inline, crossline, sample), got {dims!r}"
+            )
         return {
             "attribute": attribute,
             "kernel": kernel,
@@ -138,10 +144,11 @@ class GST3D(Operator):
             "dtype": np.dtype(dtype).name,
         }
 
+    #: Amplitudes: integers (counts, converted to float32 block by block) or floats.
+    dtype_kinds = "iuf"
+
     def dim_uses(self, da: xr.DataArray, dims=None, **kwargs: Any) -> dict[str, DimUse]:
         """The three spatial dims are halo dims; any other dim (a stack of volumes) is free."""
-        if da.dtype.kind not in "fiu":
-            raise MemchunkError(f"gst3d needs numeric amplitudes, got dtype {da.dtype}")
         depth = halo_depth(kwargs["kernel"], kwargs["sigma"], kwargs["rho"], kwargs["truncate"])
         return {d: DimUse(DimRole.HALO, depth) for d in spatial_dims(da, dims)}
 
@@ -176,32 +183,24 @@ class GST3D(Operator):
         return LinearMemoryModel({"input_bytes": factor, "output_bytes": 1.0}, intercept=8 * 2**20)
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
-        """Run GST3D lazily as one ``map_overlap`` (or directly on numpy data)."""
-        inline, crossline, sample = spatial_dims(da, kwargs.get("dims"))
-        others = [d for d in da.dims if d not in (inline, crossline, sample)]
-        ordered = da.transpose(*others, inline, crossline, sample)
-        if ordered.dtype.kind != "f":
-            ordered = ordered.astype("float32")
+        """Run GST3D lazily, one task per chunk with its halo (or directly on numpy data)."""
+        spatial = spatial_dims(da, kwargs.get("dims"))
+        axes = tuple(da.get_axis_num(d) for d in spatial)
         block_kwargs = {
             k: kwargs[k] for k in ("attribute", "kernel", "sigma", "rho", "truncate")
-        } | {"out_dtype": kwargs["dtype"]}
-        data = ordered.data
-        if hasattr(data, "dask"):
-            depth = {ordered.get_axis_num(d): uses[d].depth for d in (inline, crossline, sample)}
-            result = data.map_overlap(
-                gst3d_block,
-                depth=depth,
-                boundary="none",
-                dtype=kwargs["dtype"],
-                meta=np.empty((0,) * data.ndim, dtype=kwargs["dtype"]),
-                **block_kwargs,
-            )
-        else:
-            result = gst3d_block(np.asarray(data), **block_kwargs)
+        } | {"out_dtype": kwargs["dtype"], "axes": axes}
+        depth = {axis: uses[d].depth for axis, d in zip(axes, spatial, strict=True)}
+        result = map_blocks_with_halo(
+            da.data, gst3d_on_axes, depth, kwargs["dtype"], **block_kwargs
+        )
         attribute = kwargs["attribute"]
-        out = xr.DataArray(result, dims=ordered.dims, coords=ordered.coords, name=attribute)
-        out.attrs = {"units": _UNITS[attribute], "long_name": _LONG_NAMES[attribute]}
-        return out.transpose(*da.dims)
+        return xr.DataArray(
+            result,
+            dims=da.dims,
+            coords=da.coords,
+            name=attribute,
+            attrs={"units": _UNITS[attribute], "long_name": _LONG_NAMES[attribute]},
+        )
 
     def compute_dataset(self, ds, uses, **kwargs):
         """One output variable per input variable: ``{name}_{attribute}`` when several."""

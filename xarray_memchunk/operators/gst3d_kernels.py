@@ -16,6 +16,11 @@ Two kernels:
 
 Both use ``reflect`` boundaries (``d c b a | a b c d``). Axes are (inline, crossline, sample),
 the last three of the block.
+
+NaNs: every filter is a direct correlation (the box filter too, instead of
+``scipy.ndimage.uniform_filter``'s running sum, which carries a NaN to the end of its line), so
+an output voxel is NaN exactly when an input voxel within its halo (:func:`halo_depth`) is NaN,
+and a chunked result equals the unchunked one, NaNs included.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from scipy import ndimage
 
 from .eigen3 import principal_eigen
 
-__all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "halo_depth"]
+__all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "gst3d_on_axes", "halo_depth"]
 
 ATTRIBUTES = ("dip", "azimuth", "planarity", "linearity")
 KERNELS = ("gaussian", "d2geo")
 
 D2GEO_DERIVATIVE = np.array([-0.5, 0.0, 0.5])
 D2GEO_SMOOTHING = np.array([0.178947, 0.642105, 0.178947])
+D2GEO_BOX = np.full(3, 1.0 / 3.0)
 
 
 def _radius(scale: float, truncate: float) -> int:
@@ -65,8 +71,10 @@ def _gradient(x, axis: int, kernel: str, sigma: float, truncate: float, dtype):
 
 
 def _smooth(product, out, kernel: str, rho: float, truncate: float) -> None:
-    if kernel == "d2geo":
-        ndimage.uniform_filter(product, size=3, output=out, mode="reflect")
+    if kernel == "d2geo":  # a 3x3x3 box, as three direct correlations
+        ndimage.correlate1d(product, D2GEO_BOX, axis=0, output=out, mode="reflect")
+        for axis in (1, 2):
+            ndimage.correlate1d(out, D2GEO_BOX, axis=axis, output=out, mode="reflect")
     else:
         ndimage.gaussian_filter(product, rho, output=out, mode="reflect", truncate=truncate)
 
@@ -169,3 +177,18 @@ def gst3d_block(
     vector, values = _attribute_writer(attribute, out.reshape(-1))
     principal_eigen(components, out_vector=vector, out_values=values)
     return out
+
+
+def gst3d_on_axes(
+    block: np.ndarray, *, axes: tuple[int, int, int] = (-3, -2, -1), **kwargs
+) -> np.ndarray:
+    """:func:`gst3d_block` on a block whose (inline, crossline, sample) are ``axes``.
+
+    Integer amplitudes are converted to float32 here, block by block. Other axes (a stack
+    of volumes) are looped over. Keyword arguments are :func:`gst3d_block`'s.
+    """
+    last = (-3, -2, -1)
+    moved = np.moveaxis(block, axes, last)
+    if moved.dtype.kind != "f":
+        moved = moved.astype(np.float32)
+    return np.moveaxis(gst3d_block(moved, **kwargs), last, axes)

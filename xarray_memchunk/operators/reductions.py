@@ -1,13 +1,26 @@
 """Reductions: tree ones (sum, mean, std, var, min, max), whole-dim ones (median, quantile).
 
-Tree reductions let the reduced dims be chunked: each task reduces one chunk to a partial result
-and partials are combined in a tree, so every dim is free. ``median`` and ``quantile`` need the
-reduced dims whole (as ``dask.array.median`` does): the plan chunks the other dims instead.
+Each reduction is one row of :data:`SPECS` (as flox describes its aggregations): what it
+accepts, whether it needs the reduced dims whole, and what its partial results weigh.
+
+Tree reductions let the reduced dims be chunked: each task reduces one chunk to a partial
+result and ``dask`` combines up to ``split_every`` partials per task in a tree, so every dim is
+free. Those combine tasks hold their partials and their concatenation: with short chunks of the
+reduced dim they need more than the chunk tasks themselves (a std over 4 one-day chunks of
+500 x 600: 54 x a chunk), which the ``combine_bytes`` feature models. ``median`` and
+``quantile`` need the reduced dims whole (as ``dask.array.median`` does): the plan chunks the
+other dims instead.
+
+What ``dask`` really runs is not what NumPy runs on the same block: ``std`` of float32 data
+computes its moments in float64 (``d = x - mean`` and ``d**2`` are 2 x the block each, and
+``nansum`` copies ``d**2`` to replace NaNs: 7.25 x a float32 block in a worker, against 2.5 x
+for ``numpy.nanvar``). Calibrations are profiled on the Dask graph for that reason.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,24 +32,102 @@ from ..planning.problem import DimRole
 from .base import DimUse, Operator
 from .dims import resolve_dims
 
-__all__ = ["Reduction", "REDUCTIONS"]
+__all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec"]
 
-#: Analytic bytes of temporaries per input byte of one task (before calibration): a
-#: conservative guess from the numpy functions each runs (masks for NaNs, deviations for
-#: std/var, a sorted copy for median/quantile).
-_INPUT_FACTORS = {
-    "sum": 2.5,
-    "mean": 2.5,
-    "min": 2.5,
-    "max": 2.5,
-    "std": 4.0,
-    "var": 4.0,
-    "median": 4.0,
-    "quantile": 4.0,
-}
-_WHOLE = {"median", "quantile"}
 #: ``numpy.nanmedian`` switches from masked arrays to 1-D slices at this reduced length.
 NANMEDIAN_SMALL_AXIS = 600
+
+
+@dataclass(frozen=True)
+class ReductionSpec:
+    """One reduction.
+
+    Attributes
+    ----------
+    name
+        Its name, as xarray's method.
+    whole
+        The reduced dims must be one chunk (median, quantile).
+    options
+        Keyword arguments it accepts besides ``dim``, ``skipna`` and ``keep_attrs``.
+    partial_bytes
+        Bytes per output element of one partial result in Dask's tree (0: the input's itemsize,
+        for min and max). Sum carries 8 (integers sum to int64; 8 bounds float32 too), mean a
+        count and a sum in float64, std and var a count, a sum and a second moment.
+    input_factor
+        Analytic temporaries per input byte, used until calibrated.
+    dtype_kinds
+        Kinds of dtype it reduces (datetimes for mean, min and max, as xarray does).
+    """
+
+    name: str
+    whole: bool = False
+    options: tuple[str, ...] = ()
+    partial_bytes: int = 0
+    input_factor: float = 2.5
+    dtype_kinds: str = "biufc"
+
+
+SPECS = {
+    spec.name: spec
+    for spec in (
+        ReductionSpec("sum", partial_bytes=8),
+        ReductionSpec("mean", partial_bytes=16, dtype_kinds="biufcmM"),
+        ReductionSpec("std", options=("ddof",), partial_bytes=24, input_factor=7.5),
+        ReductionSpec("var", options=("ddof",), partial_bytes=24, input_factor=7.5),
+        ReductionSpec("min", input_factor=1.5, dtype_kinds="biufcmM"),
+        ReductionSpec("max", input_factor=1.5, dtype_kinds="biufcmM"),
+        ReductionSpec("median", whole=True, input_factor=4.0),
+        ReductionSpec("quantile", whole=True, options=("q", "method"), input_factor=4.0),
+    )
+}
+
+#: ``method=`` values numpy's (and so xarray's) quantile accepts.
+QUANTILE_METHODS = (
+    "inverted_cdf",
+    "averaged_inverted_cdf",
+    "closest_observation",
+    "interpolated_inverted_cdf",
+    "hazen",
+    "weibull",
+    "linear",
+    "median_unbiased",
+    "normal_unbiased",
+    "lower",
+    "higher",
+    "midpoint",
+    "nearest",
+)
+
+
+def keeps_attrs(name: str, keep_attrs: bool | None, *, dataset: bool = False) -> bool:
+    """Whether xarray's own ``name`` reduction keeps attributes, given ``keep_attrs``.
+
+    Asked of xarray itself, on a two-element DataArray (or Dataset, for a Dataset's own
+    attributes): results follow the installed xarray's defaults, which changed over versions
+    and differ between its methods (its quantile keeps them under ``keep_attrs=False``), and
+    ``xr.set_options(keep_attrs=...)``.
+    """
+    probe = xr.DataArray([1.0, 2.0], dims="probe", attrs={"probe": 1})
+    if dataset:
+        probe = xr.Dataset({"probe": probe}, attrs={"probe": 1})
+    args = (0.5,) if name == "quantile" else ()
+    return bool(getattr(probe, name)(*args, dim="probe", keep_attrs=keep_attrs).attrs)
+
+
+def _tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Partials one combine task takes along one reduced axis, and the tree's depth.
+
+    Dask combines ``split_every`` (config ``split_every``, 4) partials per task, spread over the
+    reduced axes: ``max(int(split_every ** (1 / n_axes)), 2)`` along each.
+    """
+    import dask
+
+    split = int(dask.config.get("split_every", 4) or 4)
+    per_axis = max(int(split ** (1 / max(1, n_axes))), 2)
+    fan_in = np.minimum(n_chunks, per_axis)
+    depth = np.ceil(np.log(np.maximum(n_chunks, 1)) / np.log(per_axis))
+    return fan_in, depth
 
 
 class Reduction(Operator):
@@ -48,43 +139,89 @@ class Reduction(Operator):
         Dims to reduce: names, or CF axes / standard names (``dim="T"``). All dims by default.
     skipna : bool, optional
         Skip NaNs, as in xarray (default: True for floats).
+    keep_attrs : bool, optional
+        Keep the input's attributes, as in xarray (default: xarray's ``keep_attrs`` option).
 
-    ``std`` and ``var`` also take ``ddof`` (default 0); ``quantile`` needs ``q``.
+    ``std`` and ``var`` also take ``ddof`` (default 0); ``quantile`` needs ``q`` and takes
+    ``method``.
     """
 
     default_seconds_per_element = 2e-9
     #: xarray's reductions and ``numpy.nanmedian`` dispatch to CuPy on CuPy blocks.
     devices = ("cpu", "gpu")
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.whole = name in _WHOLE
-        kind = "reduced dims whole" if self.whole else "tree reduction, any dim chunked"
-        self.description = f"xarray .{name}() over dim= ({kind})"
+    def __init__(self, spec: ReductionSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.dtype_kinds = spec.dtype_kinds
+        kind = "reduced dims whole" if spec.whole else "tree reduction, any dim chunked"
+        self.description = f"xarray .{spec.name}() over dim= ({kind})"
 
     def normalize_kwargs(
         self,
         dim: Hashable | Iterable[Hashable] | None = None,
         skipna: bool | None = None,
+        keep_attrs: bool | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Check the reduction's arguments; raise on unknown ones."""
-        allowed = {"std": {"ddof"}, "var": {"ddof"}, "quantile": {"q", "method"}}.get(
-            self.name, set()
+        self.reject_unknown(
+            set(kwargs) - set(self.spec.options),
+            ["dim", "skipna", "keep_attrs", *self.spec.options],
         )
-        self.reject_unknown(set(kwargs) - allowed, ["dim", "skipna", *sorted(allowed)])
+        for label, value in (("skipna", skipna), ("keep_attrs", keep_attrs)):
+            if value is not None and not isinstance(value, bool | np.bool_):
+                raise MemchunkError(
+                    f"{self.name} {label} must be True, False or None, got {value!r}"
+                )
+        if "ddof" in kwargs:
+            ddof = kwargs["ddof"]
+            if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
+                raise MemchunkError(f"{self.name} ddof must be an int >= 0, got {ddof!r}")
         if self.name == "quantile":
-            if "q" not in kwargs:
-                raise MemchunkError("'quantile' needs q=, e.g. q=0.9 or q=[0.1, 0.5, 0.9]")
-            q = np.asarray(kwargs["q"], dtype=float)
-            if np.any((q < 0) | (q > 1)):
-                raise MemchunkError(f"quantile q must be within [0, 1], got {kwargs['q']!r}")
-        return {"dim": dim, "skipna": skipna, **kwargs}
+            kwargs["q"] = _check_q(kwargs)
+            method = kwargs.get("method", "linear")
+            if method not in QUANTILE_METHODS:
+                raise MemchunkError(
+                    f"quantile method must be one of {', '.join(QUANTILE_METHODS)}; got {method!r}"
+                )
+        return {"dim": dim, "skipna": skipna, "keep_attrs": keep_attrs, **kwargs}
+
+    def rejects(self, da: xr.DataArray, **kwargs: Any) -> str | None:
+        """Why this variable is not reduced, and whether the result keeps it (as xarray would).
+
+        A variable with none of the reduced dims is kept, reduced over no dim; one of a dtype
+        the reduction does not take is dropped (xarray's ``numeric_only``).
+        """
+        if not self._has_reduced_dims(da, kwargs.get("dim")):
+            if self._keeps_unreduced(da):
+                return "has none of the reduced dims: kept, as xarray keeps it"
+            return f"has none of the reduced dims and {self.name} takes no {da.dtype}: dropped"
+        if da.dtype.kind not in self.dtype_kinds:
+            return f"{self.name} does not reduce dtype {da.dtype}: dropped"
+        return super().rejects(da, **kwargs)
+
+    @staticmethod
+    def _has_reduced_dims(da: xr.DataArray, dim: Any) -> bool:
+        from ..errors import DimensionError
+
+        try:
+            resolve_dims(da, dim)
+        except DimensionError:
+            return False
+        return True
+
+    def _keeps_unreduced(self, da: xr.DataArray) -> bool:
+        """Whether the result keeps a variable without the reduced dims, as xarray's does.
+
+        xarray reduces it over no dim: its values, or zeros for std and var (of numbers only).
+        """
+        return self.name not in ("std", "var") or da.dtype.kind in self.dtype_kinds
 
     def dim_uses(self, da: xr.DataArray, dim=None, **kwargs: Any) -> dict[str, DimUse]:
         """Reduced dims are whole for median/quantile, free otherwise."""
         dims = resolve_dims(da, dim)
-        role = DimRole.WHOLE if self.whole else DimRole.FREE
+        role = DimRole.WHOLE if self.spec.whole else DimRole.FREE
         return {d: DimUse(role) for d in dims}
 
     def output_extents(self, extents, uses, **kwargs):
@@ -93,37 +230,67 @@ class Reduction(Operator):
         return {d: (np.ones_like(v) if d in reduced else v) for d, v in extents.items()}
 
     def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
-        """Input and output bytes; for median also ``small_axis_bytes``.
+        """Input and output bytes, and ``combine_bytes`` or ``small_axis_bytes``.
 
-        ``numpy.nanmedian`` works on masked copies of the whole block (~5x the input) when
-        the reduced length is under :data:`NANMEDIAN_SMALL_AXIS`, and 1-D slice by slice
-        (~1x) from there on; ``small_axis_bytes`` is the input bytes in the first case, 0 in
+        ``combine_bytes``: the partial results one combine task concatenates (``fan_in``
+        partials of one chunk's output, ``partial_bytes`` each), doubled where the tree has
+        further levels whose partials wait meanwhile; 0 when the reduced dims are one chunk
+        (the chunk and aggregate steps fuse into one task).
+
+        ``small_axis_bytes``: ``numpy.nanmedian`` works on masked copies of the whole block
+        (~5x the input) when the reduced length is under :data:`NANMEDIAN_SMALL_AXIS`, and 1-D
+        slice by slice (~1x) from there on; this is the input bytes in the first case, 0 in
         the second, so one linear model covers both.
         """
         features = super().task_features(extents, uses, itemsize, sizes=sizes, **kwargs)
-        if self.name == "median":
-            reduced = np.prod([np.asarray(extents[d], dtype=np.float64) for d in uses], axis=0)
-            small = np.asarray(reduced) < NANMEDIAN_SMALL_AXIS
-            features["small_axis_bytes"] = np.where(small, features["input_bytes"], 0.0)
+        reduced = [d for d in uses if d in extents]
+        if self.spec.whole:
+            if self.name == "median":
+                length = np.prod(
+                    [np.asarray(extents[d], dtype=np.float64) for d in reduced], axis=0
+                )
+                small = np.asarray(length) < NANMEDIAN_SMALL_AXIS
+                features["small_axis_bytes"] = np.where(small, features["input_bytes"], 0.0)
+            return features
+        sizes = sizes or {d: int(np.max(v)) for d, v in extents.items()}
+        fan_in = np.ones_like(features["input_bytes"])
+        depth = np.zeros_like(fan_in)
+        for d in reduced:
+            n = np.ceil(sizes[d] / np.asarray(extents[d], dtype=np.float64))
+            axis_fan_in, axis_depth = _tree_shape(n, len(reduced))
+            fan_in = fan_in * axis_fan_in
+            depth = np.maximum(depth, axis_depth)
+        out_elements = features["output_bytes"] / self.output_itemsize(itemsize, **kwargs)
+        partial = self.spec.partial_bytes or itemsize
+        levels = np.minimum(depth, 2)
+        features["combine_bytes"] = np.where(
+            fan_in > 1, out_elements * partial * fan_in * levels, 0.0
+        )
         return features
 
     def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
-        """Partial results of mean/std/var carry sums and counts: 8 bytes an element at least."""
-        return max(itemsize, 8) if self.name in {"mean", "std", "var"} else itemsize
+        """Results of mean/std/var are computed in float64: 8 bytes an element at least."""
+        return max(itemsize, 8) if self.spec.partial_bytes > 8 else itemsize
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Temporaries proportional to the input, partials combined in fours, 8 MiB fixed."""
-        coefficients = {"input_bytes": _INPUT_FACTORS[self.name], "output_bytes": 8.0}
+        coefficients = {"input_bytes": self.spec.input_factor, "output_bytes": 2.0}
         if self.name == "median":
             coefficients["small_axis_bytes"] = 4.0
+        if not self.spec.whole:
+            coefficients["combine_bytes"] = 3.0
         return LinearMemoryModel(coefficients, intercept=8 * 2**20)
 
     def calibration_kwargs(self) -> dict[str, Any]:
         """Reduce over ``time`` (and take the 90th percentile for quantile)."""
         return {"dim": "time"} | ({"q": 0.9} if self.name == "quantile" else {})
 
-    def calibration_shapes(self, **kwargs: Any) -> list[dict[str, int]]:
-        """Chunks from 0.1 to 64 MB, long and short in the reduced dim, for ``(time, y, x)``."""
+    def calibration_shapes(self, **kwargs: Any) -> list:
+        """Chunks from 0.1 to 64 MB, long and short in the reduced dim, for ``(time, y, x)``.
+
+        Tree reductions add arrays of several chunks along ``time``, so that combine tasks
+        (short chunks, large partials) are profiled too.
+        """
         sizes = [
             (30, 40, 80),
             (365, 20, 20),
@@ -138,22 +305,59 @@ class Reduction(Operator):
             (2000, 60, 80),
             (599, 100, 100),
         ]
-        return [{"time": t, "y": y, "x": x} for t, y, x in sizes]
+        shapes: list = [{"time": t, "y": y, "x": x} for t, y, x in sizes]
+        if not self.spec.whole:
+            for t, n, y, x in [
+                (1, 4, 500, 600),
+                (2, 16, 300, 400),
+                (5, 4, 400, 500),
+                (1, 64, 200, 300),
+            ]:
+                extents = {"time": t, "y": y, "x": x}
+                shapes.append((extents, extents | {"time": t * n}))
+        return shapes
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Run the reduction on ``da`` (chunked per the plan), lazily."""
         dims = list(uses)
-        skipna = kwargs.get("skipna")
+        common = {"skipna": kwargs.get("skipna"), "keep_attrs": kwargs.get("keep_attrs")}
         if self.name == "median":
-            return _median(da, dims, skipna)
+            return _median(da, dims, **common)
         if self.name == "quantile":
-            extra = {"method": kwargs["method"]} if "method" in kwargs else {}
-            return da.quantile(kwargs["q"], dim=dims, skipna=skipna, **extra)
-        extra = {"ddof": kwargs["ddof"]} if "ddof" in kwargs else {}
-        return getattr(da, self.name)(dim=dims, skipna=skipna, **extra)
+            return _quantile(da, dims, kwargs["q"], kwargs.get("method", "linear"), **common)
+        return self._xarray(da, dims, **kwargs)
+
+    def _xarray(self, da: xr.DataArray, dims: list[str], **kwargs: Any) -> xr.DataArray:
+        """Xarray's own method on ``da`` with the reduction's arguments."""
+        options = {k: kwargs[k] for k in self.spec.options if k in kwargs}
+        common = {"skipna": kwargs.get("skipna"), "keep_attrs": kwargs.get("keep_attrs")}
+        if self.name == "quantile":
+            q = options.pop("q")
+            return da.quantile(q, dim=dims, **common, **options)
+        return getattr(da, self.name)(dim=dims, **common, **options)
+
+    def compute_dataset(self, ds, uses, **kwargs):
+        """Reduce the planned variables; keep the others as xarray's Dataset reductions do.
+
+        Variables without any of the reduced dims are kept, reduced over no dim (the values
+        themselves; zeros for std and var), as xarray does. Variables whose dtype the reduction
+        does not take are dropped (xarray's ``numeric_only``).
+        """
+        result = {}
+        for name, var in ds.data_vars.items():
+            if name in uses:
+                result[name] = self.compute(var, uses[name], **kwargs)
+            elif not self._has_reduced_dims(var, kwargs.get("dim")) and self._keeps_unreduced(var):
+                numeric = var.dtype.kind in self.dtype_kinds
+                result[name] = self._xarray(var, [], **kwargs) if numeric else var
+        keep = keeps_attrs(self.name, kwargs.get("keep_attrs"), dataset=True)
+        attrs = ds.attrs if keep else {}
+        return xr.Dataset(result, attrs=attrs)
 
 
-def _median(da: xr.DataArray, dims: list[str], skipna: bool | None) -> xr.DataArray:
+def _median(
+    da: xr.DataArray, dims: list[str], skipna: bool | None, keep_attrs: bool | None
+) -> xr.DataArray:
     """Median over whole ``dims`` that keeps the other dims' chunks as planned.
 
     ``dask.array.nanmedian`` (what ``DataArray.median`` calls) rechunks the other dims to
@@ -171,10 +375,66 @@ def _median(da: xr.DataArray, dims: list[str], skipna: bool | None) -> xr.DataAr
         kwargs={"axis": axes},
         dask="parallelized",
         output_dtypes=[out_dtype],
-        keep_attrs=True,
+        keep_attrs=keeps_attrs("median", keep_attrs),
     )
 
 
-REDUCTIONS = tuple(
-    Reduction(name) for name in ("sum", "mean", "std", "var", "min", "max", "median", "quantile")
-)
+def _quantile(
+    da: xr.DataArray,
+    dims: list[str],
+    q: Any,
+    method: str,
+    skipna: bool | None,
+    keep_attrs: bool | None,
+) -> xr.DataArray:
+    """``da.quantile(q, dims)`` as one NumPy call per planned chunk, as xarray's result.
+
+    xarray's quantile puts ``q`` in the graph as a Dask array of its own, which keeps the task
+    that reads or produces a chunk apart from the task that takes its quantiles (a worker can
+    then read the next chunk first); with ``q`` a plain argument they fuse into one task.
+    """
+    use_nan = skipna or (skipna is None and da.dtype.kind in "fc")
+    func = np.nanquantile if use_nan else np.quantile
+    qs = np.atleast_1d(np.asarray(q, dtype=float))
+    axes = tuple(range(-len(dims), 0))
+    sample = func(np.zeros((1,) * max(1, len(dims)), dtype=da.dtype), qs, method=method)
+    result = xr.apply_ufunc(
+        _quantiles_last,
+        da,
+        input_core_dims=[dims],
+        output_core_dims=[["quantile"]],
+        kwargs={"func": func, "q": qs, "axis": axes, "method": method},
+        dask="parallelized",
+        output_dtypes=[sample.dtype],
+        dask_gufunc_kwargs={"output_sizes": {"quantile": len(qs)}},
+        keep_attrs=False,
+    )
+    result = result.transpose("quantile", ...).assign_coords(quantile=qs)
+    result = result.squeeze("quantile") if np.ndim(q) == 0 else result
+    return result.assign_attrs(da.attrs if keeps_attrs("quantile", keep_attrs) else {})
+
+
+def _quantiles_last(block: np.ndarray, func, q, axis, method) -> np.ndarray:
+    """NumPy's quantiles of ``block`` over ``axis``, the quantile axis moved last."""
+    return np.moveaxis(func(block, q, axis=axis, method=method), 0, -1)
+
+
+def _check_q(kwargs: Mapping[str, Any]) -> Any:
+    """``q`` as given, once checked: numbers within [0, 1], not empty, no NaN."""
+    if "q" not in kwargs:
+        raise MemchunkError("'quantile' needs q=, e.g. q=0.9 or q=[0.1, 0.5, 0.9]")
+    q = kwargs["q"]
+    try:
+        values = np.asarray(q, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise MemchunkError(f"quantile q must be a number or a list of numbers, got {q!r}") from exc
+    if values.ndim > 1 or values.size == 0:
+        raise MemchunkError(
+            f"quantile q must be a number or a non-empty list of numbers, got {q!r}"
+        )
+    if not np.all(np.isfinite(values)) or np.any((values < 0) | (values > 1)):
+        raise MemchunkError(f"quantile q must be within [0, 1], got {q!r}")
+    return q
+
+
+REDUCTIONS = tuple(Reduction(spec) for spec in SPECS.values())

@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..budget import Budget
-from ..units import format_bytes
+from .budget import Budget
 
 __all__ = ["Binding", "ChunkPlan"]
 
@@ -47,7 +46,10 @@ class ChunkPlan:
     dask_chunks
         Balanced chunk lengths per dim (what ``.chunk()`` takes as a tuple).
     predicted_peak_bytes
-        Predicted peak memory of one task, halo and temporaries included.
+        Predicted memory of one task slot while the operator runs: its task
+        (``predicted_task_bytes``), getting its input (``gather_bytes``: concatenated from
+        pieces, or read from a file) and the chunks a worker holds for it (``held_bytes``);
+        this is what must fit ``budget.per_task``.
     budget
         The per-task memory budget planned against.
     n_tasks
@@ -62,6 +64,16 @@ class ChunkPlan:
         Storage chunk length per dim, where known.
     storage_aligned
         Whether every chunk is a whole number of storage chunks.
+    predicted_task_bytes
+        Predicted peak of the operator's task itself (halo and temporaries included), from its
+        memory model.
+    gather_bytes
+        Extra bytes for getting the task's input: concatenating it from pieces (a halo, merged
+        chunks), or reading it from a file (the storage chunks being decoded).
+    held_bytes
+        Input chunks a worker holds per thread while the task runs (produced ahead, cut by a
+        rechunk, waiting for a stencil's neighbours); see
+        :mod:`~xarray_memchunk.planning.footprint`.
     estimated_seconds
         Estimated wall time of the blockwise step, from the calibrated time per element and a
         1 ms per-task overhead; used to rank plans, not a promise.
@@ -83,6 +95,9 @@ class ChunkPlan:
     storage_aligned: bool = True
     estimated_seconds: float = math.nan
     notes: tuple[str, ...] = ()
+    predicted_task_bytes: int = 0
+    gather_bytes: int = 0
+    held_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -97,14 +112,22 @@ class ChunkPlan:
         return ", ".join(parts)
 
     def _lines(self) -> list[tuple[str, str]]:
+        size = self.budget.format
+        terms = [f"task {size(self.predicted_task_bytes)}"]
+        if self.gather_bytes:
+            terms.append(f"gathering its input {size(self.gather_bytes)}")
+        if self.held_bytes:
+            terms.append(f"held input chunks {size(self.held_bytes)}")
         rows = [
             ("operator", self.operator),
             ("chunks", self._chunk_text()),
             ("tasks", f"{self.n_tasks}"),
             (
                 "predicted peak per task",
-                f"{format_bytes(self.predicted_peak_bytes)} "
-                f"({100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget)",
+                f"{size(self.predicted_peak_bytes)} "
+                f"({100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget"
+                + (f": {' + '.join(terms)}" if len(terms) > 1 else "")
+                + ")",
             ),
             ("budget", self.budget.explain()),
             ("decided by", Binding.DESCRIPTIONS.get(self.binding, self.binding)),

@@ -8,7 +8,9 @@ from enum import StrEnum
 
 import numpy as np
 
-__all__ = ["TASK_OVERHEAD_S", "DimRole", "DimSpec", "PlanProblem", "PeakFunction"]
+from .footprint import InputLayout
+
+__all__ = ["TASK_OVERHEAD_S", "DimRole", "DimSpec", "DimUse", "PeakFunction", "PlanProblem"]
 
 #: Dask's scheduling cost of one task, seconds (about 1 ms on a distributed cluster).
 TASK_OVERHEAD_S = 1e-3
@@ -30,6 +32,14 @@ class DimRole(StrEnum):
     WHOLE = "whole"
     HALO = "halo"
     FREE = "free"
+
+
+@dataclass(frozen=True)
+class DimUse:
+    """How an operator uses one dim: its :class:`DimRole` and, for halo dims, the depth."""
+
+    role: DimRole = DimRole.FREE
+    depth: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,10 @@ class PlanProblem:
         reads whole storage chunks, so chunks that cut across storage chunks read more.
     notes
         Operator remarks carried into the plan's explanation.
+    inputs
+        The planned variables as they come in (file, Dask graph or NumPy; their chunks): what
+        a worker holds besides its tasks depends on them
+        (:mod:`~xarray_memchunk.planning.footprint`). None: only the task is counted.
     """
 
     operator: str
@@ -88,6 +102,7 @@ class PlanProblem:
     task_overhead_s: float = TASK_OVERHEAD_S
     read_seconds_per_element: float = 2e-9
     notes: tuple[str, ...] = field(default=())
+    inputs: tuple[InputLayout, ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:

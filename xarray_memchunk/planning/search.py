@@ -2,7 +2,9 @@
 
 All candidates (a few per dim, combined across dims) are scored at once with numpy:
 
-- memory: ``problem.peak_bytes(padded task extents) <= budget.per_task`` (a hard constraint);
+- memory: the task slot's footprint (the operator's task from ``problem.peak_bytes`` of the
+  padded task extents, plus its assembled input and the chunks a worker holds for it, see
+  :mod:`~xarray_memchunk.planning.footprint`) ``<= budget.per_task`` (a hard constraint);
 - estimated time: ``(waves + PIPELINE_TAIL) * (task_overhead_s + seconds_per_element * padded
   elements per task + read_seconds_per_element * storage elements read per task)`` with
   ``waves = ceil(n_tasks / total_threads)``. This one number rewards parallelism (more waves
@@ -23,13 +25,13 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..budget import Budget
 from ..errors import InfeasiblePlanError
-from ..units import format_bytes
 from .balance import balanced_chunks
+from .budget import Budget, min_worker_memory
 from .candidates import DimCandidates, dim_candidates, padded_extent
+from .footprint import DimCut, Footprint, footprint
 from .plan import Binding, ChunkPlan
-from .problem import DimRole, PlanProblem
+from .problem import DimRole, DimSpec, PlanProblem
 
 __all__ = [
     "ALIGNMENT_TOLERANCE",
@@ -75,18 +77,54 @@ def _grid(problem: PlanProblem) -> tuple[list[DimCandidates], np.ndarray]:
     return per_dim, index
 
 
-def _min_worker_memory(peak: int, budget: Budget) -> int:
-    """Worker memory limit at which a task of ``peak`` bytes would fit (inverse budget formula)."""
-    usable = peak * budget.threads_per_worker / budget.task_share + budget.worker_baseline
-    return math.ceil(usable / budget.pause_fraction)
+def _footprint(problem: PlanProblem, budget: Budget, cuts: Mapping[str, DimCut]) -> Footprint:
+    padded = {name: cut.padded for name, cut in cuts.items()}
+    task = np.asarray(problem.peak_bytes(padded), dtype=np.float64)
+    task = np.broadcast_to(task, next(iter(padded.values())).shape)
+    return footprint(
+        task,
+        cuts,
+        problem.inputs,
+        threads_per_worker=budget.threads_per_worker,
+        n_workers=budget.n_workers,
+    )
 
 
-def _infeasible(problem: PlanProblem, budget: Budget, min_peak: int, smallest: dict) -> str:
+def _infeasible(
+    problem: PlanProblem, budget: Budget, least: dict[str, float], smallest: dict[str, int]
+) -> str:
     whole = [d.name for d in problem.dims if d.role is DimRole.WHOLE]
     chunks = ", ".join(f"{k}: {v}" for k, v in smallest.items())
-    advice = [
-        f"give each worker at least {format_bytes(_min_worker_memory(min_peak, budget))} "
-        f"(memory_limit) at {budget.threads_per_worker} thread(s) per worker",
+    size = budget.format
+    total = least["task"] + least["gather"] + least["held"]
+    terms = f"the task {size(least['task'])}"
+    if least["gather"]:
+        terms += f" + gathering its input {size(least['gather'])}"
+    if least["held"]:
+        terms += f" + chunks a worker holds for it {size(least['held'])}"
+    needed = min_worker_memory(
+        total,
+        budget.threads_per_worker,
+        worker_baseline=budget.worker_baseline,
+        reserve=budget.reserve,
+        pause_fraction=budget.pause_fraction,
+    )
+    advice = []
+    if least["held"] > least["task"]:
+        sources = "; ".join(
+            f"{v.name} in chunks of "
+            + ", ".join(f"{d}: {v.source_chunks[d]}" for d in v.dims if d in v.source_chunks)
+            for v in problem.inputs
+        )
+        advice.append(
+            f"most of it is input chunks held in worker memory while the graph rechunks or "
+            f"overlaps them ({sources}): open the data from Zarr or netCDF with "
+            f"xarray.open_dataset(..., chunks={{}}), and memchunk reads each task's block "
+            f"straight from the file; or rechunk the data on disk first (rechunker)"
+        )
+    advice += [
+        f"give each worker at least {size(needed)} (memory_limit) at "
+        f"{budget.threads_per_worker} thread(s) per worker",
         "or run fewer threads per worker (each thread runs a task at once)",
     ]
     if whole:
@@ -96,8 +134,8 @@ def _infeasible(problem: PlanProblem, budget: Budget, min_peak: int, smallest: d
         )
     return (
         f"{problem.operator!r} cannot fit one task in the per-task budget of "
-        f"{format_bytes(budget.per_task)}: even the smallest chunks it allows ({chunks}) are "
-        f"predicted to peak at {format_bytes(min_peak)} per task. To run it, "
+        f"{size(budget.per_task)}: even the smallest chunks it allows ({chunks}) are "
+        f"predicted to need {size(total)} per task ({terms}). To run it, "
         + "; ".join(advice)
         + f". Budget: {budget.explain()}."
     )
@@ -124,11 +162,11 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     """
     per_dim, index = _grid(problem)
     names = [d.name for d in problem.dims]
-    padded = {n: c.padded[i] for n, c, i in zip(names, per_dim, index, strict=True)}
-    n_chunks = np.prod([c.n_chunks[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
-    elements = np.prod([padded[n] for n in names], axis=0, dtype=np.float64)
-    peak = np.asarray(problem.peak_bytes(padded), dtype=np.float64)
-    peak = np.broadcast_to(peak, elements.shape)
+    cuts = {d.name: _cut(d, c, i) for d, c, i in zip(problem.dims, per_dim, index, strict=True)}
+    n_chunks = np.prod([cut.n_chunks for cut in cuts.values()], axis=0)
+    elements = np.prod([cut.padded for cut in cuts.values()], axis=0, dtype=np.float64)
+    terms = _footprint(problem, budget, cuts)
+    peak = terms.total
     touched = np.prod(
         [c.touched[i] for c, i in zip(per_dim, index, strict=True)], axis=0, dtype=np.float64
     )
@@ -139,10 +177,9 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     fits = peak <= budget.per_task
     if not fits.any():
         smallest = int(np.argmin(peak))
-        shape = {
-            n: int(c.lengths[i[smallest]]) for n, c, i in zip(names, per_dim, index, strict=True)
-        }
-        raise InfeasiblePlanError(_infeasible(problem, budget, int(peak[smallest]), shape))
+        shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
+        least = {k: float(getattr(terms, k)[smallest]) for k in ("task", "gather", "held")}
+        raise InfeasiblePlanError(_infeasible(problem, budget, least, shape))
     ranked = order[fits[order]]
     fastest = int(ranked[0])
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
@@ -174,7 +211,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         problem,
         budget,
         dask_chunks,
-        int(peak[chosen]),
+        {k: int(np.ceil(getattr(terms, k)[chosen])) for k in ("task", "gather", "held")},
         binding,
         float(seconds[chosen]),
         notes,
@@ -182,11 +219,23 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     )
 
 
+def _cut(dim: DimSpec, candidates: DimCandidates, index: np.ndarray) -> DimCut:
+    """The candidates of one dim, spread over the grid of combinations."""
+    return DimCut(
+        size=dim.size,
+        lengths=candidates.lengths[index],
+        n_chunks=candidates.n_chunks[index],
+        padded=candidates.padded[index],
+        units=candidates.units[index],
+        halo=dim.role is DimRole.HALO and dim.depth > 0,
+    )
+
+
 def _make_plan(
     problem: PlanProblem,
     budget: Budget,
     dask_chunks: Mapping[str, tuple[int, ...]],
-    peak: int,
+    terms: Mapping[str, int],
     binding: str,
     seconds: float,
     notes: list[str],
@@ -198,7 +247,10 @@ def _make_plan(
         dims=tuple(d.name for d in problem.dims),
         chunks={n: max(c) for n, c in dask_chunks.items()},
         dask_chunks=dict(dask_chunks),
-        predicted_peak_bytes=peak,
+        predicted_peak_bytes=sum(terms.values()),
+        predicted_task_bytes=terms["task"],
+        gather_bytes=terms["gather"],
+        held_bytes=terms["held"],
         budget=budget,
         n_tasks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,
@@ -226,16 +278,21 @@ def plan_for_chunks(
     dask_chunks
         Chunk lengths per dim, for every dim of ``problem``.
     """
-    padded, lengths, counts = {}, {}, []
+    cuts = {}
     for d in problem.dims:
         chunks = tuple(int(c) for c in dask_chunks[d.name])
         depth = d.depth if d.role is DimRole.HALO else 0
-        lengths[d.name] = max(chunks)
-        padded[d.name] = np.array([padded_extent(max(chunks), len(chunks), depth)])
-        counts.append(len(chunks))
-    peak = int(np.asarray(problem.peak_bytes(padded)).reshape(-1)[0])
-    elements = float(np.prod([p[0] for p in padded.values()], dtype=np.float64))
-    n_tasks = int(np.prod(counts))
+        cuts[d.name] = DimCut(
+            size=d.size,
+            lengths=np.array([max(chunks)]),
+            n_chunks=np.array([len(chunks)]),
+            padded=np.array([padded_extent(max(chunks), len(chunks), depth)]),
+            units=np.array([math.gcd(*chunks[:-1]) if len(chunks) > 1 else chunks[0]]),
+            halo=depth > 0,
+        )
+    terms = _footprint(problem, budget, cuts)
+    elements = float(np.prod([cut.padded[0] for cut in cuts.values()], dtype=np.float64))
+    n_tasks = int(np.prod([len(dask_chunks[d.name]) for d in problem.dims]))
     seconds = float(_estimated_seconds(problem, n_tasks, elements, elements, budget.total_threads))
     aligned = all(
         not d.storage_chunk or all(c % d.storage_chunk == 0 for c in dask_chunks[d.name][:-1])
@@ -245,7 +302,7 @@ def plan_for_chunks(
         problem,
         budget,
         {d.name: tuple(dask_chunks[d.name]) for d in problem.dims},
-        peak,
+        {k: int(np.ceil(getattr(terms, k)[0])) for k in ("task", "gather", "held")},
         Binding.USER_CHUNKS,
         seconds,
         list(problem.notes),

@@ -1,0 +1,76 @@
+"""A plan that says it fits runs with no pause and no worker death: measured on a LocalCluster.
+
+A small version of ``benchmarks/plan_safety.py``: memory-bound plans (the binding constraint is
+memory) of the operators and inputs that failed before, run on 2 workers x 1 thread with a real
+``memory_limit``.
+"""
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from xarray_memchunk.experiments.plan_safety import SafetyCase, run_case
+from xarray_memchunk.units import to_bytes
+
+CUBE = {"time": 1000, "lat": 200, "lon": 300}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize(
+    "case",
+    [
+        # issue 17: std holds float64 moments (7.25 x a float32 chunk) in dask's graph
+        SafetyCase(
+            "std", "float32", CUBE, {"time": 1000, "lat": 50, "lon": 300}, "graph", {"dim": "time"}
+        ),
+        # source chunks cut by the plan: the worker holds several of them
+        SafetyCase(
+            "median",
+            "float32",
+            CUBE,
+            {"time": 1000, "lat": 100, "lon": 300},
+            "graph",
+            {"dim": "time"},
+        ),
+        # a whole-dim reduction read from Zarr chunks that split the reduced dim
+        SafetyCase(
+            "quantile",
+            "float64",
+            CUBE,
+            {"time": 100, "lat": 100, "lon": 100},
+            "file",
+            {"dim": "time", "q": 0.9},
+        ),
+        # a stencil read straight from Zarr, halos included
+        SafetyCase(
+            "gst3d",
+            "float32",
+            dict.fromkeys(("inline", "crossline", "sample"), 320),
+            dict.fromkeys(("inline", "crossline", "sample"), 64),
+            "file",
+        ),
+    ],
+    ids=lambda c: f"{c.op}-{c.dtype}-{c.source}",
+)
+def test_memory_bound_plan_runs_without_pause_or_death(case, quiet_distributed, tmp_path):
+    result = run_case(case, tmp_path)
+    assert result.binding == "memory", f"not memory-bound at {result.memory_limit}"
+    assert result.completed, result.error
+    assert result.pauses == 0 and result.deaths == 0
+    assert result.peak_worker < 0.8 * to_bytes(result.memory_limit)
+
+
+def test_issue_17_std_plan_knows_what_the_dask_task_holds():
+    import dask.array as da
+
+    a = da.random.default_rng(1).random((2100, 500, 600), chunks=(2100, 50, 300), dtype="float32")
+    x = xr.DataArray(a, dims=("time", "lat", "lon"), name="tas")
+    chunk_bytes = 2100 * 50 * 300 * 4
+    given = x.memchunk.plan("std", dim="time", budget="1GB", chunks={"lat": 50, "lon": 300})
+    # dask computes the moments of float32 data in float64: d = x - mean and d**2, and
+    # nansum's copy of d**2 (measured 7.25 x the chunk in a worker)
+    assert given.predicted_task_bytes > 6.5 * chunk_bytes
+    assert not given.fits
+    plan = x.memchunk.plan("std", dim="time", budget="1GB")
+    assert plan.fits and plan.binding == "memory"
+    assert np.prod([max(c) for c in plan.dask_chunks.values()]) * 4 < chunk_bytes

@@ -1,0 +1,1 @@
+"""Experiments on real clusters: plan safety, the GST3D seed experiment, worker diagnostics."""

@@ -1,0 +1,275 @@
+"""Does a plan that says it fits run without a pause or a worker death? Measured, not modelled.
+
+Each :class:`SafetyCase` builds its input as a user would (generated inside the Dask graph, or
+written to a Zarr store and opened with ``xarray.open_zarr``), picks a worker memory limit at
+which the plan is memory-bound (the plan's binding constraint is memory: larger chunks would
+not fit), runs ``apply`` on a fresh ``LocalCluster`` with that limit, and records the plan's
+prediction next to what the workers really did: peak RSS per worker, pauses, deaths.
+
+``benchmarks/plan_safety.py`` runs the full matrix (every built-in operator, float32 and
+float64, both kinds of input); ``tests/test_plan_safety.py`` runs a few cases of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from ..diagnostics import run_watched
+from ..errors import InfeasiblePlanError
+from ..units import to_bytes
+
+__all__ = ["LIMITS", "SafetyCase", "SafetyResult", "format_table", "run_case"]
+
+#: Worker memory limits tried, largest first: a case runs at the largest whose plan is bound
+#: by memory.
+LIMITS = ("3GB", "2GB", "1.5GB", "1.2GB", "1GB", "0.8GB", "0.6GB", "0.5GB", "0.4GB")
+
+
+@dataclass(frozen=True)
+class SafetyCase:
+    """One operator on one input.
+
+    Attributes
+    ----------
+    op, kwargs
+        The operator and its arguments.
+    dtype
+        Input dtype.
+    shape
+        Dim name -> length.
+    chunks
+        Dim name -> chunk length of the input as it comes (storage chunks for a file).
+    source
+        ``"graph"``: random data generated inside the Dask graph; ``"file"``: the same data
+        written to a Zarr store first and opened with ``xarray.open_zarr``.
+    memory_limit
+        Worker memory limit; None picks the largest of :data:`LIMITS` whose plan is bound by
+        memory.
+    label
+        Name shown in the table.
+    """
+
+    op: str
+    dtype: str
+    shape: dict[str, int]
+    chunks: dict[str, int]
+    source: str = "graph"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    memory_limit: str | None = None
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        """The label, or the operator and its main argument."""
+        if self.label:
+            return self.label
+        extra = self.kwargs.get("kernel") or self.kwargs.get("method") or ""
+        return f"{self.op}{'-' + extra if extra else ''}"
+
+
+@dataclass
+class SafetyResult:
+    """A case's plan and what happened when it ran."""
+
+    case: SafetyCase
+    memory_limit: str
+    binding: str = ""
+    chunks: dict[str, int] = field(default_factory=dict)
+    n_chunks: int = 0
+    predicted_task: int = 0
+    predicted_slot: int = 0
+    per_task_budget: int = 0
+    worker_baseline: int = 0
+    idle_worker: int = 0
+    peak_worker: int = 0
+    pauses: int = 0
+    deaths: int = 0
+    seconds: float = 0.0
+    completed: bool = False
+    error: str = ""
+
+    @property
+    def predicted_worker(self) -> int:
+        """Baseline plus one predicted task slot per thread (1 thread per worker here)."""
+        return self.worker_baseline + self.predicted_slot
+
+    @property
+    def safe(self) -> bool:
+        """Completed with no pause and no worker death."""
+        return self.completed and self.pauses == 0 and self.deaths == 0
+
+
+def _input(case: SafetyCase, root: Path) -> xr.DataArray:
+    """The case's input: random data in the graph, or the same written to and read from Zarr."""
+    import dask.array as da
+
+    dims = list(case.shape)
+    data = da.random.default_rng(0).random(
+        tuple(case.shape[d] for d in dims),
+        chunks=tuple(case.chunks[d] for d in dims),
+        dtype=case.dtype,
+    )
+    array = xr.DataArray(data, dims=dims, name="v")
+    if case.source == "graph":
+        return array
+    layout = "-".join(f"{d}{case.shape[d]}c{case.chunks[d]}" for d in dims)
+    path = root / f"{case.dtype}-{layout}.zarr"  # shared by the cases that read the same data
+    if not path.exists():
+        import dask
+
+        with dask.config.set(scheduler="threads"):
+            array.to_dataset().to_zarr(path, mode="w")
+    return xr.open_zarr(path)["v"]
+
+
+def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return data.memchunk.plan(case.op, budget=memory_limit, **case.kwargs)
+
+
+def choose_limit(case: SafetyCase, data: xr.DataArray) -> str:
+    """The largest of :data:`LIMITS` whose plan is memory-bound (else the smallest feasible)."""
+    feasible = []
+    for limit in LIMITS:
+        try:
+            plan = _plan(case, data, limit)
+        except InfeasiblePlanError:
+            continue
+        if plan.binding == "memory":
+            return limit
+        feasible.append(limit)
+    if not feasible:
+        raise InfeasiblePlanError(f"{case.name}: no plan fits at any of {LIMITS}")
+    return feasible[-1]
+
+
+def _consume(result: Any) -> Any:
+    """The sum of every output, so that computing it gathers nothing large to the client."""
+    import dask.array
+
+    arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
+    return dask.array.stack([a.data.astype("float64").sum() for a in arrays]).sum()
+
+
+def _process_rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def run_case(
+    case: SafetyCase, root: Path | None = None, *, n_workers: int = 2, quiet: bool = True
+) -> SafetyResult:
+    """Plan ``case`` at its memory limit, run it on a fresh ``LocalCluster``, and measure.
+
+    Parameters
+    ----------
+    case
+        What to run.
+    root
+        Directory for Zarr inputs (a temporary one by default).
+    n_workers
+        Workers of the cluster, one thread each.
+    quiet
+        Silence the restart warnings distributed logs when a worker dies.
+    """
+    import dask
+    from distributed import Client, LocalCluster
+
+    if quiet:
+        for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(root or tmp)
+        data = _input(case, root)
+        limit = case.memory_limit or choose_limit(case, data)
+        result = SafetyResult(case, limit)
+        with (
+            dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+            LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=1,
+                memory_limit=limit,
+                processes=True,
+                dashboard_address=":0",
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            client.run(lambda: __import__("xarray_memchunk"))
+            time.sleep(0.5)  # let a heartbeat report the workers' memory after the import
+            result.idle_worker = max(client.run(_process_rss).values())
+            try:
+                plan = _plan(case, data, None)
+            except InfeasiblePlanError as exc:
+                result.error = f"refused before running: {str(exc)[:150]}"
+                return result
+            result.binding = plan.binding
+            result.chunks = dict(plan.chunks)
+            result.n_chunks = plan.n_tasks
+            result.predicted_task = plan.predicted_task_bytes
+            result.predicted_slot = plan.predicted_peak_bytes
+            result.per_task_budget = plan.budget.per_task
+            result.worker_baseline = plan.budget.worker_baseline
+            outcome = run_watched(
+                client,
+                case.name,
+                lambda: _consume(data.memchunk.apply(case.op, **case.kwargs)),
+            )
+        result.peak_worker = outcome.peak_bytes
+        result.pauses, result.deaths = outcome.pauses, outcome.worker_deaths
+        result.seconds, result.completed, result.error = (
+            outcome.seconds,
+            outcome.completed,
+            outcome.error,
+        )
+    return result
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.0f}"
+
+
+def format_table(results: Sequence[SafetyResult]) -> str:
+    """A Markdown table: one row per case, measured next to predicted."""
+    header = (
+        "| operator | dtype | input | shape | limit | binding | chunks | tasks | predicted "
+        "task MB | predicted slot MB | worker baseline MB | predicted worker MB | measured "
+        "worker peak MB | pause at MB | pauses | deaths | wall s | outcome |"
+    )
+    rows = [header, "| " + " | ".join(["---"] * (header.count("|") - 1)) + " |"]
+    for r in results:
+        c = r.case
+        shape = "x".join(str(n) for n in c.shape.values())
+        chunks = "x".join(str(n) for n in r.chunks.values())
+        pause = 0.8 * to_bytes(r.memory_limit)
+        outcome = "completed" if r.completed else (r.error.split(":")[0] or "failed")
+        rows.append(
+            f"| {c.name} | {c.dtype} | {c.source} | {shape} | {r.memory_limit} | {r.binding} | "
+            f"{chunks} | {r.n_chunks} | {_mb(r.predicted_task)} | {_mb(r.predicted_slot)} | "
+            f"{_mb(r.worker_baseline)} | {_mb(r.predicted_worker)} | {_mb(r.peak_worker)} | "
+            f"{_mb(pause)} | {r.pauses} | {r.deaths} | {r.seconds:.1f} | {outcome} |"
+        )
+    return "\n".join(rows)
+
+
+def summary(results: Sequence[SafetyResult]) -> str:
+    """One line: how many plans ran safely, and the largest measured / predicted worker peak."""
+    ran = [r for r in results if r.binding]
+    safe = sum(r.safe for r in ran)
+    ratios = [r.peak_worker / r.predicted_worker for r in ran if r.completed and r.predicted_worker]
+    worst = f"{max(ratios):.2f}" if ratios else "n/a"
+    memory_bound = sum(r.binding == "memory" for r in ran)
+    return (
+        f"{safe} of {len(ran)} planned runs completed with 0 pauses and 0 deaths "
+        f"({memory_bound} memory-bound); largest measured / predicted worker peak: {worst}"
+    )

@@ -1,0 +1,117 @@
+"""One planned variable under one operator, resolved once: :class:`TaskCost`.
+
+Planning asks the same questions of every variable many times (how is each dim used, what does
+a task of these extents need, how long does it take); the answers depend on the variable's
+dims, dtype, device and the operator's arguments only, so they are resolved once here: dims
+resolved, the calibration looked up, the features function bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ..models import LinearMemoryModel, load_calibration
+from ..planning.footprint import InputLayout
+from ..planning.problem import DimUse
+from .base import Operator
+from .sources import input_kind, source_chunks
+
+__all__ = ["TaskCost", "resolve_cost"]
+
+
+@dataclass(frozen=True)
+class TaskCost:
+    """What one task of an operator on one variable costs, resolved once.
+
+    Attributes
+    ----------
+    variable
+        Variable name.
+    dims, sizes
+        The variable's dims and their lengths.
+    dtype
+        The variable's dtype.
+    device
+        ``"cpu"`` (NumPy data) or ``"gpu"`` (CuPy).
+    uses
+        How the operator uses each dim (dims left out are free).
+    model
+        The memory model: peak bytes of one task from its features.
+    model_source
+        Where the model came from: a calibration file, or ``"analytic (not calibrated)"``.
+    seconds_per_element
+        Compute time per padded input element of one task, every pass over the data included.
+    tasks_per_chunk
+        Dask tasks the computation creates per planned chunk (scheduling overhead).
+    layout
+        How the data comes in (file, graph, memory; its chunks).
+    features
+        The operator's task features for padded extents (already bound to this variable).
+    """
+
+    variable: str
+    dims: tuple[str, ...]
+    sizes: Mapping[str, int]
+    dtype: np.dtype
+    device: str
+    uses: Mapping[str, DimUse]
+    model: LinearMemoryModel
+    model_source: str
+    seconds_per_element: float
+    tasks_per_chunk: float
+    layout: InputLayout
+    features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+    def peak_bytes(self, padded: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Predicted peak bytes of one task per candidate, from padded extents of every dim."""
+        return self.model.peak_bytes(self.features({d: padded[d] for d in self.dims}))
+
+
+def resolve_cost(
+    operator: Operator, name: str, da: xr.DataArray, kwargs: Mapping[str, Any], device: str
+) -> TaskCost:
+    """Resolve ``operator`` (with its bound ``kwargs``) on variable ``da`` once.
+
+    Raises
+    ------
+    DimensionError
+        When ``da`` lacks a dim the operator needs.
+    CalibrationError
+        When a calibration file exists but is not valid.
+    """
+    uses = operator.dim_uses(da, **kwargs)
+    dtype = np.dtype(da.dtype)
+    calibration = load_calibration(operator.calibration_key(**kwargs), device, dtype.name)
+    if calibration is not None:
+        model, seconds, source = (
+            calibration.model,
+            calibration.seconds_per_element,
+            calibration.path,
+        )
+    else:
+        model = operator.default_model(dtype, **kwargs)
+        seconds, source = operator.default_seconds_per_element, "analytic (not calibrated)"
+    sizes = {str(d): int(n) for d, n in da.sizes.items()}
+    dims = tuple(str(d) for d in da.dims)
+    return TaskCost(
+        variable=name,
+        dims=dims,
+        sizes=sizes,
+        dtype=dtype,
+        device=device,
+        uses=uses,
+        model=model,
+        model_source=source,
+        seconds_per_element=seconds * operator.passes(**kwargs),
+        tasks_per_chunk=operator.tasks_per_chunk(**kwargs),
+        layout=InputLayout(name, dims, dtype.itemsize, input_kind(da), source_chunks(da)),
+        features=partial(
+            operator.task_features, uses=uses, itemsize=dtype.itemsize, sizes=sizes, **kwargs
+        ),
+    )

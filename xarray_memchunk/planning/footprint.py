@@ -1,0 +1,234 @@
+"""What a task slot must have room for: the task, its assembled input, and the chunks held for it.
+
+A worker runs one task per thread, but holds more than those tasks. Measured on a
+``LocalCluster`` (2 workers x 1 thread, no memory limit, peak RSS above the idle worker), for the
+graphs ``apply`` builds:
+
+==========================================  ================================================
+input and plan                              held beside the running task
+==========================================  ================================================
+source chunks = planned chunks, no halo     nothing: reading or producing a chunk fuses
+                                            into the task that uses it
+source chunks split by the plan             3 source chunks (1 thread), 2.5 (2 threads)
+small source chunks merged                  about 2 planned chunks
+stencil (``map_overlap``), 3^3 to 10^3      35-58% of the whole array on one worker: neighbour
+chunks                                      chunks wait for the tasks that take their halos
+==========================================  ================================================
+
+Hence three kinds of input (:class:`InputKind`): data read straight from a file, which
+``apply`` re-reads at the planned chunks, halo included, so nothing is held, and whose reads
+touch at most ``READ_GROUP_BYTES`` of storage chunks (or one chunk, or ``READ_CONCURRENCY``
+small ones) at once and hold ``READ_COPIES`` x that beside the block being filled, before the
+task's own work starts (``FILE``); data
+produced by a Dask graph, which is rechunked and overlapped inside the graph (``GRAPH``); a
+NumPy array, which ``apply`` cuts into the planned chunks (``MEMORY``: a graph whose chunks are
+the plan's). Per task slot:
+
+- ``gather``: a task whose input is concatenated from pieces (a halo, or source chunks
+  merged) holds the pieces and the concatenated block: one more padded input.
+- ``held``: ``(threads + HELD_AHEAD) x`` the source chunks one task reads when the plan differs
+  from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
+  split across chunks; at most the whole array. Per worker, divided among its threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+__all__ = [
+    "HELD_AHEAD",
+    "READ_CONCURRENCY",
+    "READ_COPIES",
+    "READ_GROUP_BYTES",
+    "STENCIL_SHARE",
+    "DimCut",
+    "Footprint",
+    "InputKind",
+    "InputLayout",
+    "footprint",
+]
+
+#: Source chunks a worker holds beyond one per thread when the plan cuts them (measured: 3
+#: source chunks with 1 thread, 2.5 with 2).
+HELD_AHEAD = 2
+#: Share of a worker's part of the array a stencil's neighbour chunks may hold (measured up to
+#: 1.16 x the array / 2 workers).
+STENCIL_SHARE = 1.25
+#: Storage bytes one read from a file may touch at once (larger regions are read in groups).
+READ_GROUP_BYTES = 32 * 2**20
+#: Storage chunks Zarr decodes at once (its ``async.concurrency``), which bounds a read of
+#: small chunks.
+READ_CONCURRENCY = 10
+#: Bytes a read holds per storage byte it touches at once, beside the block it fills: the
+#: compressed chunk, the decoded chunk, and the part copied into the block (measured 2.9 x a
+#: 64 MB Zarr chunk read whole).
+READ_COPIES = 3.0
+
+
+class InputKind(StrEnum):
+    """Where a variable's data comes from, which decides what a worker holds besides its tasks."""
+
+    FILE = "file"
+    GRAPH = "graph"
+    MEMORY = "memory"
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """One planned variable as it comes in.
+
+    Attributes
+    ----------
+    name
+        Variable name, for messages.
+    dims
+        Its dims.
+    itemsize
+        Bytes per element.
+    kind
+        Where the data comes from.
+    source_chunks
+        Longest chunk per dim as the data comes (the dim's length where it is one chunk).
+    """
+
+    name: str
+    dims: tuple[str, ...]
+    itemsize: int
+    kind: InputKind
+    source_chunks: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class DimCut:
+    """The candidate chunkings of one dim, as arrays over the candidates being scored.
+
+    Attributes
+    ----------
+    size
+        Length of the dim.
+    lengths
+        Longest planned chunk.
+    n_chunks
+        Number of planned chunks.
+    padded
+        Longest chunk plus its halo (what one task reads).
+    units
+        Planned chunks are whole multiples of this length.
+    halo
+        Whether the dim has a halo (it matters only where it is split).
+    """
+
+    size: int
+    lengths: np.ndarray
+    n_chunks: np.ndarray
+    padded: np.ndarray
+    units: np.ndarray
+    halo: bool
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes one task slot needs, by term, per candidate (arrays of the same length)."""
+
+    task: np.ndarray
+    gather: np.ndarray
+    held: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """What is checked against the per-task budget."""
+        return self.task + self.gather + self.held
+
+
+def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Extent of the source chunks one planned chunk touches, and whether it equals them.
+
+    ``padded``: the chunk with its halo (what a file read with a halo touches).
+    """
+    source = min(source, cut.size)
+    lengths = cut.padded if padded else cut.lengths
+    identical = (cut.lengths == source) & (cut.n_chunks == math.ceil(cut.size / source))
+    identical &= (cut.units % source == 0) | (cut.size % source == 0)
+    # chunks that are whole multiples of the source chunk start and end on its boundaries
+    aligned = (cut.units % source == 0) & ~(padded & (cut.padded > cut.lengths))
+    longer = -(-lengths // source) + np.where(aligned, 0, 1)
+    # equal chunks (all but the last) that divide the source chunk never straddle two
+    equal = -(-cut.size // cut.units) % cut.n_chunks == 0
+    shorter = np.where(equal & (source % lengths == 0), 1, 2)
+    spans = np.where(lengths >= source, longer, shorter)
+    covering = np.where(identical, source, np.minimum(cut.size, spans * source))
+    return covering, identical
+
+
+def footprint(
+    task: np.ndarray,
+    cuts: Mapping[str, DimCut],
+    layouts: Sequence[InputLayout],
+    *,
+    threads_per_worker: int,
+    n_workers: int,
+) -> Footprint:
+    """The terms of one task slot's memory for each candidate (see the module docstring).
+
+    Parameters
+    ----------
+    task
+        Predicted peak of the operator's task per candidate (the memory model).
+    cuts
+        The candidates' chunking per dim.
+    layouts
+        The planned variables; the worst one's extra terms are taken.
+    threads_per_worker, n_workers
+        The cluster the plan runs on.
+    """
+    task = np.asarray(task, dtype=np.float64)
+    gather = np.zeros_like(task)
+    held = np.zeros_like(task)
+    threads = max(1, threads_per_worker)
+    for layout in layouts:
+        own = [cuts[d] for d in layout.dims]
+        padded = np.prod([c.padded for c in own], axis=0, dtype=np.float64) * layout.itemsize
+        array_bytes = math.prod(c.size for c in own) * layout.itemsize
+        stencil = np.zeros(task.shape, dtype=bool)
+        for cut in own:
+            if cut.halo:
+                stencil |= cut.n_chunks > 1
+        if layout.kind is InputKind.FILE:
+            touched = np.full(task.shape, float(layout.itemsize))
+            chunk = float(layout.itemsize)
+            for dim in layout.dims:
+                source = layout.source_chunks.get(dim, cuts[dim].size)
+                touched = touched * _covering(cuts[dim], source, padded=True)[0]
+                chunk *= min(source, cuts[dim].size)
+            group = np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
+            # the read ends before the task's own work starts: it adds only where it is larger
+            read = np.maximum(padded + READ_COPIES * group - task, 0.0)
+            worst = read > gather + held
+            gather = np.where(worst, read, gather)
+            held = np.where(worst, 0.0, held)
+            continue
+        covering = np.full(task.shape, float(layout.itemsize))
+        identical = np.ones(task.shape, dtype=bool)
+        merged = np.zeros(task.shape, dtype=bool)
+        if layout.kind is InputKind.GRAPH:
+            for dim in layout.dims:
+                cut = cuts[dim]
+                source = layout.source_chunks.get(dim, cut.size)
+                span, same = _covering(cut, source)
+                covering = covering * span
+                identical &= same
+                merged |= ~same & (span > min(source, cut.size))
+        extra_gather = np.where(stencil | merged, padded, 0.0)
+        cut_sources = np.where(identical, 0.0, (threads + HELD_AHEAD) * covering)
+        share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
+        # a worker cannot hold more of the input than all of it
+        extra_held = np.minimum(cut_sources + np.where(stencil, share, 0.0), array_bytes) / threads
+        worst = extra_gather + extra_held > gather + held
+        gather = np.where(worst, extra_gather, gather)
+        held = np.where(worst, extra_held, held)
+    return Footprint(task=task, gather=gather, held=held)

@@ -1,0 +1,44 @@
+"""Merge how several variables use their dims into one :class:`DimSpec` per dim."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .problem import DimRole, DimSpec, DimUse
+
+__all__ = ["merge_dims"]
+
+_STRICTNESS = {DimRole.FREE: 0, DimRole.HALO: 1, DimRole.WHOLE: 2}
+
+
+def merge_dims(
+    variables: Sequence[
+        tuple[Sequence[str], Mapping[str, int], Mapping[str, DimUse], Mapping[str, int | None]]
+    ],
+) -> tuple[DimSpec, ...]:
+    """One spec per dim, over every planned variable, in order of first appearance.
+
+    Parameters
+    ----------
+    variables
+        ``(dims, sizes, uses, storage_chunks)`` per variable; dims a variable's ``uses`` leave
+        out are free for it.
+
+    Returns
+    -------
+    tuple of DimSpec
+        The strictest role any variable gives a dim (whole over halo over free), the deepest
+        halo, and the first storage chunk length known.
+    """
+    specs: dict[str, DimSpec] = {}
+    for dims, sizes, uses, storage in variables:
+        for dim in dims:
+            use = uses.get(dim, DimUse())
+            old = specs.get(dim)
+            role = use.role
+            if old is not None and _STRICTNESS[old.role] > _STRICTNESS[role]:
+                role = old.role
+            depth = max(use.depth, old.depth if old else 0)
+            chunk = (old.storage_chunk if old else None) or storage.get(dim)
+            specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk)
+    return tuple(specs.values())
