@@ -49,7 +49,9 @@ def main() -> None:
         Client(cluster) as client,
     ):
         for name, kwargs in OPERATORS:
-            label = get_operator(name).calibration_key(**kwargs)
+            operator = get_operator(name)
+            setup = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | kwargs))
+            label = operator.cost_terms(**setup).calibration
             if args.only and label not in args.only:
                 continue
             start = time.perf_counter()

@@ -4,9 +4,10 @@
     python benchmarks/model_accuracy.py --compare-bare  # also: worker method vs a bare process
 
 For each operator and dtype, tasks of held-out shapes (one of them ~10x the largest fitted task)
-run inside a Dask worker (``xarray_memchunk.models.profiling``); the table gives the median
-absolute error, the worst under-prediction and the worst over-prediction, in percent of the
-measured peak.
+run inside a Dask worker as the graph that ``apply`` builds runs them, measured as calibration
+measures them (``xarray_memchunk.calibrate.run_task``); the table gives the median absolute
+error, the worst under-prediction and the worst over-prediction, in percent of the measured
+peak.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import sys
 import numpy as np
 from distributed import Client, LocalCluster
 
-from xarray_memchunk.calibrate import features_of
+from xarray_memchunk.calibrate import features_of, run_task
+from xarray_memchunk.models.calibration import load_calibration
 from xarray_memchunk.models.fitting import prediction_errors
-from xarray_memchunk.models.profiling import profile_tasks
+from xarray_memchunk.models.profiling import profile_in_worker
 from xarray_memchunk.operators import get_operator
 
 
@@ -86,22 +88,24 @@ CASES = {
 def measure(client, name, dtypes, big, repeats):
     op_name, kwargs, shapes = CASES[name]
     operator = get_operator(op_name)
-    kwargs = operator.normalize_kwargs(**(operator.calibration_kwargs() | kwargs))
+    kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | kwargs))
     rows = []
     for dtype in dtypes:
-        profiles = profile_tasks(client, operator, shapes(big), dtype, kwargs, repeats)
-        model = operator.task_model(np.dtype(dtype), "cpu", **kwargs)
+        cases = [(s, s, (operator, kwargs, s, s, dtype)) for s in shapes(big)]
+        profiles = profile_in_worker(client, run_task, cases, dtype, repeats)
+        calibration = load_calibration(operator.cost_terms(**kwargs).calibration, "cpu", dtype)
+        model = calibration.model
         predicted, measured = [], []
         for p in profiles:
             feats = features_of(operator, p.extents, dtype, kwargs)
             predicted.append(
-                float(model.model.peak_bytes({k: np.array([v]) for k, v in feats.items()})[0])
+                float(model.peak_bytes({k: np.array([v]) for k, v in feats.items()})[0])
             )
             measured.append(p.peak_bytes)
         errors = prediction_errors(np.array(predicted), np.array(measured))
         largest = int(np.argmax(measured))
         gap = max(0.0, float(np.max(np.array(measured) - np.array(predicted))))
-        source = model.source.split("/")[-1]
+        source = calibration.path.split("/")[-1]
         rows.append(
             (name, dtype, len(profiles), errors, source, measured[largest], predicted[largest], gap)
         )
@@ -129,7 +133,14 @@ def compare_bare(client) -> None:
     bare_task, bare_imports = _bare_max_rss(task), _bare_max_rss(imports)
     operator = get_operator("gst3d")
     shape = {"inline": 150, "crossline": 150, "sample": 150}
-    worker = profile_tasks(client, operator, [shape], "float32", operator.normalize_kwargs(), 3)
+    kwargs = operator.normalize_kwargs()
+    worker = profile_in_worker(
+        client,
+        run_task,
+        [(shape, shape, (operator, kwargs, shape, shape, "float32"))],
+        "float32",
+        3,
+    )
     rows = [
         ("bare process max RSS (ru_maxrss, /usr/bin/time -v)", bare_task),
         ("bare process max RSS, imports only", bare_imports),

@@ -56,7 +56,7 @@ def main(repeats: int = 20) -> None:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            plan = obj.memchunk.plan(op, budget="4GB", **kwargs)
+            plan = obj.memchunk.plan(op, memory_limit="4GB", **kwargs)
             times.append((time.perf_counter() - start) * 1e3)
         chosen = ", ".join(f"{d}={c}" for d, c in plan.chunks.items())
         median = statistics.median(times)

@@ -19,12 +19,12 @@ def test_import_registers_accessor_on_both():
 
 
 def test_plan_fields(volume):
-    plan = volume.memchunk.plan("gst3d", budget="1.5GB")
+    plan = volume.memchunk.plan("gst3d", memory_limit="1.5GB")
     assert plan.operator == "gst3d"
     assert set(plan.chunks) == {"inline", "crossline", "sample"}
     assert {d: sum(c) for d, c in plan.dask_chunks.items()} == dict(volume.sizes)
     assert 0 < plan.predicted_peak_bytes <= plan.budget.per_task
-    assert plan.n_tasks == np.prod([len(c) for c in plan.dask_chunks.values()])
+    assert plan.n_chunks == np.prod([len(c) for c in plan.dask_chunks.values()])
     assert plan.binding in {"memory", "parallelism", "task overhead", "storage alignment"}
     text = plan.explain()
     for needle in ("gst3d", "predicted peak per task", "per-task budget", "halo", "decided by"):
@@ -50,7 +50,7 @@ def test_dataset_in_dataset_out_dataarray_in_dataarray_out(volume, threaded):
 
 
 def test_user_chunks_skip_search_and_warn_over_budget(volume):
-    plan = volume.memchunk.plan("gst3d", chunks={"inline": 30}, budget="1.5GB")
+    plan = volume.memchunk.plan("gst3d", chunks={"inline": 30}, memory_limit="1.5GB")
     assert plan.dask_chunks["inline"] == (30, 30)
     assert plan.binding == "user chunks"
     tiny = xm.Budget(
@@ -64,19 +64,19 @@ def test_user_chunks_skip_search_and_warn_over_budget(volume):
 def test_user_chunks_within_budget_do_not_warn(volume):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        volume.memchunk.apply("gst3d", chunks={"inline": 30}, budget="2GB")
+        volume.memchunk.apply("gst3d", chunks={"inline": 30}, memory_limit="2GB")
 
 
 def test_auto_chunks_like_dask(volume):
-    plan = volume.memchunk.plan("gst3d", chunks="auto", budget="2GB")
-    assert plan.n_tasks == 1  # 60x50x40 float32 is far below dask's 128 MiB
+    plan = volume.memchunk.plan("gst3d", chunks="auto", memory_limit="2GB")
+    assert plan.n_chunks == 1  # 60x50x40 float32 is far below dask's 128 MiB
 
 
 def test_numpy_backed_object_is_planned_as_one_chunk_then_chunked(threaded):
     ds = synthetic_climate(30, 10, 12)  # numpy-backed
-    plan = ds.memchunk.plan("mean", dim="time", budget="1GB")
+    plan = ds.memchunk.plan("mean", dim="time", memory_limit="1GB")
     assert plan.storage_chunks == {"time": None, "lat": None, "lon": None}
-    result = ds.memchunk.apply("mean", dim="time", budget="1GB")
+    result = ds.memchunk.apply("mean", dim="time", memory_limit="1GB")
     assert result.tas.chunks is not None
     np.testing.assert_allclose(result.tas.values, ds.tas.mean("time").values, rtol=1e-6)
 
@@ -118,7 +118,7 @@ def test_user_defined_operator_end_to_end(threaded):
         depth={"x": 2, "y": 2},
     )
     xm.register_operator(op, overwrite=True)
-    assert "test-smooth" in xm.operators()
+    assert "test-smooth" in xm.operator_names()
     rng = np.random.default_rng(1)
     da = xr.DataArray(rng.standard_normal((400, 300)).astype("float32"), dims=("x", "y"))
     budget = xm.Budget(
@@ -129,7 +129,7 @@ def test_user_defined_operator_end_to_end(threaded):
         source="test",
     )
     plan = da.memchunk.plan("test-smooth", budget=budget)
-    assert plan.n_tasks > 1 and plan.halo == {"x": 2, "y": 2}
+    assert plan.n_chunks > 1 and plan.halo == {"x": 2, "y": 2}
     assert plan.predicted_peak_bytes <= budget.per_task
     result = da.memchunk.apply("test-smooth", budget=budget)
     assert result.chunks is not None and len(result.chunks[0]) * len(result.chunks[1]) > 1

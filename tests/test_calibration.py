@@ -112,6 +112,6 @@ def test_calibrate_custom_operator_end_to_end(user_dir):
     # ~5 bytes of peak per input byte (input, three copies, one temporary)
     assert 4.0 < coef["input_bytes"] + coef["output_bytes"] < 6.5
     plan = xr.DataArray(np.zeros(8_000_000, "float32"), dims="x").memchunk.plan(
-        "test-hog", budget="2GB"
+        "test-hog", memory_limit="2GB"
     )
     assert any(str(user_dir) in note for note in plan.notes)

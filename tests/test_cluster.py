@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
-from xarray_memchunk.diagnostics import run_watched
+from xarray_memchunk.experiments.diagnostics import run_watched
 
 pytestmark = pytest.mark.cluster
 
@@ -64,6 +64,6 @@ def test_gst3d_plan_runs_without_pause_or_restart(cluster_client):
         outcome = run_watched(client, "memchunk", lambda: volume.memchunk.apply("gst3d"))
     assert outcome.completed, outcome.error
     assert outcome.worker_deaths == 0 and outcome.pauses == 0
-    assert plan.n_tasks >= 2
+    assert plan.n_chunks >= 2
     # measured worker RSS (baseline included) within the prediction plus the idle worker
     assert outcome.peak_bytes < plan.predicted_peak_bytes + plan.budget.worker_baseline

@@ -43,25 +43,25 @@ def field(n_time=50, n_x=8, dtype="float64"):
 REFUSED = [
     (
         "budget below the idle worker",
-        lambda: field().memchunk.plan("mean", budget="150MB"),
+        lambda: field().memchunk.plan("mean", memory_limit="150MB"),
         xm.BudgetError,
         r"no room for a task.*more than",
     ),
     (
         "budget NaN",
-        lambda: field().memchunk.plan("mean", budget=float("nan")),
+        lambda: field().memchunk.plan("mean", memory_limit=float("nan")),
         xm.BudgetError,
         "finite",
     ),
     (
         "budget infinite",
-        lambda: field().memchunk.plan("mean", budget=float("inf")),
+        lambda: field().memchunk.plan("mean", memory_limit=float("inf")),
         xm.BudgetError,
         "finite",
     ),
     (
         "budget 1e400",
-        lambda: field().memchunk.plan("mean", budget="1e400"),
+        lambda: field().memchunk.plan("mean", memory_limit="1e400"),
         xm.BudgetError,
         "cannot parse",
     ),
@@ -194,18 +194,18 @@ def test_refused_before_compute(case, call, error, match):
 def test_svd_of_nan_is_a_clear_error_when_computed(threaded):
     data = field()
     data[3, 3] = np.nan
-    result = data.memchunk.apply("svd", sample_dims="time", budget="1GB")
+    result = data.memchunk.apply("svd", sample_dims="time", memory_limit="1GB")
     with pytest.raises(xm.MemchunkError, match="NaN or infinite values"):
         result.compute()  # NaNs are only known once the data is read
 
 
 def test_plan_explains_sizes_in_the_units_given():
-    decimal = field().memchunk.plan("mean", dim="time", budget="1GB").explain()
+    decimal = field().memchunk.plan("mean", dim="time", memory_limit="1GB").explain()
     assert "1.00 GB memory_limit" in decimal and "GiB" not in decimal
-    binary = field().memchunk.plan("mean", dim="time", budget="1GiB").explain()
+    binary = field().memchunk.plan("mean", dim="time", memory_limit="1GiB").explain()
     assert "1.00 GiB memory_limit" in binary
     # the percentage of the budget is true arithmetic
-    plan = field().memchunk.plan("mean", dim="time", budget="1GB")
+    plan = field().memchunk.plan("mean", dim="time", memory_limit="1GB")
     assert f"({100 * plan.predicted_peak_bytes / plan.budget.per_task:.0f}% of budget" in (
         plan.explain()
     )
@@ -214,25 +214,25 @@ def test_plan_explains_sizes_in_the_units_given():
 @pytest.mark.parametrize("length", [1, 5])
 def test_gst3d_on_a_dim_shorter_than_its_halo_runs_whole(length, threaded):
     data = volume((40, 30, length))
-    plan = data.memchunk.plan("gst3d", budget="1GB")
+    plan = data.memchunk.plan("gst3d", memory_limit="1GB")
     assert plan.dask_chunks["sample"] == (length,)
     assert halo_depth("gaussian", 1.0, 2.0, 3.0) > length
-    out = data.chunk({"inline": 20}).memchunk.apply("gst3d", budget="1GB").values
+    out = data.chunk({"inline": 20}).memchunk.apply("gst3d", memory_limit="1GB").values
     np.testing.assert_array_equal(out, data.memchunk.apply("gst3d").values)
 
 
 def test_chunks_shorter_than_the_halo_are_merged_and_the_plan_says_so(threaded):
     data = volume((60, 60, 60))
-    plan = data.memchunk.plan("gst3d", chunks={"inline": 19}, budget="1GB")
+    plan = data.memchunk.plan("gst3d", chunks={"inline": 19}, memory_limit="1GB")
     assert min(plan.dask_chunks["inline"]) >= 9 and sum(plan.dask_chunks["inline"]) == 60
     assert any("shorter than its halo of 9 merged" in n for n in plan.notes)
-    out = data.memchunk.apply("gst3d", chunks={"inline": 19}, budget="1GB")
+    out = data.memchunk.apply("gst3d", chunks={"inline": 19}, memory_limit="1GB")
     assert out.chunks[0] == plan.dask_chunks["inline"]  # what runs is what was planned
     np.testing.assert_array_equal(out.values, data.memchunk.apply("gst3d").values)
 
 
 def test_chunks_longer_than_the_dim_are_the_dim():
-    plan = volume((40, 30, 20)).memchunk.plan("gst3d", chunks={"inline": 300}, budget="1GB")
+    plan = volume((40, 30, 20)).memchunk.plan("gst3d", chunks={"inline": 300}, memory_limit="1GB")
     assert plan.dask_chunks["inline"] == (40,)
 
 
@@ -294,9 +294,9 @@ def mixed():
 @pytest.mark.parametrize("op", ["sum", "mean", "std", "var", "min", "max", "median", "quantile"])
 def test_dataset_reductions_keep_and_drop_as_xarray(mixed, op, threaded):
     kwargs = {"q": 0.5} if op == "quantile" else {}
-    plan = mixed.memchunk.plan(op, dim="time", budget="1GB", **kwargs)
+    plan = mixed.memchunk.plan(op, dim="time", memory_limit="1GB", **kwargs)
     assert any(n.startswith("left out: label") for n in plan.notes)
-    result = mixed.memchunk.apply(op, dim="time", budget="1GB", **kwargs).compute()
+    result = mixed.memchunk.apply(op, dim="time", memory_limit="1GB", **kwargs).compute()
     numeric = mixed[["tas", "area"]]
     expected = (
         numeric.quantile(0.5, dim="time") if op == "quantile" else getattr(numeric, op)("time")
@@ -314,9 +314,9 @@ def test_dataset_reductions_keep_and_drop_as_xarray(mixed, op, threaded):
 def test_gst3d_dataset_plans_the_volume_and_says_what_it_left_out(threaded):
     ds = synthetic_seismic((30, 30, 30))
     ds["note"] = ("inline", np.array(["x"] * 30))
-    plan = ds.memchunk.plan("gst3d", budget="1GB")
+    plan = ds.memchunk.plan("gst3d", memory_limit="1GB")
     assert any(n.startswith("left out: note") for n in plan.notes)
-    assert list(ds.memchunk.apply("gst3d", budget="1GB").data_vars) == ["dip"]
+    assert list(ds.memchunk.apply("gst3d", memory_limit="1GB").data_vars) == ["dip"]
 
 
 @pytest.mark.parametrize("keep_attrs", [None, True, False])
@@ -383,7 +383,7 @@ CLI_REFUSED = [
         ["plan", "svd", "{root}/tas.nc", "-o", "sample_dims=time", "-o", "n_power_iter=x"],
         "n_power_iter must be an int",
     ),
-    (["plan", "gst3d", "{root}/volume.zarr", "--budget", "1e400"], "cannot parse"),
+    (["plan", "gst3d", "{root}/volume.zarr", "--memory-limit", "1e400"], "cannot parse"),
     (
         [
             "run",

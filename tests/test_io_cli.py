@@ -35,20 +35,20 @@ def files(tmp_path_factory):
 
 def test_open_keeps_storage_chunks_and_plan_aligns(files):
     ds = xr.open_zarr(files / "volume.zarr")
-    plan = ds.memchunk.plan("gst3d", budget="1GB")
+    plan = ds.memchunk.plan("gst3d", memory_limit="1GB")
     assert plan.storage_chunks == {"inline": 12, "crossline": 20, "sample": 36}
     assert plan.storage_aligned
     assert all(c % 12 == 0 for c in plan.dask_chunks["inline"][:-1])
     nc = xr.open_dataset(files / "tas.nc", chunks={})
-    assert nc.memchunk.plan("median", dim="T", budget="1GB").storage_chunks["time"] == 10
+    assert nc.memchunk.plan("median", dim="T", memory_limit="1GB").storage_chunks["time"] == 10
 
 
 def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threaded):
     ds = xr.open_zarr(files / "volume.zarr")
-    dip = ds.memchunk.apply("gst3d", budget="1GB")
+    dip = ds.memchunk.apply("gst3d", memory_limit="1GB")
     out = dip.memchunk.to_zarr(tmp_path / "dip.zarr")
     back = xr.open_zarr(out)
-    plan = ds.memchunk.plan("gst3d", budget="1GB")
+    plan = ds.memchunk.plan("gst3d", memory_limit="1GB")
     assert back.dip.encoding["chunks"] == tuple(plan.chunks[d] for d in back.dip.dims)
     np.testing.assert_array_equal(back.dip.values, ds.load().memchunk.apply("gst3d").dip.values)
     nc = dip.memchunk.to_netcdf(tmp_path / "dip.nc")
@@ -59,10 +59,10 @@ def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threa
 
 
 def test_cli_plan_prints_the_plan(files):
-    result = memchunk("plan", "gst3d", files / "volume.zarr", "--budget", "1.5GB")
+    result = memchunk("plan", "gst3d", files / "volume.zarr", "--memory-limit", "1.5GB")
     assert result.returncode == 0, result.stderr
     assert "predicted peak per task" in result.stdout and "storage chunks" in result.stdout
-    result = memchunk("plan", "median", files / "tas.nc", "--dim", "T", "--budget", "1GB")
+    result = memchunk("plan", "median", files / "tas.nc", "--dim", "T", "--memory-limit", "1GB")
     assert result.returncode == 0, result.stderr
     assert "whole dims" in result.stdout and "time" in result.stdout
 
@@ -100,7 +100,10 @@ def test_cli_run_writes_netcdf_and_refuses_to_overwrite(files, tmp_path):
         (["plan", "gst3d", "{root}/volume.zarr", "--var", "velocity"], "no variable 'velocity'"),
         (["plan", "gst3d-typo", "{root}/volume.zarr"], "unknown operator"),
         (["plan", "median", "{root}/volume.zarr", "--dim", "T"], "no dim 'T'"),
-        (["plan", "gst3d", "{root}/volume.zarr", "--budget", "lots"], "cannot parse budget"),
+        (
+            ["plan", "gst3d", "{root}/volume.zarr", "--memory-limit", "lots"],
+            "cannot parse memory_limit",
+        ),
         (["run", "gst3d", "{root}/volume.zarr", "{root}/tas.nc"], "exists"),
         (["plan", "gst3d", "{root}/volume.zarr", "-o", "sigma"], "KEY=VALUE"),
     ],

@@ -66,11 +66,11 @@ def test_issue_17_std_plan_knows_what_the_dask_task_holds():
     a = da.random.default_rng(1).random((2100, 500, 600), chunks=(2100, 50, 300), dtype="float32")
     x = xr.DataArray(a, dims=("time", "lat", "lon"), name="tas")
     chunk_bytes = 2100 * 50 * 300 * 4
-    given = x.memchunk.plan("std", dim="time", budget="1GB", chunks={"lat": 50, "lon": 300})
+    given = x.memchunk.plan("std", dim="time", memory_limit="1GB", chunks={"lat": 50, "lon": 300})
     # dask computes the moments of float32 data in float64: d = x - mean and d**2, and
     # nansum's copy of d**2 (measured 7.25 x the chunk in a worker)
     assert given.predicted_task_bytes > 6.5 * chunk_bytes
     assert not given.fits
-    plan = x.memchunk.plan("std", dim="time", budget="1GB")
+    plan = x.memchunk.plan("std", dim="time", memory_limit="1GB")
     assert plan.fits and plan.binding == "memory"
     assert np.prod([max(c) for c in plan.dask_chunks.values()]) * 4 < chunk_bytes

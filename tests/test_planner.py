@@ -80,7 +80,7 @@ def test_plans_fit_are_balanced_and_respect_roles(dims, bpe, per_task, threads):
         unit = spec.storage_chunk if spec.storage_chunk and plan.storage_aligned else 1
         assert max(chunks[:-1] or chunks) - min(chunks[:-1] or chunks) <= unit
         assert plan.chunks[spec.name] == max(chunks)
-    assert plan.n_tasks == math.prod(len(c) for c in plan.dask_chunks.values())
+    assert plan.n_chunks == math.prod(len(c) for c in plan.dask_chunks.values())
 
 
 def test_balanced_never_uneven():
@@ -93,7 +93,7 @@ def test_memory_binds_and_splits_evenly():
     problem = PlanProblem("op", specs, linear_peak(100.0))
     plan = plan_chunks(problem, budget(int(100 * 200**3 / 40)))
     assert plan.binding == Binding.MEMORY
-    assert plan.n_tasks >= 40
+    assert plan.n_chunks >= 40
     assert plan.predicted_peak_bytes <= plan.budget.per_task
     for chunks in plan.dask_chunks.values():
         assert max(chunks) - min(chunks) <= 1  # never 159 + 41
@@ -103,14 +103,14 @@ def test_parallelism_when_memory_is_plentiful():
     specs = (DimSpec("x", 1000), DimSpec("y", 1000))
     problem = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-8)
     plan = plan_chunks(problem, budget(10**12, threads=4))
-    assert plan.n_tasks >= 4
+    assert plan.n_chunks >= 4
     assert plan.binding == Binding.PARALLELISM
 
 
 def test_tiny_data_stays_one_chunk():
     problem = PlanProblem("op", (DimSpec("x", 10),), linear_peak(4.0))
     plan = plan_chunks(problem, budget(10**9, threads=4))
-    assert plan.n_tasks == 1 and plan.binding == Binding.TASK_OVERHEAD
+    assert plan.n_chunks == 1 and plan.binding == Binding.TASK_OVERHEAD
 
 
 def test_storage_alignment_taken_when_cheap():
@@ -136,7 +136,7 @@ def test_halo_dims_prefer_low_overhead():
     specs = tuple(DimSpec(n, 200, DimRole.HALO, depth=9) for n in "xyz")
     problem = PlanProblem("op", specs, linear_peak(40.0), seconds_per_element=3e-7)
     plan = plan_chunks(problem, budget(800_000_000, threads=2))
-    assert plan.n_tasks == 8
+    assert plan.n_chunks == 8
     assert sorted(len(c) for c in plan.dask_chunks.values()) == [2, 2, 2]
     assert plan.halo == {"x": 9, "y": 9, "z": 9}
 
@@ -165,6 +165,6 @@ def test_user_chunks_plan_reports_prediction():
     problem = PlanProblem("op", specs, linear_peak(10.0))
     plan = plan_for_chunks(problem, budget(10**6), {"x": (50, 50), "y": (100,)})
     assert plan.binding == Binding.USER_CHUNKS
-    assert plan.n_tasks == 2
+    assert plan.n_chunks == 2
     assert plan.predicted_peak_bytes == 10 * 50 * 100
     assert plan.fits

@@ -18,26 +18,26 @@ def tas():
 @pytest.mark.parametrize("op", [*TREE, "median"])
 def test_reductions_equal_xarray(tas, op, threaded):
     expected = getattr(tas.tas.load(), op)("time")
-    result = tas.tas.memchunk.apply(op, dim="time", budget="2GB")
+    result = tas.tas.memchunk.apply(op, dim="time", memory_limit="2GB")
     assert isinstance(result, xr.DataArray)
     np.testing.assert_allclose(result.values, expected.values, rtol=2e-6)
 
 
 def test_quantile_equals_xarray(tas, threaded):
     expected = tas.tas.load().quantile([0.1, 0.9], dim="time")
-    result = tas.tas.memchunk.apply("quantile", q=[0.1, 0.9], dim="time", budget="2GB")
+    result = tas.tas.memchunk.apply("quantile", q=[0.1, 0.9], dim="time", memory_limit="2GB")
     np.testing.assert_allclose(result.values, expected.values, rtol=1e-6)
 
 
 def test_cf_axis_names_the_time_dim(tas, threaded):
-    plan = tas.memchunk.plan("median", dim="T", budget="2GB")
+    plan = tas.memchunk.plan("median", dim="T", memory_limit="2GB")
     assert plan.whole_dims == ("time",)
     assert plan.dask_chunks["time"] == (60,)
-    result = tas.memchunk.apply("mean", dim="T", budget="2GB")
+    result = tas.memchunk.apply("mean", dim="T", memory_limit="2GB")
     assert isinstance(result, xr.Dataset)
     assert set(result.tas.dims) == {"lat", "lon"}
     # the standard name works too
-    assert tas.memchunk.plan("median", dim="time", budget="2GB").whole_dims == ("time",)
+    assert tas.memchunk.plan("median", dim="time", memory_limit="2GB").whole_dims == ("time",)
 
 
 def test_median_keeps_planned_chunks():

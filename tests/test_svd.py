@@ -5,7 +5,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.diagnostics import run_watched
+from xarray_memchunk.experiments.diagnostics import run_watched
 from xarray_memchunk.operators import get_operator
 
 
@@ -24,9 +24,11 @@ def field(n_time, n_y, n_x, chunks, rank=None, seed=0, dtype="float64"):
 @pytest.mark.parametrize("shape", [(3000, 10, 12), (60, 30, 40)], ids=["tall", "wide"])
 def test_exact_matches_numpy_and_reconstructs(shape, threaded):
     x = field(*shape, chunks={"time": 25, "y": 5})
-    plan = x.memchunk.plan("svd", sample_dims="time", method="exact", budget="2GB")
+    plan = x.memchunk.plan("svd", sample_dims="time", method="exact", memory_limit="2GB")
     assert len([d for d, c in plan.dask_chunks.items() if len(c) > 1]) <= 1  # one dim chunked
-    result = x.memchunk.apply("svd", sample_dims="time", method="exact", budget="2GB").compute()
+    result = x.memchunk.apply(
+        "svd", sample_dims="time", method="exact", memory_limit="2GB"
+    ).compute()
     matrix = x.values.reshape(shape[0], -1)
     expected = np.linalg.svd(matrix, compute_uv=False)
     np.testing.assert_allclose(result.S.values, expected, rtol=1e-6)
@@ -38,7 +40,7 @@ def test_exact_matches_numpy_and_reconstructs(shape, threaded):
 
 def test_compressed_recovers_rank_k_subspace(threaded):
     x = field(2000, 30, 40, chunks={"time": 250, "y": 10}, rank=5)
-    result = x.memchunk.apply("svd", sample_dims="T", method="compressed", k=5, budget="2GB")
+    result = x.memchunk.apply("svd", sample_dims="T", method="compressed", k=5, memory_limit="2GB")
     assert result.V.chunks is not None
     result = result.compute()
     matrix = x.values.reshape(2000, -1)
@@ -71,7 +73,7 @@ def test_compressed_tasks_per_chunk_matches_dasks_graph(n_power_iter):
         (u,) = dask.optimize(u)
         counts[blocks] = len(dict(u.__dask_graph__()))
     per_block = (counts[8] - counts[4]) / (8 * 8 - 4 * 4)
-    modelled = operator.tasks_per_chunk(method="compressed", n_power_iter=n_power_iter)
+    modelled = operator.cost_terms(method="compressed", n_power_iter=n_power_iter).tasks_per_chunk
     assert per_block == pytest.approx(modelled, rel=0.15)
 
 

@@ -22,8 +22,7 @@ from .errors import (
     UnknownOperatorError,
 )
 from .models import LinearMemoryModel
-from .operators import BlockwiseOperator, DimUse, Operator, register_operator
-from .operators import operator_names as operators
+from .operators import BlockwiseOperator, DimUse, Operator, operator_names, register_operator
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole
 
@@ -47,7 +46,7 @@ __all__ = [
     "UnknownOperatorError",
     "apply",
     "calibrate",
-    "operators",
+    "operator_names",
     "plan",
     "register_operator",
     "resolve_budget",

@@ -12,6 +12,7 @@ from . import api
 from .budget import Budget, resolve_budget
 from .io import safe_write
 from .operators import Operator
+from .operators.sources import device_of
 from .planning.plan import ChunkPlan
 
 __all__ = ["MemchunkAccessor"]
@@ -33,23 +34,36 @@ class MemchunkAccessor:
         self,
         op: str | Operator,
         *,
-        budget: Budget | int | str | None = None,
+        memory_limit: int | str | None = None,
+        budget: Budget | None = None,
         chunks: api.Chunks = None,
         **op_kwargs: Any,
     ) -> ChunkPlan:
         """Plan chunks for ``op`` without running anything; see :func:`xarray_memchunk.api.plan`."""
-        return api.plan(self._obj, op, budget=budget, chunks=chunks, **op_kwargs)
+        return api.plan(
+            self._obj, op, memory_limit=memory_limit, budget=budget, chunks=chunks, **op_kwargs
+        )
 
     def apply(
         self,
         op: str | Operator,
         *,
-        budget: Budget | int | str | None = None,
+        memory_limit: int | str | None = None,
+        budget: Budget | None = None,
         chunks: api.Chunks = None,
+        record_plan: bool = False,
         **op_kwargs: Any,
     ) -> xr.Dataset | xr.DataArray:
         """Rechunk per the plan, return ``op``'s lazy result; see :func:`~xarray_memchunk.apply`."""
-        return api.apply(self._obj, op, budget=budget, chunks=chunks, **op_kwargs)
+        return api.apply(
+            self._obj,
+            op,
+            memory_limit=memory_limit,
+            budget=budget,
+            chunks=chunks,
+            record_plan=record_plan,
+            **op_kwargs,
+        )
 
     def to_zarr(self, store: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Compute and write this (lazy) object to a Zarr store, atomically.
@@ -67,9 +81,14 @@ class MemchunkAccessor:
         """
         return safe_write(self._obj, path, overwrite=overwrite, fmt="netcdf")
 
-    def budget(self, budget: Budget | int | str | None = None) -> Budget:
-        """The memory one task may use, and where it came from; see :func:`resolve_budget`."""
-        return resolve_budget(budget)
+    def budget(self, memory_limit: int | str | None = None) -> Budget:
+        """The memory one task may use for this data, and where it came from.
+
+        CuPy-backed data is budgeted against the GPU's memory; see :func:`resolve_budget`.
+        """
+        arrays = self._obj.data_vars.values() if isinstance(self._obj, xr.Dataset) else [self._obj]
+        devices = {device_of(da) for da in arrays}
+        return resolve_budget(memory_limit, "gpu" if devices == {"gpu"} else "cpu")
 
 
 def register() -> None:

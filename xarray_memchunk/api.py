@@ -14,7 +14,13 @@ import xarray as xr
 from dask.array.overlap import ensure_minimum_chunksize
 
 from .budget import Budget, resolve_budget
-from .errors import DimensionError, InfeasiblePlanError, MemchunkError, MemoryBudgetWarning
+from .errors import (
+    BudgetError,
+    DimensionError,
+    InfeasiblePlanError,
+    MemchunkError,
+    MemoryBudgetWarning,
+)
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, resolve_cost
 from .operators.sources import device_of, read_chunked, storage_chunks
@@ -56,42 +62,44 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
     return device
 
 
-def _variables(
-    obj: xr.DataArray | xr.Dataset, operator: Operator, kwargs: Mapping[str, Any]
-) -> tuple[dict[str, xr.DataArray], dict[str, str]]:
-    """The variables to plan, and those left out with the reason (a Dataset's only).
+def _resolve(
+    obj: xr.DataArray | xr.Dataset, operator: Operator, kwargs: dict[str, Any], device: str
+) -> tuple[dict[str, xr.DataArray], dict[str, TaskCost], dict[str, str], dict[str, Any]]:
+    """Resolve each variable once: the ones planned, their costs, the others with the reason.
+
+    Returns ``(variables, costs, left_out, kwargs)``, ``kwargs`` bound to the variables (CF
+    names resolved).
 
     Raises
     ------
     MemchunkError
-        A DataArray of a dtype the operator does not compute on, a Dataset none of whose
-        variables suits it (:class:`DimensionError` when dims are missing), or not an xarray
-        object.
+        A DataArray the operator does not apply to (:class:`DimensionError` for missing dims),
+        or a Dataset none of whose variables it applies to.
     """
     if isinstance(obj, xr.DataArray):
-        if obj.dtype.kind not in operator.dtype_kinds:
-            raise MemchunkError(
-                f"{operator.rejects(obj, **kwargs)}; convert the data first, e.g. "
-                f".astype('float32')"
-            )
-        return {str(obj.name) if obj.name is not None else "<array>": obj}, {}
-    targets, skipped = {}, {}
-    for name, da in obj.data_vars.items():
-        reason = operator.rejects(da, **kwargs)
-        if reason is None:
-            targets[str(name)] = da
-        else:
-            skipped[str(name)] = reason
+        name = str(obj.name) if obj.name is not None else "<array>"
+        kwargs = operator.bind(obj, kwargs)
+        return {name: obj}, {name: resolve_cost(operator, name, obj, kwargs, device)}, {}, kwargs
     if not obj.data_vars:
         raise MemchunkError("the Dataset has no data variables to apply the operator to")
-    if not targets:
-        first = next(iter(obj.data_vars.values()))
-        operator.dim_uses(first, **kwargs)  # let the operator say what is missing
-        raise MemchunkError(
+    variables, costs, left_out, errors, bound = {}, {}, {}, [], None
+    for key, da in obj.data_vars.items():
+        name = str(key)
+        try:
+            own = operator.bind(da, kwargs)
+            costs[name] = resolve_cost(operator, name, da, own, device)
+        except MemchunkError as exc:
+            errors.append(exc)
+            left_out[name] = operator.skipped(da, str(exc), **kwargs)
+            continue
+        variables[name], bound = da, bound or own
+    if not variables:
+        first = errors[0]
+        raise type(first)(
             f"no variable of the Dataset suits operator {operator.name!r}: "
-            + "; ".join(f"{n}: {r}" for n, r in skipped.items())
+            + "; ".join(f"{name}: {exc}" for name, exc in zip(left_out, errors, strict=True))
         )
-    return targets, skipped
+    return variables, costs, left_out, bound
 
 
 def _check_dims(obj: xr.DataArray | xr.Dataset) -> None:
@@ -191,10 +199,25 @@ def _check_chunk_value(dim: str, value: Any) -> None:
             )
 
 
+def _budget(memory_limit: int | str | None, budget: Budget | None, device: str) -> Budget:
+    """The given :class:`Budget`, or one from the worker memory limit (given or discovered)."""
+    if budget is None:
+        return resolve_budget(memory_limit, device)
+    if not isinstance(budget, Budget):
+        raise BudgetError(
+            f"budget= takes a Budget, got {budget!r}; give a worker's memory limit as "
+            f"memory_limit={budget!r}"
+        )
+    if memory_limit is not None:
+        raise BudgetError("give memory_limit= or budget=, not both")
+    return budget
+
+
 def _prepare(
     obj: xr.DataArray | xr.Dataset,
     op: str | Operator,
-    memory_limit: Budget | int | str | None,
+    memory_limit: int | str | None,
+    budget: Budget | None,
     chunks: Chunks,
     op_kwargs: dict[str, Any],
 ) -> _Prepared:
@@ -211,7 +234,7 @@ def _prepare(
         )
     _check_dims(obj)
     device = _device(obj, operator)
-    resolved = resolve_budget(memory_limit, device)
+    resolved = _budget(memory_limit, budget, device)
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
     failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
     over_budget: list[tuple[str, _Prepared, list[str]]] = []
@@ -256,9 +279,7 @@ def _prepare_one(
     kwargs: dict[str, Any],
 ) -> tuple[_Prepared, list[str]]:
     """Plan one alternative; also return the warnings it would issue if chosen."""
-    targets, skipped = _variables(obj, operator, kwargs)
-    kwargs = operator.bind(next(iter(targets.values())), kwargs)
-    costs = {name: resolve_cost(operator, name, da, kwargs, device) for name, da in targets.items()}
+    targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device)
     specs = merge_dims(
         [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
     )
@@ -307,7 +328,8 @@ def plan(
     obj: xr.DataArray | xr.Dataset,
     op: str | Operator,
     *,
-    budget: Budget | int | str | None = None,
+    memory_limit: int | str | None = None,
+    budget: Budget | None = None,
     chunks: Chunks = None,
     **op_kwargs: Any,
 ) -> ChunkPlan:
@@ -318,11 +340,15 @@ def plan(
     obj
         A Dataset or DataArray, chunked or numpy-backed (planned as one chunk).
     op
-        A registered operator name (see :func:`xarray_memchunk.operators`) or an
+        A registered operator name (see :func:`xarray_memchunk.operator_names`) or an
         :class:`~xarray_memchunk.operators.Operator`.
+    memory_limit
+        Memory limit of one worker (``"1.5GB"`` or bytes), as ``LocalCluster(memory_limit=...)``
+        takes it; discovered from the active ``distributed.Client``, the dask config or this
+        machine when None.
     budget
-        Memory limit of one worker (``"1.5GB"`` or bytes), or a :class:`Budget`; discovered
-        from the active ``distributed.Client``, the dask config or this machine when None.
+        A ready :class:`Budget` (per-task bytes and the cluster's layout), instead of
+        ``memory_limit``.
     chunks
         Skip the search and plan for these chunks (as :meth:`xarray.Dataset.chunk` takes them);
         a :class:`MemoryBudgetWarning` is issued when their predicted peak exceeds the budget.
@@ -336,16 +362,17 @@ def plan(
     Raises
     ------
     MemchunkError
-        Unknown operator, missing dims, invalid budget, or no chunking that fits.
+        Unknown operator, missing dims, invalid memory limit, or no chunking that fits.
     """
-    return _prepare(obj, op, budget, chunks, op_kwargs).plan
+    return _prepare(obj, op, memory_limit, budget, chunks, op_kwargs).plan
 
 
 def apply(
     obj: xr.DataArray | xr.Dataset,
     op: str | Operator,
     *,
-    budget: Budget | int | str | None = None,
+    memory_limit: int | str | None = None,
+    budget: Budget | None = None,
     chunks: Chunks = None,
     record_plan: bool = False,
     **op_kwargs: Any,
@@ -360,7 +387,7 @@ def apply(
     Nothing is computed: call ``.compute()``, ``.to_zarr()`` or ``.memchunk.to_zarr()`` on the
     result.
     """
-    prepared = _prepare(obj, op, budget, chunks, op_kwargs)
+    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs)
     rechunked = _rechunk(obj, prepared)
     operator, kwargs = prepared.operator, prepared.kwargs
     uses = {name: cost.uses for name, cost in prepared.costs.items()}

@@ -23,6 +23,7 @@ from .models.calibration import save_calibration
 from .models.fitting import LinearFit, fit_linear
 from .models.profiling import TaskProfile, peak_method, profile_in_worker
 from .operators import Operator, get_operator
+from .operators.cost import resolve_cost
 from .planning.candidates import padded_extent
 
 __all__ = ["calibrate", "features_of", "fit_profiles", "run_task"]
@@ -93,14 +94,18 @@ def features_of(
     import xarray as xr
 
     sizes = dict(sizes or extents)
-    template = xr.DataArray(np.empty((1,) * len(extents), dtype=dtype), dims=list(extents))
-    uses = operator.dim_uses(template, **kwargs)
+    template = xr.DataArray(
+        np.broadcast_to(np.zeros((), dtype=dtype), tuple(sizes[d] for d in extents)),
+        dims=list(extents),
+    )
+    cost = resolve_cost(operator, "calibration", template, kwargs, "cpu")
     padded = {
-        d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
+        d: np.array(
+            [padded_extent(n, -(-sizes[d] // n), cost.uses[d].depth if d in cost.uses else 0)]
+        )
         for d, n in extents.items()
     }
-    feats = operator.task_features(padded, uses, np.dtype(dtype).itemsize, sizes=sizes, **kwargs)
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in feats.items()}
+    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in cost.features(padded).items()}
 
 
 def run_task(
@@ -152,7 +157,7 @@ def fit_profiles(
     elements = np.array([np.prod(list(p.sizes.values()), dtype=float) for p in profiles])
     seconds = np.array([p.seconds for p in profiles])
     large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
-    per_pass = seconds[large] / elements[large] / operator.passes(**kwargs)
+    per_pass = seconds[large] / elements[large] / operator.cost_terms(**kwargs).passes
     return fit, float(np.median(per_pass))
 
 
@@ -196,7 +201,7 @@ def calibrate(
         The fits written, by dtype.
     """
     operator = get_operator(op)
-    kwargs = operator.normalize_kwargs(**(operator.calibration_kwargs() | op_kwargs))
+    kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | op_kwargs))
     shapes = list(shapes) if shapes is not None else operator.calibration_shapes(**kwargs)
     cases = [_split_shape(shape) for shape in shapes]
     fits: dict[str, dict[str, Any]] = {}
@@ -243,7 +248,7 @@ def calibrate(
             "operator_kwargs": {k: v for k, v in kwargs.items() if v is not None},
         }
         save_calibration(
-            operator.calibration_key(**kwargs),
+            operator.cost_terms(**kwargs).calibration,
             "cpu",
             fits,
             metadata,

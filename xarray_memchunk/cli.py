@@ -85,7 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the chunk plan for OP on INPUT (runs nothing)")
     _add_common(plan)
     plan.add_argument(
-        "--budget",
+        "--memory-limit",
         metavar="SIZE",
         help="memory limit of one worker, written as Dask writes sizes: 1.5GB, "
         "1.5GiB (default: discovered)",
@@ -164,7 +164,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .io import open_input
 
     obj = open_input(args.input, args.var)
-    print(obj.memchunk.plan(args.op, budget=args.budget, **_op_kwargs(args)).explain())
+    plan = obj.memchunk.plan(args.op, memory_limit=args.memory_limit, **_op_kwargs(args))
+    print(plan.explain())
     return 0
 
 
@@ -283,7 +284,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .datasets import synthetic_seismic
-    from .experiment import default_cases, format_table, plot_memory, run_gst3d_experiment
+    from .experiments.gst3d import default_cases, format_table, plot_memory, run_gst3d_experiment
     from .units import to_bytes
 
     to_bytes(args.memory_limit, what="--memory-limit")
@@ -293,7 +294,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(f"GST3D dip on a synthetic {shape} float32 volume (20 degree reflectors),")
     print(f"LocalCluster(n_workers=2, threads_per_worker=1, memory_limit={args.memory_limit!r})\n")
     volume = synthetic_seismic(shape, chunks="auto")
-    print(volume.memchunk.plan("gst3d", budget=args.memory_limit).explain(), "\n", flush=True)
+    plan = volume.memchunk.plan("gst3d", memory_limit=args.memory_limit)
+    print(plan.explain(), "\n", flush=True)
     manual = [n for n in (64, 100) if n < args.size]
     outcomes = run_gst3d_experiment(
         shape, memory_limit=args.memory_limit, cases=default_cases(manual)
@@ -310,7 +312,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate
     from .models.calibration import calibration_dir
     from .operators import get_operator
-    from .operators.base import float_dtype
+    from .operators.arguments import float_dtype
 
     kwargs = dict(_parse_option(o) for o in args.option or [])
     get_operator(args.op).normalize_kwargs(**kwargs)

@@ -23,9 +23,9 @@ from typing import Any
 
 import xarray as xr
 
-from ..diagnostics import run_watched
 from ..errors import InfeasiblePlanError
 from ..units import to_bytes
+from .diagnostics import run_watched
 
 __all__ = ["LIMITS", "SafetyCase", "SafetyResult", "format_table", "run_case"]
 
@@ -134,7 +134,7 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
 def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return data.memchunk.plan(case.op, budget=memory_limit, **case.kwargs)
+        return data.memchunk.plan(case.op, memory_limit=memory_limit, **case.kwargs)
 
 
 def choose_limit(case: SafetyCase, data: xr.DataArray) -> str:
@@ -215,7 +215,7 @@ def run_case(
                 return result
             result.binding = plan.binding
             result.chunks = dict(plan.chunks)
-            result.n_chunks = plan.n_tasks
+            result.n_chunks = plan.n_chunks
             result.predicted_task = plan.predicted_task_bytes
             result.predicted_slot = plan.predicted_peak_bytes
             result.per_task_budget = plan.budget.per_task

@@ -123,7 +123,6 @@ def _parse_fit(document: dict[str, Any], dtype: str, path: str) -> Calibration |
             coefficients=coefficients,
             intercept=float(fit["intercept"]),
             source=f"calibration {path}",
-            fit={k: float(v) for k, v in fit.get("fit", {}).items()},
         )
         seconds = float(fit["seconds_per_element"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

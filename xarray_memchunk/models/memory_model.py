@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LinearMemoryModel", "MemoryModel"]
-
-
-@runtime_checkable
-class MemoryModel(Protocol):
-    """Anything that predicts the peak bytes of one task from its features.
-
-    ``features`` maps feature names (``"input_bytes"``, ``"output_bytes"``, ...) to arrays of the
-    same length, one entry per candidate task shape; the result has that length too.
-    """
-
-    def peak_bytes(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Predicted peak bytes of one task per candidate."""
-        ...
+__all__ = ["LinearMemoryModel"]
 
 
 @dataclass(frozen=True)
@@ -46,15 +32,13 @@ class LinearMemoryModel:
     coefficients: Mapping[str, float]
     intercept: float = 0.0
     source: str = "analytic"
-    fit: Mapping[str, float] = field(default_factory=dict)
-
-    @property
-    def features(self) -> tuple[str, ...]:
-        """Names of the features this model reads."""
-        return tuple(self.coefficients)
 
     def peak_bytes(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Predicted peak bytes of one task, per candidate."""
+        """Predicted peak bytes of one task, per candidate.
+
+        ``features`` maps feature names to arrays of the same length, one entry per candidate
+        task shape; the result has that length too.
+        """
         total = np.asarray(self.intercept, dtype=np.float64)
         for name, coef in self.coefficients.items():
             if name not in features:

@@ -37,7 +37,7 @@ class BlockwiseOperator(Operator):
     output_dtype
         dtype of the result (the input's by default).
     description
-        One line for :func:`xarray_memchunk.operators`.
+        One line for :func:`xarray_memchunk.operator_names`.
     devices
         Where ``func`` runs: ``("cpu",)`` for NumPy blocks; add ``"gpu"`` when it also takes
         CuPy blocks (the plan is then budgeted against the GPU's memory for CuPy data).

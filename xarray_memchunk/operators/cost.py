@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..errors import MemchunkError
 from ..models import LinearMemoryModel, load_calibration
 from ..planning.footprint import InputLayout
 from ..planning.problem import DimUse
@@ -80,14 +81,22 @@ def resolve_cost(
 
     Raises
     ------
+    MemchunkError
+        When the operator does not compute on ``da``'s dtype.
     DimensionError
         When ``da`` lacks a dim the operator needs.
     CalibrationError
         When a calibration file exists but is not valid.
     """
-    uses = operator.dim_uses(da, **kwargs)
     dtype = np.dtype(da.dtype)
-    calibration = load_calibration(operator.calibration_key(**kwargs), device, dtype.name)
+    if dtype.kind not in operator.dtype_kinds:
+        raise MemchunkError(
+            f"{operator.name} does not compute on dtype {dtype}: convert the data first, e.g. "
+            f".astype('float32')"
+        )
+    uses = operator.dim_uses(da, **kwargs)
+    terms = operator.cost_terms(**kwargs)
+    calibration = load_calibration(terms.calibration, device, dtype.name)
     if calibration is not None:
         model, seconds, source = (
             calibration.model,
@@ -108,8 +117,8 @@ def resolve_cost(
         uses=uses,
         model=model,
         model_source=source,
-        seconds_per_element=seconds * operator.passes(**kwargs),
-        tasks_per_chunk=operator.tasks_per_chunk(**kwargs),
+        seconds_per_element=seconds * terms.passes,
+        tasks_per_chunk=terms.tasks_per_chunk,
         layout=InputLayout(name, dims, dtype.itemsize, input_kind(da), source_chunks(da)),
         features=partial(
             operator.task_features, uses=uses, itemsize=dtype.itemsize, sizes=sizes, **kwargs

@@ -24,7 +24,8 @@ import xarray as xr
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import DimUse, Operator, float_dtype
+from .arguments import check_number, float_dtype, reject_unknown
+from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dim
 from .gst3d_kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
 from .sources import map_blocks_with_halo
@@ -121,13 +122,13 @@ class GST3D(Operator):
         **unknown: Any,
     ) -> dict[str, Any]:
         """Check the arguments before anything runs."""
-        self.reject_unknown(unknown)
+        reject_unknown(self.name, unknown, self.normalize_kwargs)
         if attribute not in ATTRIBUTES:
             raise MemchunkError(f"gst3d attribute must be one of {ATTRIBUTES}, got {attribute!r}")
         if kernel not in KERNELS:
             raise MemchunkError(f"gst3d kernel must be one of {KERNELS}, got {kernel!r}")
         for label, value in (("sigma", sigma), ("rho", rho), ("truncate", truncate)):
-            if self.check_number(label, value, minimum=None) <= 0:
+            if check_number(self.name, label, value, minimum=None) <= 0:
                 raise MemchunkError(f"gst3d {label} must be a positive number, got {value!r}")
         float_dtype(dtype, "gst3d output dtype")
         if dims is not None and (isinstance(dims, str) or len(dims) != 3):
@@ -172,9 +173,9 @@ class GST3D(Operator):
         ]
         return [{"inline": a, "crossline": b, "sample": c} for a, b, c in sizes]
 
-    def calibration_key(self, **kwargs: Any) -> str:
+    def cost_terms(self, **kwargs: Any) -> CostTerms:
         """``gst3d`` and ``gst3d-d2geo`` are calibrated separately."""
-        return "gst3d" if kwargs.get("kernel", "gaussian") == "gaussian" else "gst3d-d2geo"
+        return CostTerms("gst3d" if kwargs["kernel"] == "gaussian" else "gst3d-d2geo")
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Padded input, 3 gradients, 1 product buffer, 6 tensor components: 11 x the input."""

@@ -1,7 +1,8 @@
 """Reductions: tree ones (sum, mean, std, var, min, max), whole-dim ones (median, quantile).
 
 Each reduction is one row of :data:`SPECS` (as flox describes its aggregations): what it
-accepts, whether it needs the reduced dims whole, and what its partial results weigh.
+accepts, whether it needs the reduced dims whole, what its partial results weigh, and what
+computes it.
 
 Tree reductions let the reduced dims be chunked: each task reduces one chunk to a partial
 result and ``dask`` combines up to ``split_every`` partials per task in a tree, so every dim is
@@ -9,7 +10,7 @@ free. Those combine tasks hold their partials and their concatenation: with shor
 reduced dim they need more than the chunk tasks themselves (a std over 4 one-day chunks of
 500 x 600: 54 x a chunk), which the ``combine_bytes`` feature models. ``median`` and
 ``quantile`` need the reduced dims whole (as ``dask.array.median`` does): the plan chunks the
-other dims instead.
+other dims instead, and they run blockwise (:mod:`~xarray_memchunk.operators.whole_dims`).
 
 What ``dask`` really runs is not what NumPy runs on the same block: ``std`` of float32 data
 computes its moments in float64 (``d = x - mean`` and ``d**2`` are 2 x the block each, and
@@ -19,18 +20,20 @@ for ``numpy.nanvar``). Calibrations are profiled on the Dask graph for that reas
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from ..errors import MemchunkError
+from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
+from .arguments import check_number, reject_unknown
 from .base import DimUse, Operator
 from .dims import resolve_dims
+from .whole_dims import check_quantile_args, keeps_attrs, median, quantile
 
 __all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec"]
 
@@ -58,6 +61,19 @@ class ReductionSpec:
         Analytic temporaries per input byte, used until calibrated.
     dtype_kinds
         Kinds of dtype it reduces (datetimes for mean, min and max, as xarray does).
+    blockwise
+        What computes it over whole dims, one NumPy call per chunk (median, quantile); None:
+        xarray's own method.
+    check
+        Checks its options (quantile's ``q`` and ``method``) and returns them.
+    small_axis
+        Has NumPy's small-axis path (``nanmedian``'s masked copies below
+        :data:`NANMEDIAN_SMALL_AXIS`): the ``small_axis_bytes`` feature.
+    zeros_unreduced
+        A variable without the reduced dims is reduced to zeros (std, var), which needs
+        numbers; the others give its values back.
+    calibrate_with
+        Options used when calibrating (quantile's ``q``).
     """
 
     name: str
@@ -66,6 +82,11 @@ class ReductionSpec:
     partial_bytes: int = 0
     input_factor: float = 2.5
     dtype_kinds: str = "biufc"
+    blockwise: Callable[..., xr.DataArray] | None = None
+    check: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    small_axis: bool = False
+    zeros_unreduced: bool = False
+    calibrate_with: Mapping[str, Any] = field(default_factory=dict)
 
 
 SPECS = {
@@ -73,46 +94,26 @@ SPECS = {
     for spec in (
         ReductionSpec("sum", partial_bytes=8),
         ReductionSpec("mean", partial_bytes=16, dtype_kinds="biufcmM"),
-        ReductionSpec("std", options=("ddof",), partial_bytes=24, input_factor=7.5),
-        ReductionSpec("var", options=("ddof",), partial_bytes=24, input_factor=7.5),
+        ReductionSpec(
+            "std", options=("ddof",), partial_bytes=24, input_factor=7.5, zeros_unreduced=True
+        ),
+        ReductionSpec(
+            "var", options=("ddof",), partial_bytes=24, input_factor=7.5, zeros_unreduced=True
+        ),
         ReductionSpec("min", input_factor=1.5, dtype_kinds="biufcmM"),
         ReductionSpec("max", input_factor=1.5, dtype_kinds="biufcmM"),
-        ReductionSpec("median", whole=True, input_factor=4.0),
-        ReductionSpec("quantile", whole=True, options=("q", "method"), input_factor=4.0),
+        ReductionSpec("median", whole=True, input_factor=4.0, blockwise=median, small_axis=True),
+        ReductionSpec(
+            "quantile",
+            whole=True,
+            options=("q", "method"),
+            input_factor=4.0,
+            blockwise=quantile,
+            check=check_quantile_args,
+            calibrate_with={"q": 0.9},
+        ),
     )
 }
-
-#: ``method=`` values numpy's (and so xarray's) quantile accepts.
-QUANTILE_METHODS = (
-    "inverted_cdf",
-    "averaged_inverted_cdf",
-    "closest_observation",
-    "interpolated_inverted_cdf",
-    "hazen",
-    "weibull",
-    "linear",
-    "median_unbiased",
-    "normal_unbiased",
-    "lower",
-    "higher",
-    "midpoint",
-    "nearest",
-)
-
-
-def keeps_attrs(name: str, keep_attrs: bool | None, *, dataset: bool = False) -> bool:
-    """Whether xarray's own ``name`` reduction keeps attributes, given ``keep_attrs``.
-
-    Asked of xarray itself, on a two-element DataArray (or Dataset, for a Dataset's own
-    attributes): results follow the installed xarray's defaults, which changed over versions
-    and differ between its methods (its quantile keeps them under ``keep_attrs=False``), and
-    ``xr.set_options(keep_attrs=...)``.
-    """
-    probe = xr.DataArray([1.0, 2.0], dims="probe", attrs={"probe": 1})
-    if dataset:
-        probe = xr.Dataset({"probe": probe}, attrs={"probe": 1})
-    args = (0.5,) if name == "quantile" else ()
-    return bool(getattr(probe, name)(*args, dim="probe", keep_attrs=keep_attrs).attrs)
 
 
 def _tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -128,6 +129,14 @@ def _tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarr
     fan_in = np.minimum(n_chunks, per_axis)
     depth = np.ceil(np.log(np.maximum(n_chunks, 1)) / np.log(per_axis))
     return fan_in, depth
+
+
+def _has_dims(da: xr.DataArray, dim: Any) -> bool:
+    try:
+        resolve_dims(da, dim)
+    except DimensionError:
+        return False
+    return True
 
 
 class Reduction(Operator):
@@ -154,6 +163,7 @@ class Reduction(Operator):
         self.spec = spec
         self.name = spec.name
         self.dtype_kinds = spec.dtype_kinds
+        self.calibration_kwargs = {"dim": "time", **spec.calibrate_with}
         kind = "reduced dims whole" if spec.whole else "tree reduction, any dim chunked"
         self.description = f"xarray .{spec.name}() over dim= ({kind})"
 
@@ -165,7 +175,8 @@ class Reduction(Operator):
         **kwargs: Any,
     ) -> dict[str, Any]:
         """Check the reduction's arguments; raise on unknown ones."""
-        self.reject_unknown(
+        reject_unknown(
+            self.name,
             set(kwargs) - set(self.spec.options),
             ["dim", "skipna", "keep_attrs", *self.spec.options],
         )
@@ -175,48 +186,15 @@ class Reduction(Operator):
                     f"{self.name} {label} must be True, False or None, got {value!r}"
                 )
         if "ddof" in kwargs:
-            ddof = kwargs["ddof"]
-            if not isinstance(ddof, int | np.integer) or isinstance(ddof, bool) or ddof < 0:
-                raise MemchunkError(f"{self.name} ddof must be an int >= 0, got {ddof!r}")
-        if self.name == "quantile":
-            kwargs["q"] = _check_q(kwargs)
-            method = kwargs.get("method", "linear")
-            if method not in QUANTILE_METHODS:
+            try:
+                check_number(self.name, "ddof", kwargs["ddof"], integer=True)
+            except MemchunkError as exc:
                 raise MemchunkError(
-                    f"quantile method must be one of {', '.join(QUANTILE_METHODS)}; got {method!r}"
-                )
+                    f"{self.name} ddof must be an int >= 0, got {kwargs['ddof']!r}"
+                ) from exc
+        if self.spec.check is not None:
+            kwargs = self.spec.check(kwargs)
         return {"dim": dim, "skipna": skipna, "keep_attrs": keep_attrs, **kwargs}
-
-    def rejects(self, da: xr.DataArray, **kwargs: Any) -> str | None:
-        """Why this variable is not reduced, and whether the result keeps it (as xarray would).
-
-        A variable with none of the reduced dims is kept, reduced over no dim; one of a dtype
-        the reduction does not take is dropped (xarray's ``numeric_only``).
-        """
-        if not self._has_reduced_dims(da, kwargs.get("dim")):
-            if self._keeps_unreduced(da):
-                return "has none of the reduced dims: kept, as xarray keeps it"
-            return f"has none of the reduced dims and {self.name} takes no {da.dtype}: dropped"
-        if da.dtype.kind not in self.dtype_kinds:
-            return f"{self.name} does not reduce dtype {da.dtype}: dropped"
-        return super().rejects(da, **kwargs)
-
-    @staticmethod
-    def _has_reduced_dims(da: xr.DataArray, dim: Any) -> bool:
-        from ..errors import DimensionError
-
-        try:
-            resolve_dims(da, dim)
-        except DimensionError:
-            return False
-        return True
-
-    def _keeps_unreduced(self, da: xr.DataArray) -> bool:
-        """Whether the result keeps a variable without the reduced dims, as xarray's does.
-
-        xarray reduces it over no dim: its values, or zeros for std and var (of numbers only).
-        """
-        return self.name not in ("std", "var") or da.dtype.kind in self.dtype_kinds
 
     def dim_uses(self, da: xr.DataArray, dim=None, **kwargs: Any) -> dict[str, DimUse]:
         """Reduced dims are whole for median/quantile, free otherwise."""
@@ -224,13 +202,26 @@ class Reduction(Operator):
         role = DimRole.WHOLE if self.spec.whole else DimRole.FREE
         return {d: DimUse(role) for d in dims}
 
-    def output_extents(self, extents, uses, **kwargs):
-        """A task keeps the extents of the dims it does not reduce."""
-        reduced = set(uses)
-        return {d: (np.ones_like(v) if d in reduced else v) for d, v in extents.items()}
+    def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
+        """What xarray's reduction does with this variable: keep or drop it.
+
+        Kept when it has none of the reduced dims (reduced over no dim); dropped when its
+        dtype cannot be reduced (xarray's ``numeric_only``).
+        """
+        if _has_dims(da, kwargs.get("dim")):
+            return f"{reason}: dropped"
+        if self._keeps_unreduced(da):
+            return "has none of the reduced dims: kept, as xarray keeps it"
+        return f"has none of the reduced dims and {self.name} takes no {da.dtype}: dropped"
+
+    def _keeps_unreduced(self, da: xr.DataArray) -> bool:
+        """Whether the result keeps a variable without the reduced dims, as xarray's does."""
+        return not self.spec.zeros_unreduced or da.dtype.kind in self.dtype_kinds
 
     def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
         """Input and output bytes, and ``combine_bytes`` or ``small_axis_bytes``.
+
+        A task keeps the extents of the dims it does not reduce: its output.
 
         ``combine_bytes``: the partial results one combine task concatenates (``fan_in``
         partials of one chunk's output, ``partial_bytes`` each), doubled where the tree has
@@ -242,25 +233,31 @@ class Reduction(Operator):
         slice by slice (~1x) from there on; this is the input bytes in the first case, 0 in
         the second, so one linear model covers both.
         """
-        features = super().task_features(extents, uses, itemsize, sizes=sizes, **kwargs)
         reduced = [d for d in uses if d in extents]
+        kept = [np.asarray(v, dtype=np.float64) for d, v in extents.items() if d not in uses]
+        out_elements = np.prod(kept, axis=0) if kept else 1.0
+        input_bytes = itemsize * np.prod(
+            [np.asarray(v, dtype=np.float64) for v in extents.values()], axis=0
+        )
+        out_elements = np.broadcast_to(out_elements, np.shape(input_bytes))
+        features = {
+            "input_bytes": input_bytes,
+            "output_bytes": out_elements * self.output_itemsize(itemsize),
+        }
+        if self.spec.small_axis:
+            length = np.prod([np.asarray(extents[d], dtype=np.float64) for d in reduced], axis=0)
+            small = np.asarray(length) < NANMEDIAN_SMALL_AXIS
+            features["small_axis_bytes"] = np.where(small, input_bytes, 0.0)
         if self.spec.whole:
-            if self.name == "median":
-                length = np.prod(
-                    [np.asarray(extents[d], dtype=np.float64) for d in reduced], axis=0
-                )
-                small = np.asarray(length) < NANMEDIAN_SMALL_AXIS
-                features["small_axis_bytes"] = np.where(small, features["input_bytes"], 0.0)
             return features
         sizes = sizes or {d: int(np.max(v)) for d, v in extents.items()}
-        fan_in = np.ones_like(features["input_bytes"])
+        fan_in = np.ones_like(input_bytes)
         depth = np.zeros_like(fan_in)
         for d in reduced:
             n = np.ceil(sizes[d] / np.asarray(extents[d], dtype=np.float64))
             axis_fan_in, axis_depth = _tree_shape(n, len(reduced))
             fan_in = fan_in * axis_fan_in
             depth = np.maximum(depth, axis_depth)
-        out_elements = features["output_bytes"] / self.output_itemsize(itemsize, **kwargs)
         partial = self.spec.partial_bytes or itemsize
         levels = np.minimum(depth, 2)
         features["combine_bytes"] = np.where(
@@ -275,15 +272,11 @@ class Reduction(Operator):
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Temporaries proportional to the input, partials combined in fours, 8 MiB fixed."""
         coefficients = {"input_bytes": self.spec.input_factor, "output_bytes": 2.0}
-        if self.name == "median":
+        if self.spec.small_axis:
             coefficients["small_axis_bytes"] = 4.0
         if not self.spec.whole:
             coefficients["combine_bytes"] = 3.0
         return LinearMemoryModel(coefficients, intercept=8 * 2**20)
-
-    def calibration_kwargs(self) -> dict[str, Any]:
-        """Reduce over ``time`` (and take the 90th percentile for quantile)."""
-        return {"dim": "time"} | ({"q": 0.9} if self.name == "quantile" else {})
 
     def calibration_shapes(self, **kwargs: Any) -> list:
         """Chunks from 0.1 to 64 MB, long and short in the reduced dim, for ``(time, y, x)``.
@@ -319,22 +312,19 @@ class Reduction(Operator):
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Run the reduction on ``da`` (chunked per the plan), lazily."""
-        dims = list(uses)
-        common = {"skipna": kwargs.get("skipna"), "keep_attrs": kwargs.get("keep_attrs")}
-        if self.name == "median":
-            return _median(da, dims, **common)
-        if self.name == "quantile":
-            return _quantile(da, dims, kwargs["q"], kwargs.get("method", "linear"), **common)
-        return self._xarray(da, dims, **kwargs)
+        if self.spec.blockwise is not None:
+            options = {
+                k: kwargs[k] for k in ("skipna", "keep_attrs", *self.spec.options) if k in kwargs
+            }
+            return self.spec.blockwise(da, list(uses), **options)
+        return self._xarray(da, list(uses), **kwargs)
 
     def _xarray(self, da: xr.DataArray, dims: list[str], **kwargs: Any) -> xr.DataArray:
         """Xarray's own method on ``da`` with the reduction's arguments."""
         options = {k: kwargs[k] for k in self.spec.options if k in kwargs}
+        args = (options.pop("q"),) if "q" in options else ()
         common = {"skipna": kwargs.get("skipna"), "keep_attrs": kwargs.get("keep_attrs")}
-        if self.name == "quantile":
-            q = options.pop("q")
-            return da.quantile(q, dim=dims, **common, **options)
-        return getattr(da, self.name)(dim=dims, **common, **options)
+        return getattr(da, self.name)(*args, dim=dims, **common, **options)
 
     def compute_dataset(self, ds, uses, **kwargs):
         """Reduce the planned variables; keep the others as xarray's Dataset reductions do.
@@ -347,94 +337,11 @@ class Reduction(Operator):
         for name, var in ds.data_vars.items():
             if name in uses:
                 result[name] = self.compute(var, uses[name], **kwargs)
-            elif not self._has_reduced_dims(var, kwargs.get("dim")) and self._keeps_unreduced(var):
+            elif not _has_dims(var, kwargs.get("dim")) and self._keeps_unreduced(var):
                 numeric = var.dtype.kind in self.dtype_kinds
                 result[name] = self._xarray(var, [], **kwargs) if numeric else var
         keep = keeps_attrs(self.name, kwargs.get("keep_attrs"), dataset=True)
-        attrs = ds.attrs if keep else {}
-        return xr.Dataset(result, attrs=attrs)
-
-
-def _median(
-    da: xr.DataArray, dims: list[str], skipna: bool | None, keep_attrs: bool | None
-) -> xr.DataArray:
-    """Median over whole ``dims`` that keeps the other dims' chunks as planned.
-
-    ``dask.array.nanmedian`` (what ``DataArray.median`` calls) rechunks the other dims to
-    ``"auto"``, merging the planned chunks into ~128 MiB ones; this runs the same numpy
-    function blockwise instead.
-    """
-    use_nan = skipna or (skipna is None and da.dtype.kind in "fc")
-    func = np.nanmedian if use_nan else np.median
-    axes = tuple(range(-len(dims), 0))
-    out_dtype = func(np.zeros((1,) * max(1, len(dims)), dtype=da.dtype)).dtype
-    return xr.apply_ufunc(
-        func,
-        da,
-        input_core_dims=[dims],
-        kwargs={"axis": axes},
-        dask="parallelized",
-        output_dtypes=[out_dtype],
-        keep_attrs=keeps_attrs("median", keep_attrs),
-    )
-
-
-def _quantile(
-    da: xr.DataArray,
-    dims: list[str],
-    q: Any,
-    method: str,
-    skipna: bool | None,
-    keep_attrs: bool | None,
-) -> xr.DataArray:
-    """``da.quantile(q, dims)`` as one NumPy call per planned chunk, as xarray's result.
-
-    xarray's quantile puts ``q`` in the graph as a Dask array of its own, which keeps the task
-    that reads or produces a chunk apart from the task that takes its quantiles (a worker can
-    then read the next chunk first); with ``q`` a plain argument they fuse into one task.
-    """
-    use_nan = skipna or (skipna is None and da.dtype.kind in "fc")
-    func = np.nanquantile if use_nan else np.quantile
-    qs = np.atleast_1d(np.asarray(q, dtype=float))
-    axes = tuple(range(-len(dims), 0))
-    sample = func(np.zeros((1,) * max(1, len(dims)), dtype=da.dtype), qs, method=method)
-    result = xr.apply_ufunc(
-        _quantiles_last,
-        da,
-        input_core_dims=[dims],
-        output_core_dims=[["quantile"]],
-        kwargs={"func": func, "q": qs, "axis": axes, "method": method},
-        dask="parallelized",
-        output_dtypes=[sample.dtype],
-        dask_gufunc_kwargs={"output_sizes": {"quantile": len(qs)}},
-        keep_attrs=False,
-    )
-    result = result.transpose("quantile", ...).assign_coords(quantile=qs)
-    result = result.squeeze("quantile") if np.ndim(q) == 0 else result
-    return result.assign_attrs(da.attrs if keeps_attrs("quantile", keep_attrs) else {})
-
-
-def _quantiles_last(block: np.ndarray, func, q, axis, method) -> np.ndarray:
-    """NumPy's quantiles of ``block`` over ``axis``, the quantile axis moved last."""
-    return np.moveaxis(func(block, q, axis=axis, method=method), 0, -1)
-
-
-def _check_q(kwargs: Mapping[str, Any]) -> Any:
-    """``q`` as given, once checked: numbers within [0, 1], not empty, no NaN."""
-    if "q" not in kwargs:
-        raise MemchunkError("'quantile' needs q=, e.g. q=0.9 or q=[0.1, 0.5, 0.9]")
-    q = kwargs["q"]
-    try:
-        values = np.asarray(q, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise MemchunkError(f"quantile q must be a number or a list of numbers, got {q!r}") from exc
-    if values.ndim > 1 or values.size == 0:
-        raise MemchunkError(
-            f"quantile q must be a number or a non-empty list of numbers, got {q!r}"
-        )
-    if not np.all(np.isfinite(values)) or np.any((values < 0) | (values > 1)):
-        raise MemchunkError(f"quantile q must be within [0, 1], got {q!r}")
-    return q
+        return xr.Dataset(result, attrs=ds.attrs if keep else {})
 
 
 REDUCTIONS = tuple(Reduction(spec) for spec in SPECS.values())

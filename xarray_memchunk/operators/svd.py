@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import xarray as xr
@@ -39,7 +39,8 @@ import xarray as xr
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import DimUse, Operator
+from .arguments import check_number, reject_unknown
+from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dims
 
 __all__ = ["SVD"]
@@ -91,16 +92,16 @@ class SVD(Operator):
         **unknown: Any,
     ) -> dict[str, Any]:
         """Check the arguments before anything runs."""
-        self.reject_unknown(unknown)
+        reject_unknown(self.name, unknown, self.normalize_kwargs)
         if method not in METHODS:
             raise MemchunkError(f"svd method must be one of {METHODS}, got {method!r}")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
             raise MemchunkError(f"svd k must be a positive int, got {k!r}")
         if method == "compressed" and k is None:
             raise MemchunkError("svd method='compressed' needs k= (the number of components)")
-        self.check_number("n_power_iter", n_power_iter, integer=True)
-        self.check_number("n_oversamples", n_oversamples, integer=True)
-        self.check_number("seed", seed, integer=True)
+        check_number(self.name, "n_power_iter", n_power_iter, integer=True)
+        check_number(self.name, "n_oversamples", n_oversamples, integer=True)
+        check_number(self.name, "seed", seed, integer=True)
         return {
             "sample_dims": (sample_dims,) if isinstance(sample_dims, str) else sample_dims,
             "method": method,
@@ -110,14 +111,9 @@ class SVD(Operator):
             "seed": int(seed),
         }
 
-    #: LAPACK's types: float32, float64 and the complex ones (float16 is refused in rejects).
+    #: LAPACK's types: float32, float64 and the complex ones (float16 is refused by bind).
     dtype_kinds = "fc"
-
-    def rejects(self, da: xr.DataArray, **kwargs: Any) -> str | None:
-        """Why ``da`` cannot be decomposed: a dtype LAPACK lacks, or a missing dim."""
-        if da.dtype.kind in "fc" and da.dtype.itemsize < 4:
-            return f"svd computes in float32 or float64, not {da.dtype}"
-        return super().rejects(da, **kwargs)
+    calibration_kwargs: ClassVar[dict[str, Any]] = {"sample_dims": ("time",), "method": "exact"}
 
     def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Resolve ``sample_dims`` (names or CF axes) to dim names of ``da``; check ``k``.
@@ -127,9 +123,11 @@ class SVD(Operator):
         MemchunkError
             float16 data, or ``k`` above what the matrix has: ``min(samples, features)``.
         """
-        reason = self.rejects(da, **kwargs)
-        if reason is not None and da.dtype.kind in "fc":
-            raise MemchunkError(f"{reason}: convert the data first, e.g. .astype('float32')")
+        if da.dtype.kind in "fc" and da.dtype.itemsize < 4:
+            raise MemchunkError(
+                f"svd computes in float32 or float64, not {da.dtype}: convert the data first, "
+                f"e.g. .astype('float32')"
+            )
         samples, features = _sides(da, kwargs["sample_dims"])
         n = min(math.prod(da.sizes[d] for d in samples), math.prod(da.sizes[d] for d in features))
         if kwargs["k"] is not None and kwargs["k"] > n:
@@ -159,7 +157,7 @@ class SVD(Operator):
             )
         return options
 
-    def dim_uses(self, da: xr.DataArray, sample_dims=None, method="exact", **kwargs):
+    def dim_uses(self, da: xr.DataArray, sample_dims, method, **kwargs):
         """Exact: the shorter side whole, the longer one chunked along its first dim.
 
         Compressed: the first dim of each side chunked, the rest whole.
@@ -184,7 +182,7 @@ class SVD(Operator):
         cols = np.prod([np.asarray(extents[d], float) for d in features], axis=0)
         total_rows = math.prod(sizes[d] for d in samples)
         total_cols = math.prod(sizes[d] for d in features)
-        if kwargs.get("method") == "compressed":
+        if kwargs["method"] == "compressed":
             return {"block_bytes": rows * cols * itemsize}
         tall = total_rows >= total_cols
         chunk, n, total = (rows, cols, total_rows) if tall else (cols, rows, total_cols)
@@ -196,38 +194,30 @@ class SVD(Operator):
             "square_bytes": n * n * itemsize,
         }
 
-    def passes(self, method: str = "exact", n_power_iter: int = 0, **kwargs: Any) -> int:
-        """Exact: one. Compressed: the sketch, two per power iteration, the projection."""
-        return 2 * n_power_iter + 2 if method == "compressed" else 1
+    def cost_terms(self, method: str, n_power_iter: int, **kwargs: Any) -> CostTerms:
+        """Exact: one pass, one task per block, calibration ``svd``.
 
-    def tasks_per_chunk(self, method: str = "exact", n_power_iter: int = 0, **kwargs) -> float:
-        """Compressed: ``3 (n_power_iter + 2)`` tasks per block, counted in Dask's graph.
-
-        The optimized graph of ``svd_compressed`` on 4x4 to 8x8 blocks grows by 5.7, 8.6 and
-        12.4 tasks per block for 0, 1 and 2 power iterations (``tests/test_svd.py`` checks it).
+        Compressed: the sketch, two passes per power iteration and the projection
+        (``2 n_power_iter + 2``); ``3 (n_power_iter + 2)`` tasks per block, counted in Dask's
+        optimized graph of 4x4 to 8x8 blocks (5.7, 8.6 and 12.4 per block for 0, 1 and 2 power
+        iterations; ``tests/test_svd.py`` checks it); calibration ``svd-compressed``.
         """
-        return 3.0 * (n_power_iter + 2) if method == "compressed" else 1.0
-
-    def calibration_key(self, method: str = "exact", **kwargs: Any) -> str:
-        """``svd`` (tsqr) and ``svd-compressed`` are calibrated separately."""
-        return "svd-compressed" if method == "compressed" else "svd"
+        if method == "compressed":
+            return CostTerms("svd-compressed", 2 * n_power_iter + 2, 3.0 * (n_power_iter + 2))
+        return CostTerms("svd")
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Exact: LAPACK QR/SVD in float64, a copy, Q and workspace ~9x a float32 block.
 
         Compressed: the block and products with thin matrices, ~1.1x a block (3x here).
         """
-        if kwargs.get("method") == "compressed":
+        if kwargs["method"] == "compressed":
             coefficients = {"block_bytes": 3.0}
         else:
             coefficients = {"block_bytes": 9.0, "square_bytes": 12.0}
         return LinearMemoryModel(coefficients, intercept=16 * 2**20)
 
-    def calibration_kwargs(self) -> dict[str, Any]:
-        """Exact SVD of (time, space) blocks (``method="compressed", k=10`` for the other)."""
-        return {"sample_dims": ("time",), "method": "exact"}
-
-    def calibration_shapes(self, method: str = "exact", **kwargs: Any) -> list[dict[str, int]]:
+    def calibration_shapes(self, method: str, **kwargs: Any) -> list[dict[str, int]]:
         """Exact: tall single blocks, 0.2 to 40 MB. Compressed: blocks of 4 to 160 MB (float32)."""
         if method == "compressed":
             sizes = [
@@ -330,6 +320,6 @@ def _split_names(extents, sample_dims) -> tuple[list[str], list[str]]:
 
 
 def _has_client() -> bool:
-    from ..budget import active_client
+    from ..clusters import active_client
 
     return active_client() is not None

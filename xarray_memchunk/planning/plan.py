@@ -52,8 +52,9 @@ class ChunkPlan:
         this is what must fit ``budget.per_task``.
     budget
         The per-task memory budget planned against.
-    n_tasks
-        Tasks of the operator's blockwise step (one per chunk).
+    n_chunks
+        Chunks of the planned array: tasks of the operator's blockwise step (the graph has more:
+        reading, halos, a reduction's combine steps).
     binding
         Which constraint decided the chunks (see :class:`Binding`).
     halo
@@ -87,7 +88,7 @@ class ChunkPlan:
     dask_chunks: dict[str, tuple[int, ...]]
     predicted_peak_bytes: int
     budget: Budget
-    n_tasks: int
+    n_chunks: int
     binding: str
     halo: dict[str, int] = field(default_factory=dict)
     whole_dims: tuple[str, ...] = ()
@@ -121,7 +122,7 @@ class ChunkPlan:
         rows = [
             ("operator", self.operator),
             ("chunks", self._chunk_text()),
-            ("tasks", f"{self.n_tasks}"),
+            ("chunks", f"{self.n_chunks}"),
             (
                 "predicted peak per task",
                 f"{size(self.predicted_peak_bytes)} "

@@ -252,7 +252,7 @@ def _make_plan(
         gather_bytes=terms["gather"],
         held_bytes=terms["held"],
         budget=budget,
-        n_tasks=int(np.prod([len(c) for c in dask_chunks.values()])),
+        n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,
         halo={d.name: d.depth for d in problem.dims if d.role is DimRole.HALO and d.depth},
         whole_dims=tuple(d.name for d in problem.dims if d.role is DimRole.WHOLE),

@@ -13,10 +13,10 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .datasets import synthetic_seismic
+from ..datasets import synthetic_seismic
+from ..errors import InfeasiblePlanError
+from ..units import format_bytes, to_bytes
 from .diagnostics import RunOutcome, run_watched
-from .errors import InfeasiblePlanError
-from .units import format_bytes, to_bytes
 
 __all__ = ["Case", "format_table", "plot_memory", "run_gst3d_experiment"]
 
@@ -112,7 +112,7 @@ def run_gst3d_experiment(
             outcome = run_watched(client, case.label, build)
             outcome.extra.update(
                 chunks=plan.chunks,
-                n_chunks=plan.n_tasks,
+                n_chunks=plan.n_chunks,
                 predicted_peak=plan.predicted_peak_bytes,
                 per_task_budget=plan.budget.per_task,
             )

@@ -1,0 +1,63 @@
+"""Which Dask cluster is active, and what its scheduler says of its workers."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .errors import MemchunkError
+
+__all__ = ["ClusterFacts", "active_client", "cluster_facts"]
+
+
+def active_client():
+    """Return the active ``distributed.Client``, or None (never imports distributed itself)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import default_client
+
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """What the scheduler says of its workers: enough to budget a plan."""
+
+    memory_limit: int | None
+    threads_per_worker: int
+    n_workers: int
+    address: str
+    largest_process_memory: int
+
+
+def cluster_facts(client) -> ClusterFacts:
+    """Smallest worker's memory limit and threads, worker count, and the largest worker RSS.
+
+    Raises
+    ------
+    MemchunkError
+        When the cluster has no workers: a plan made then would wait for ever.
+    """
+    info = client.scheduler_info(n_workers=-1)
+    workers = list(info.get("workers", {}).values())
+    address = info.get("address", "?")
+    if not workers:
+        raise MemchunkError(
+            f"the Dask cluster at {address} has no workers: nothing could run a plan. Start "
+            f"workers (cluster.scale(n)), or close the client to plan for this machine"
+        )
+    limited = [w for w in workers if w.get("memory_limit")]
+    smallest = min(limited, key=lambda w: w["memory_limit"]) if limited else workers[0]
+    threads = int(smallest.get("nthreads", 1))
+    total_threads = sum(int(w.get("nthreads", 1)) for w in workers)
+    rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers)
+    return ClusterFacts(
+        memory_limit=smallest.get("memory_limit") or None,
+        threads_per_worker=threads,
+        n_workers=max(1, total_threads // max(1, threads)),
+        address=address,
+        largest_process_memory=rss,
+    )

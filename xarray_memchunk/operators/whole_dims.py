@@ -1,0 +1,144 @@
+"""Reductions over whole dims, one NumPy call per planned chunk: median and quantile.
+
+xarray's own ``median`` (``dask.array.nanmedian``) rechunks the kept dims to ``"auto"``,
+merging the planned chunks into ~128 MiB ones, and its ``quantile`` puts ``q`` in the graph as a
+Dask array of its own, which keeps the task that reads or produces a chunk apart from the task
+that takes its quantiles (a worker can then read the next chunk first). Here both run the NumPy
+function blockwise with ``xarray.apply_ufunc``: the chunks stay as planned, and reading a chunk
+fuses into the task that reduces it. Results equal xarray's: values, dims, coordinates, dtype,
+and attributes (:func:`keeps_attrs` asks xarray itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ..errors import MemchunkError
+
+__all__ = ["QUANTILE_METHODS", "check_quantile_args", "keeps_attrs", "median", "quantile"]
+
+#: ``method=`` values numpy's (and so xarray's) quantile accepts.
+QUANTILE_METHODS = (
+    "inverted_cdf",
+    "averaged_inverted_cdf",
+    "closest_observation",
+    "interpolated_inverted_cdf",
+    "hazen",
+    "weibull",
+    "linear",
+    "median_unbiased",
+    "normal_unbiased",
+    "lower",
+    "higher",
+    "midpoint",
+    "nearest",
+)
+
+
+def keeps_attrs(name: str, keep_attrs: bool | None, *, dataset: bool = False) -> bool:
+    """Whether xarray's own ``name`` reduction keeps attributes, given ``keep_attrs``.
+
+    Asked of xarray itself, on a two-element DataArray (or Dataset, for a Dataset's own
+    attributes): results follow the installed xarray's defaults, which changed over versions
+    and differ between its methods (its quantile keeps them under ``keep_attrs=False``), and
+    ``xr.set_options(keep_attrs=...)``.
+    """
+    probe = xr.DataArray([1.0, 2.0], dims="probe", attrs={"probe": 1})
+    if dataset:
+        probe = xr.Dataset({"probe": probe}, attrs={"probe": 1})
+    args = (0.5,) if name == "quantile" else ()
+    return bool(getattr(probe, name)(*args, dim="probe", keep_attrs=keep_attrs).attrs)
+
+
+def median(
+    da: xr.DataArray,
+    dims: list[str],
+    *,
+    skipna: bool | None = None,
+    keep_attrs: bool | None = None,
+    **kwargs: Any,
+) -> xr.DataArray:
+    """``da.median(dims)``, the dims whole in each chunk, as one NumPy call per chunk."""
+    use_nan = skipna or (skipna is None and da.dtype.kind in "fc")
+    func = np.nanmedian if use_nan else np.median
+    axes = tuple(range(-len(dims), 0))
+    out_dtype = func(np.zeros((1,) * max(1, len(dims)), dtype=da.dtype)).dtype
+    return xr.apply_ufunc(
+        func,
+        da,
+        input_core_dims=[dims],
+        kwargs={"axis": axes},
+        dask="parallelized",
+        output_dtypes=[out_dtype],
+        keep_attrs=keeps_attrs("median", keep_attrs),
+    )
+
+
+def quantile(
+    da: xr.DataArray,
+    dims: list[str],
+    *,
+    q: Any,
+    method: str = "linear",
+    skipna: bool | None = None,
+    keep_attrs: bool | None = None,
+    **kwargs: Any,
+) -> xr.DataArray:
+    """``da.quantile(q, dims)``, the dims whole in each chunk, as one NumPy call per chunk."""
+    use_nan = skipna or (skipna is None and da.dtype.kind in "fc")
+    func = np.nanquantile if use_nan else np.quantile
+    qs = np.atleast_1d(np.asarray(q, dtype=float))
+    axes = tuple(range(-len(dims), 0))
+    sample = func(np.zeros((1,) * max(1, len(dims)), dtype=da.dtype), qs, method=method)
+    result = xr.apply_ufunc(
+        _quantiles_last,
+        da,
+        input_core_dims=[dims],
+        output_core_dims=[["quantile"]],
+        kwargs={"func": func, "q": qs, "axis": axes, "method": method},
+        dask="parallelized",
+        output_dtypes=[sample.dtype],
+        dask_gufunc_kwargs={"output_sizes": {"quantile": len(qs)}},
+        keep_attrs=False,
+    )
+    result = result.transpose("quantile", ...).assign_coords(quantile=qs)
+    result = result.squeeze("quantile") if np.ndim(q) == 0 else result
+    return result.assign_attrs(da.attrs if keeps_attrs("quantile", keep_attrs) else {})
+
+
+def _quantiles_last(block: np.ndarray, func, q, axis, method) -> np.ndarray:
+    """NumPy's quantiles of ``block`` over ``axis``, the quantile axis moved last."""
+    return np.moveaxis(func(block, q, axis=axis, method=method), 0, -1)
+
+
+def check_quantile_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``q`` and ``method`` checked: numbers within [0, 1], not empty, no NaN; a NumPy method.
+
+    Raises
+    ------
+    MemchunkError
+        Naming what was wrong.
+    """
+    if "q" not in kwargs:
+        raise MemchunkError("'quantile' needs q=, e.g. q=0.9 or q=[0.1, 0.5, 0.9]")
+    q = kwargs["q"]
+    try:
+        values = np.asarray(q, dtype=float)
+    except (TypeError, ValueError) as exc:
+        raise MemchunkError(f"quantile q must be a number or a list of numbers, got {q!r}") from exc
+    if values.ndim > 1 or values.size == 0:
+        raise MemchunkError(
+            f"quantile q must be a number or a non-empty list of numbers, got {q!r}"
+        )
+    if not np.all(np.isfinite(values)) or np.any((values < 0) | (values > 1)):
+        raise MemchunkError(f"quantile q must be within [0, 1], got {q!r}")
+    method = kwargs.get("method", "linear")
+    if method not in QUANTILE_METHODS:
+        raise MemchunkError(
+            f"quantile method must be one of {', '.join(QUANTILE_METHODS)}; got {method!r}"
+        )
+    return dict(kwargs)
