@@ -1,5 +1,5 @@
-"""Every built-in operator, float32 and float64, input from a Dask graph and from a Zarr store:
-does the memory-bound plan run with 0 pauses and 0 deaths? Measured peak vs predicted.
+"""Every built-in operator, float32 and float64, input from a Dask graph, a Zarr store (and for
+GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
 
     python benchmarks/plan_safety.py                    # the whole matrix (~30 min on 2 cores)
     python benchmarks/plan_safety.py --only std median  # some operators
@@ -49,6 +49,8 @@ def matrix(only: list[str] | None) -> list[SafetyCase]:
             cases.append(
                 SafetyCase("gst3d", dtype, VOLUME, dict.fromkeys(VOLUME, 64), "file", kwargs)
             )
+        seismic = dict.fromkeys(VOLUME, 64)
+        cases.append(SafetyCase("gst3d", dtype, VOLUME, seismic, "segy", {"kernel": "gaussian"}))
         cases.append(
             SafetyCase(
                 "svd",

@@ -49,6 +49,14 @@ CUBE = {"time": 1000, "lat": 200, "lon": 300}
             dict.fromkeys(("inline", "crossline", "sample"), 64),
             "file",
         ),
+        # the same from a SEG-Y file: each task reads runs of whole traces for its block
+        SafetyCase(
+            "gst3d",
+            "float32",
+            dict.fromkeys(("inline", "crossline", "sample"), 320),
+            dict.fromkeys(("inline", "crossline", "sample"), 64),
+            "segy",
+        ),
     ],
     ids=lambda c: f"{c.op}-{c.dtype}-{c.source}",
 )

@@ -9,9 +9,9 @@ Importing the package registers the ``.memchunk`` accessor on :class:`xarray.Dat
 """
 
 from .accessor import MemchunkAccessor, register
-from .api import apply, plan
+from .api import Plan, apply, plan
 from .budget import Budget, resolve_budget
-from .calibrate import calibrate
+from .calibrate import calibrate, self_calibrate
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -22,9 +22,17 @@ from .errors import (
     UnknownOperatorError,
 )
 from .models import LinearMemoryModel
-from .operators import BlockwiseOperator, DimUse, Operator, operator_names, register_operator
+from .operators import (
+    BlockwiseOperator,
+    DimUse,
+    Operator,
+    operator,
+    operator_names,
+    register_operator,
+)
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole
+from .runs import RunReport
 
 __version__ = "0.1.0"
 
@@ -42,14 +50,18 @@ __all__ = [
     "MemchunkAccessor",
     "MemchunkError",
     "MemoryBudgetWarning",
+    "RunReport",
     "Operator",
+    "Plan",
     "UnknownOperatorError",
     "apply",
     "calibrate",
+    "operator",
     "operator_names",
     "plan",
     "register_operator",
     "resolve_budget",
+    "self_calibrate",
 ]
 
 register()

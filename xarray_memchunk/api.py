@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -14,13 +15,16 @@ import xarray as xr
 from dask.array.overlap import ensure_minimum_chunksize
 
 from .budget import Budget, resolve_budget
+from .calibrate import self_calibrate
 from .errors import (
     BudgetError,
+    CalibrationError,
     DimensionError,
     InfeasiblePlanError,
     MemchunkError,
     MemoryBudgetWarning,
 )
+from .models import load_calibration
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, resolve_cost
 from .operators.sources import device_of, read_chunked, storage_chunks
@@ -29,10 +33,31 @@ from .planning.plan import ChunkPlan
 from .planning.problem import TASK_OVERHEAD_S, DimRole, DimSpec, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
+from .runs import RunReport, report, track
 
-__all__ = ["apply", "plan", "storage_chunks"]
+__all__ = ["Plan", "apply", "plan", "storage_chunks"]
 
 Chunks = Mapping[str, Any] | str | int | None
+
+
+@dataclass(frozen=True)
+class Plan(ChunkPlan):
+    """A :class:`ChunkPlan` that can report on its run.
+
+    After ``apply`` with this plan's chunks and a computation on a ``distributed`` cluster,
+    :meth:`report` compares the measured task peaks with the prediction and learns from them.
+    """
+
+    def report(self, learn: bool = True) -> RunReport:
+        """Predicted against measured for the last run of this plan; see :func:`runs.report`.
+
+        Parameters
+        ----------
+        learn
+            Grow the operator's calibration where the run exceeded the prediction (or a
+            worker was paused or killed).
+        """
+        return report(self, learn)
 
 
 @dataclass(frozen=True)
@@ -62,13 +87,41 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
     return device
 
 
+def _cost(
+    operator: Operator,
+    name: str,
+    da: xr.DataArray,
+    kwargs: dict[str, Any],
+    device: str,
+    budget: Budget,
+    notes: list[str],
+) -> TaskCost:
+    """Resolve one variable's cost; a self-calibrating operator measures itself first."""
+    if getattr(operator, "self_calibrating", False):
+        key = operator.cost_terms(**kwargs).calibration
+        if load_calibration(key, device, np.dtype(da.dtype).name) is None:
+            if device != "cpu":
+                raise CalibrationError(
+                    f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
+                    f"memory_model for CuPy data"
+                )
+            operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
+            notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
+    return resolve_cost(operator, name, da, kwargs, device)
+
+
 def _resolve(
-    obj: xr.DataArray | xr.Dataset, operator: Operator, kwargs: dict[str, Any], device: str
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    kwargs: dict[str, Any],
+    device: str,
+    budget: Budget,
+    notes: list[str],
 ) -> tuple[dict[str, xr.DataArray], dict[str, TaskCost], dict[str, str], dict[str, Any]]:
     """Resolve each variable once: the ones planned, their costs, the others with the reason.
 
     Returns ``(variables, costs, left_out, kwargs)``, ``kwargs`` bound to the variables (CF
-    names resolved).
+    names resolved). What self-calibration did is appended to ``notes``.
 
     Raises
     ------
@@ -79,7 +132,8 @@ def _resolve(
     if isinstance(obj, xr.DataArray):
         name = str(obj.name) if obj.name is not None else "<array>"
         kwargs = operator.bind(obj, kwargs)
-        return {name: obj}, {name: resolve_cost(operator, name, obj, kwargs, device)}, {}, kwargs
+        cost = _cost(operator, name, obj, kwargs, device, budget, notes)
+        return {name: obj}, {name: cost}, {}, kwargs
     if not obj.data_vars:
         raise MemchunkError("the Dataset has no data variables to apply the operator to")
     variables, costs, left_out, errors, bound = {}, {}, {}, [], None
@@ -87,7 +141,7 @@ def _resolve(
         name = str(key)
         try:
             own = operator.bind(da, kwargs)
-            costs[name] = resolve_cost(operator, name, da, own, device)
+            costs[name] = _cost(operator, name, da, own, device, budget, notes)
         except MemchunkError as exc:
             errors.append(exc)
             left_out[name] = operator.skipped(da, str(exc), **kwargs)
@@ -263,11 +317,12 @@ def _prepare(
     label, prepared, cautions = chosen
     for caution in cautions:
         warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
+    notes = prepared.plan.notes
     if len(alternatives) > 1:
         why = [f"{label} chosen"] + [f"not {w}: {r}" for w, r in failures if w != label]
-        plan = replace(prepared.plan, notes=(*prepared.plan.notes, "; ".join(why)))
-        prepared = replace(prepared, plan=plan)
-    return prepared
+        notes = (*notes, "; ".join(why))
+    fields = {f.name: getattr(prepared.plan, f.name) for f in dataclasses.fields(ChunkPlan)}
+    return replace(prepared, plan=Plan(**(fields | {"notes": notes})))
 
 
 def _prepare_one(
@@ -279,7 +334,8 @@ def _prepare_one(
     kwargs: dict[str, Any],
 ) -> tuple[_Prepared, list[str]]:
     """Plan one alternative; also return the warnings it would issue if chosen."""
-    targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device)
+    fresh: list[str] = []
+    targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device, resolved, fresh)
     specs = merge_dims(
         [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
     )
@@ -295,8 +351,11 @@ def _prepare_one(
         peak_bytes=_peak_function(costs),
         seconds_per_element=max(c.seconds_per_element for c in costs.values()),
         task_overhead_s=TASK_OVERHEAD_S * max(c.tasks_per_chunk for c in costs.values()),
-        notes=_notes(costs, skipped),
+        notes=(*fresh, *_notes(costs, skipped)),
         inputs=tuple(c.layout for c in costs.values()),
+        max_task_elements=min(
+            (c.max_task_elements for c in costs.values() if c.max_task_elements), default=None
+        ),
     )
     if chunks is None:
         return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
@@ -320,6 +379,12 @@ def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[s
     kinds = {c.layout.kind for c in costs.values()}
     if InputKind.FILE in kinds:
         notes.append("input read straight from its file: each task reads its own block")
+    ranges = [c.max_task_elements for c in costs.values() if c.max_task_elements]
+    if ranges:
+        notes.append(
+            f"memory model measured on tasks of up to {min(ranges):,.0f} elements (by "
+            f"self-calibration, widened by runs): plans stay within them"
+        )
     notes += [f"left out: {name} ({reason})" for name, reason in skipped.items()]
     return tuple(notes)
 
@@ -357,7 +422,8 @@ def plan(
 
     Returns
     -------
-    ChunkPlan
+    Plan
+        A :class:`ChunkPlan`; ``plan.report()`` after a run on a cluster.
 
     Raises
     ------
@@ -400,6 +466,7 @@ def apply(
         result = result.rename(operator.name)
     if record_plan:
         result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
+    track(prepared.plan, prepared)
     return result
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import platform
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,20 @@ from .models.calibration import save_calibration
 from .models.fitting import LinearFit, fit_linear
 from .models.profiling import TaskProfile, peak_method, profile_in_worker
 from .operators import Operator, get_operator
-from .operators.cost import resolve_cost
+from .operators.cost import bind_features
 from .planning.candidates import padded_extent
+from .planning.problem import DimRole
 
-__all__ = ["calibrate", "features_of", "fit_profiles", "run_task"]
+__all__ = [
+    "SelfCalibration",
+    "calibrate",
+    "features_of",
+    "fit_profiles",
+    "fit_record",
+    "growing_shapes",
+    "run_task",
+    "self_calibrate",
+]
 
 #: A calibration shape: chunk extents per dim, or (extents, sizes of the whole array) for a
 #: task whose graph spans several chunks (a tree reduction over a chunked dim).
@@ -98,14 +111,12 @@ def features_of(
         np.broadcast_to(np.zeros((), dtype=dtype), tuple(sizes[d] for d in extents)),
         dims=list(extents),
     )
-    cost = resolve_cost(operator, "calibration", template, kwargs, "cpu")
+    uses, features = bind_features(operator, template, kwargs)
     padded = {
-        d: np.array(
-            [padded_extent(n, -(-sizes[d] // n), cost.uses[d].depth if d in cost.uses else 0)]
-        )
+        d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
         for d, n in extents.items()
     }
-    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in cost.features(padded).items()}
+    return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in features(padded).items()}
 
 
 def run_task(
@@ -130,9 +141,11 @@ def run_task(
     import xarray as xr
 
     dims = list(extents)
-    data = da.random.default_rng(seed).random(
-        tuple(sizes[d] for d in dims), chunks=tuple(extents[d] for d in dims), dtype=dtype
-    )
+    shape, chunks = tuple(sizes[d] for d in dims), tuple(extents[d] for d in dims)
+    if np.dtype(dtype).kind == "f":
+        data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
+    else:  # integers (seismic counts): uniform values within the dtype, made in the graph
+        data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
     obj = xr.DataArray(data, dims=dims)
     uses = operator.dim_uses(obj, **kwargs)
     result = operator.compute(obj, uses, **kwargs)
@@ -215,46 +228,231 @@ def calibrate(
                 dtype,
                 repeats,
             )
-            fit, seconds = fit_profiles(operator, profiles, kwargs)
-            fits[dtype] = {
-                "coefficients": fit.coefficients,
-                "intercept": fit.intercept,
-                "seconds_per_element": seconds,
-                "fit": {
-                    "lift_bytes": fit.lift,
-                    "median_abs_pct_error": fit.median_abs_pct_error,
-                    "worst_under_pct": fit.worst_under_pct,
-                    "worst_over_pct": fit.worst_over_pct,
-                    "n_profiles": fit.n_profiles,
-                },
-                "profiles": [
-                    {
-                        "extents": p.extents,
-                        "sizes": p.sizes,
-                        "peak_bytes": p.peak_bytes,
-                        "peak_spread": p.peak_spread,
-                        "seconds": p.seconds,
-                        "runs": p.runs,
-                    }
-                    for p in profiles
-                ],
-            }
+            fits[dtype] = fit_record(operator, profiles, kwargs)
     if save:
-        metadata = {
-            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "versions": _versions(),
-            "machine": _machine(),
-            "method": method,
-            "operator_kwargs": {k: v for k, v in kwargs.items() if v is not None},
-        }
         save_calibration(
             operator.cost_terms(**kwargs).calibration,
             "cpu",
             fits,
-            metadata,
+            _metadata(method, kwargs),
             Path(directory) if directory is not None else None,
         )
     return fits
+
+
+def fit_record(
+    operator: Operator,
+    profiles: Sequence[TaskProfile],
+    kwargs: Mapping[str, Any],
+    *,
+    measured_range: bool = False,
+) -> dict[str, Any]:
+    """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
+
+    ``measured_range``: record the largest task plans may reach (``max_task_elements``, see
+    :func:`trusted_range`): self-calibration measures small tasks only.
+    """
+    fit, seconds = fit_profiles(operator, profiles, kwargs)
+    stats: dict[str, float] = {
+        "lift_bytes": fit.lift,
+        "median_abs_pct_error": fit.median_abs_pct_error,
+        "worst_under_pct": fit.worst_under_pct,
+        "worst_over_pct": fit.worst_over_pct,
+        "n_profiles": fit.n_profiles,
+    }
+    if measured_range:
+        stats["max_task_elements"] = trusted_range(profiles)
+    return {
+        "coefficients": fit.coefficients,
+        "intercept": fit.intercept,
+        "seconds_per_element": seconds,
+        "fit": stats,
+        "profiles": [
+            {
+                "extents": p.extents,
+                "sizes": p.sizes,
+                "peak_bytes": p.peak_bytes,
+                "peak_spread": p.peak_spread,
+                "seconds": p.seconds,
+                "runs": p.runs,
+            }
+            for p in profiles
+        ],
+    }
+
+
+def _metadata(method: str, kwargs: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    return {
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "machine": _machine(),
+        "method": method,
+        "operator_kwargs": {k: v for k, v in kwargs.items() if v is not None},
+        **extra,
+    }
+
+
+#: Peak growth over element growth, between the two largest blocks measured, up to which a
+#: model counts as linear.
+LINEAR_GROWTH = 1.05
+#: How far beyond its largest measured block a model that grew linearly is trusted.
+EXTRAPOLATION = 2.0
+
+
+def trusted_range(profiles: Sequence[TaskProfile]) -> float:
+    """Largest task (elements) a model fitted to ``profiles`` may be planned for.
+
+    Twice the largest block measured when the peak grew in proportion to the block between the
+    two largest (within :data:`LINEAR_GROWTH`); the largest block itself when it grew faster:
+    a function whose memory outgrows its block is not extrapolated. What the blocks never
+    reached (a cost that starts only past some size) runs teach (:mod:`xarray_memchunk.runs`).
+    """
+    ranked = sorted(profiles, key=lambda p: math.prod(p.extents.values()))
+    largest = float(math.prod(ranked[-1].extents.values()))
+    if len(ranked) < 2 or ranked[-2].peak_bytes <= 0:
+        return largest
+    growth = ranked[-1].peak_bytes / ranked[-2].peak_bytes
+    elements = largest / math.prod(ranked[-2].extents.values())
+    return largest * (EXTRAPOLATION if growth <= LINEAR_GROWTH * elements else 1.0)
+
+
+@dataclass(frozen=True)
+class SelfCalibration:
+    """What :func:`self_calibrate` measured and saved.
+
+    Attributes
+    ----------
+    path
+        The calibration file written.
+    n_profiles
+        Block shapes measured.
+    largest_elements
+        Elements of the largest block measured.
+    trusted_elements
+        Largest task plans may reach (:func:`trusted_range`).
+    seconds
+        Wall time of the whole calibration (a profiling worker started included).
+    median_abs_pct_error, worst_under_pct
+        The fit's errors on the measured blocks, percent.
+    """
+
+    path: Path
+    n_profiles: int
+    largest_elements: int
+    trusted_elements: int
+    seconds: float
+    median_abs_pct_error: float
+    worst_under_pct: float
+
+    def explain(self) -> str:
+        """One sentence for the plan's notes."""
+        return (
+            f"memory model calibrated now: {self.n_profiles} blocks measured in a worker, up to "
+            f"{self.largest_elements:,} elements, in {self.seconds:.1f} s; median |error| "
+            f"{self.median_abs_pct_error:.1f}%, worst under-prediction "
+            f"{self.worst_under_pct:.1f}%; trusted up to {self.trusted_elements:,} elements"
+        )
+
+
+def growing_shapes(
+    sizes: Mapping[str, int], whole: Sequence[str], start: int = 2**16
+) -> Iterator[dict[str, int]]:
+    """Blocks of the array's own proportions, doubling in elements from ``start``.
+
+    ``whole`` dims keep their full length (the operator needs them whole); the others grow
+    together until they reach the array's size.
+    """
+    fixed = math.prod(sizes[d] for d in whole)
+    free = [d for d in sizes if d not in whole]
+    span = math.prod(sizes[d] for d in free)
+    target = max(start, fixed)
+    while True:
+        factor = min(1.0, (target / fixed / span) ** (1 / len(free))) if free else 1.0
+        extents = {
+            d: sizes[d] if d in whole else max(1, min(sizes[d], round(sizes[d] * factor)))
+            for d in sizes
+        }
+        yield extents
+        if all(extents[d] == sizes[d] for d in free):
+            return
+        target *= 2
+
+
+def self_calibrate(
+    operator: Operator,
+    da: Any,
+    kwargs: Mapping[str, Any],
+    per_task: int,
+    *,
+    client=None,
+    seconds: float | None = None,
+    directory: str | os.PathLike | None = None,
+) -> SelfCalibration:
+    """Measure ``operator`` on growing blocks of ``da``'s dims and dtype, fit, and save.
+
+    Each block runs as one task in a worker (the active cluster's, else a one-thread
+    ``LocalCluster`` started for it), doubling in size until a time bound or until the next
+    block would need more than one task's budget (``per_task``, extrapolated from the blocks
+    before it). At least three blocks are measured. The fit is
+    :func:`~xarray_memchunk.models.fitting.fit_linear`'s, and records how far plans may go
+    (:func:`trusted_range`).
+
+    Parameters
+    ----------
+    seconds
+        Time bound; the dask config key ``memchunk.self-calibration-seconds`` (10) by default.
+    """
+    import dask
+
+    from .clusters import active_client
+
+    start = time.perf_counter()
+    limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 10))
+    dtype = np.dtype(da.dtype).name
+    uses = operator.dim_uses(da, **kwargs)
+    sizes = {str(d): int(n) for d, n in da.sizes.items()}
+    whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
+    profiles: list[TaskProfile] = []
+    with _profiling_client(client or active_client()) as profiler:
+        method = profiler.submit(peak_method, pure=False).result()
+        for extents in growing_shapes(sizes, whole):
+            case = (extents, extents, (operator, dict(kwargs), extents, extents, dtype))
+            profiles += profile_in_worker(profiler, run_task, [case], dtype, repeats=1)
+            if not _grow(profiles, per_task, limit - (time.perf_counter() - start)):
+                break
+    record = fit_record(operator, profiles, kwargs, measured_range=True)
+    path = save_calibration(
+        operator.cost_terms(**kwargs).calibration,
+        "cpu",
+        {dtype: record},
+        _metadata(method, kwargs, self_calibrated=True),
+        Path(directory) if directory is not None else None,
+    )
+    stats = record["fit"]
+    return SelfCalibration(
+        path=path,
+        n_profiles=len(profiles),
+        largest_elements=max(math.prod(p.extents.values()) for p in profiles),
+        trusted_elements=int(stats["max_task_elements"]),
+        seconds=time.perf_counter() - start,
+        median_abs_pct_error=stats["median_abs_pct_error"],
+        worst_under_pct=stats["worst_under_pct"],
+    )
+
+
+def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -> bool:
+    """Whether to measure a block twice as large: time left, and its peak within a task's budget.
+
+    The next peak is extrapolated from the last two blocks' growth (at least doubling), so a
+    function whose memory grows faster than its block is caught before it outgrows the budget.
+    """
+    last = profiles[-1]
+    growth = 2.0
+    if len(profiles) >= 2 and profiles[-2].peak_bytes > 0:
+        growth = max(2.0, last.peak_bytes / profiles[-2].peak_bytes)
+    if growth * last.peak_bytes > per_task:
+        return False
+    return len(profiles) < 3 or growth * last.seconds < seconds_left
 
 
 @contextlib.contextmanager

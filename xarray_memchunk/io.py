@@ -1,4 +1,4 @@
-"""Open Zarr / netCDF inputs with their storage chunks, and write results safely.
+"""Open Zarr / netCDF / SEG-Y inputs with their storage chunks, and write results safely.
 
 Safe writes: the result is written next to the target under a hidden name that says what it
 is, and moved into place only once complete. With one id per write:
@@ -25,15 +25,23 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import xarray as xr
 
 from .errors import MemchunkError
+from .segy import SEGY_SUFFIXES, open_segy
 
-__all__ = ["RecoveredWriteWarning", "open_input", "output_format", "recover", "safe_write"]
+__all__ = [
+    "RecoveredWriteWarning",
+    "open_input",
+    "open_segy",
+    "output_format",
+    "recover",
+    "safe_write",
+]
 
 
 class RecoveredWriteWarning(UserWarning):
@@ -49,7 +57,10 @@ def output_format(path: str | os.PathLike) -> str:
 
 
 def open_input(path: str | os.PathLike, variable: str | None = None) -> xr.Dataset | xr.DataArray:
-    """Open a Zarr store or netCDF file lazily, keeping its storage chunks in the encoding.
+    """Open a Zarr store, netCDF or SEG-Y file lazily, keeping its storage chunks.
+
+    SEG-Y files (by suffix: ``.sgy``, ``.segy``) open with :func:`open_segy`'s defaults as the
+    DataArray ``amplitude``.
 
     Raises
     ------
@@ -59,6 +70,10 @@ def open_input(path: str | os.PathLike, variable: str | None = None) -> xr.Datas
     path = Path(path)
     if not path.exists():
         raise MemchunkError(f"input {str(path)!r} does not exist")
+    if path.suffix.lower() in SEGY_SUFFIXES:
+        if variable not in (None, "amplitude"):
+            raise MemchunkError(f"a SEG-Y file has one variable, 'amplitude', not {variable!r}")
+        return open_segy(path)
     try:
         if path.is_dir():
             ds = xr.open_zarr(path, chunks={})
@@ -161,6 +176,7 @@ def safe_write(
     overwrite: bool = False,
     compute: Callable[[Any], None] | None = None,
     fmt: str | None = None,
+    storage_chunks: Mapping[str, int] | None = None,
 ) -> Path:
     """Write ``obj`` to a Zarr store or netCDF file (by suffix), atomically.
 
@@ -177,6 +193,10 @@ def safe_write(
         progress bar); ``dask.compute`` by default.
     fmt
         ``"zarr"`` or ``"netcdf"``; by the target's suffix when None.
+    storage_chunks
+        Chunk length per dim in the file. Each Dask chunk must then be a whole number of them
+        (the last of a dim excepted), so that no two tasks write one storage chunk. None: the
+        longest Dask chunk per dim (the Dask chunks are made uniform first).
 
     Returns
     -------
@@ -194,9 +214,12 @@ def safe_write(
             "e.g. result.rename('dip')"
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
-    chunks = uniform_chunks(ds)
-    if chunks:
-        ds = ds.chunk(chunks)
+    if storage_chunks is None:
+        chunks = uniform_chunks(ds)
+        if chunks:
+            ds = ds.chunk(chunks)
+    else:
+        chunks = {str(d): int(storage_chunks.get(d, max(c))) for d, c in ds.chunksizes.items()}
     write_id = uuid.uuid4().hex[:8]
     tmp = _piece(target, "partial", write_id)
     try:
@@ -209,8 +232,11 @@ def safe_write(
             delayed = ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding, compute=False)
         else:
             for var in ds.variables.values():
-                var.encoding.pop("chunks", None)
                 var.encoding.pop("preferred_chunks", None)
+                if storage_chunks is not None and var.chunks is not None:
+                    var.encoding["chunks"] = tuple(chunks[d] for d in var.dims)
+                else:
+                    var.encoding.pop("chunks", None)
             delayed = ds.to_zarr(tmp, mode="w-", compute=False, consolidated=True)
         (compute or dask.compute)(delayed)
     except BaseException:

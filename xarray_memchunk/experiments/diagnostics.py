@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ClusterWatch", "RunOutcome", "run_watched"]
+__all__ = ["ClusterWatch", "RunOutcome", "run_watched", "watch"]
 
 
 @dataclass
@@ -169,14 +169,29 @@ def run_watched(
     """
     import dask
 
-    events = _EventLog(client, time.time())
     n_tasks = 0
-    with ClusterWatch(interval, on_refresh=events.poll) as watch:
+
+    def work() -> None:
+        nonlocal n_tasks
+        result = build()
+        n_tasks = len(result.__dask_graph__())
+        dask.compute(result)
+
+    outcome = watch(client, label, work, interval=interval)
+    outcome.n_tasks = n_tasks
+    return outcome
+
+
+def watch(client, label: str, work: Callable[[], Any], *, interval: float = 0.02) -> RunOutcome:
+    """Run ``work()`` (which computes on ``client``'s cluster) and watch the workers.
+
+    Any exception from ``work`` is recorded in the outcome, not raised.
+    """
+    events = _EventLog(client, time.time())
+    with ClusterWatch(interval, on_refresh=events.poll) as watcher:
         start = time.perf_counter()
         try:
-            result = build()
-            n_tasks = len(result.__dask_graph__())
-            dask.compute(result)
+            work()
             completed, error = True, ""
         except Exception as exc:  # the outcome records the failure
             completed = False
@@ -189,9 +204,9 @@ def run_watched(
         completed=completed,
         error=error,
         seconds=seconds,
-        peak_worker_bytes=watch.peaks,
+        peak_worker_bytes=watcher.peaks,
         pauses=len(events.pauses),
         worker_deaths=len(events.deaths),
-        n_tasks=n_tasks,
-        series=watch.series,
+        n_tasks=0,
+        series=watcher.series,
     )

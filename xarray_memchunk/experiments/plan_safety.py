@@ -7,7 +7,8 @@ not fit), runs ``apply`` on a fresh ``LocalCluster`` with that limit, and record
 prediction next to what the workers really did: peak RSS per worker, pauses, deaths.
 
 ``benchmarks/plan_safety.py`` runs the full matrix (every built-in operator, float32 and
-float64, both kinds of input); ``tests/test_plan_safety.py`` runs a few cases of it.
+float64, input from a graph and from Zarr; GST3D from SEG-Y too); ``tests/test_plan_safety.py``
+runs a few cases of it.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ class SafetyCase:
         Dim name -> chunk length of the input as it comes (storage chunks for a file).
     source
         ``"graph"``: random data generated inside the Dask graph; ``"file"``: the same data
-        written to a Zarr store first and opened with ``xarray.open_zarr``.
+        written to a Zarr store first and opened with ``xarray.open_zarr``; ``"segy"``: written
+        to a SEG-Y file (3-D, inline-sorted; float32 as IEEE, float64 as format 6) and opened
+        with :func:`~xarray_memchunk.io.open_segy` (``chunks`` only shape the generation).
     memory_limit
         Worker memory limit; None picks the largest of :data:`LIMITS` whose plan is bound by
         memory.
@@ -109,7 +112,7 @@ class SafetyResult:
 
 
 def _input(case: SafetyCase, root: Path) -> xr.DataArray:
-    """The case's input: random data in the graph, or the same written to and read from Zarr."""
+    """The case's input: random data in the graph, or the same written to a file and opened."""
     import dask.array as da
 
     dims = list(case.shape)
@@ -121,6 +124,13 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
     array = xr.DataArray(data, dims=dims, name="v")
     if case.source == "graph":
         return array
+    if case.source == "segy":
+        from ..segy import open_segy, write_segy
+
+        path = root / f"{case.dtype}-{'x'.join(map(str, array.shape))}.sgy"
+        if not path.exists():
+            write_segy(array, path, sample_format=5 if case.dtype == "float32" else 6)
+        return open_segy(path)
     layout = "-".join(f"{d}{case.shape[d]}c{case.chunks[d]}" for d in dims)
     path = root / f"{case.dtype}-{layout}.zarr"  # shared by the cases that read the same data
     if not path.exists():

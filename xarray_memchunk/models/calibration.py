@@ -61,6 +61,8 @@ class Calibration:
         File it was read from.
     metadata
         Fit errors, library versions, machine, date.
+    profiles
+        The measured tasks it was fitted on (``extents``, ``sizes``, ``peak_bytes``, ...).
     """
 
     operator: str
@@ -70,6 +72,7 @@ class Calibration:
     seconds_per_element: float
     path: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    profiles: tuple[dict[str, Any], ...] = ()
 
 
 def shipped_dir() -> Path:
@@ -135,6 +138,7 @@ def _parse_fit(document: dict[str, Any], dtype: str, path: str) -> Calibration |
         seconds_per_element=seconds,
         path=path,
         metadata={k: v for k, v in document.items() if k != "fits"} | {"fit": fit.get("fit", {})},
+        profiles=tuple(fit.get("profiles", [])),
     )
 
 

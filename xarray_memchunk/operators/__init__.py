@@ -1,7 +1,7 @@
 """Operators: what dims they need, their memory models, and their lazy computations."""
 
 from .base import DimUse, Operator
-from .blockwise import BlockwiseOperator
+from .blockwise import BlockwiseOperator, operator
 from .gst3d import GST3D
 from .reductions import REDUCTIONS, Reduction
 from .registry import get_operator, operator_names, register_operator
@@ -15,6 +15,7 @@ __all__ = [
     "Reduction",
     "SVD",
     "get_operator",
+    "operator",
     "operator_names",
     "register_operator",
 ]

@@ -38,11 +38,16 @@ class CostTerms:
         ``2 n_power_iter + 2`` passes).
     tasks_per_chunk
         Dask tasks the computation creates per planned chunk (scheduling overhead).
+    held_share
+        Share of the whole array a worker holds beside its running task, its part of
+        intermediate results that wait for a later step (tsqr's first Q factors wait for the
+        QR of the stacked R factors): ``held_share x array bytes / workers``.
     """
 
     calibration: str
     passes: int = 1
     tasks_per_chunk: float = 1.0
+    held_share: float = 0.0
 
 
 class Operator(abc.ABC):

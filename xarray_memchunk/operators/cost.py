@@ -17,13 +17,13 @@ import numpy as np
 import xarray as xr
 
 from ..errors import MemchunkError
-from ..models import LinearMemoryModel, load_calibration
+from ..models import Calibration, LinearMemoryModel, load_calibration
 from ..planning.footprint import InputLayout
 from ..planning.problem import DimUse
 from .base import Operator
 from .sources import input_kind, source_chunks
 
-__all__ = ["TaskCost", "resolve_cost"]
+__all__ = ["TaskCost", "bind_features", "resolve_cost"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class TaskCost:
         How the data comes in (file, graph, memory; its chunks).
     features
         The operator's task features for padded extents (already bound to this variable).
+    calibration
+        The calibration the model comes from, or None for an analytic or given model.
     """
 
     variable: str
@@ -68,10 +70,52 @@ class TaskCost:
     tasks_per_chunk: float
     layout: InputLayout
     features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    calibration: Calibration | None = None
+
+    @property
+    def max_task_elements(self) -> float | None:
+        """Largest task (padded elements) the model was measured on, or None.
+
+        Set for models that must not be extrapolated (self-calibrated ones); None where they
+        may.
+        """
+        value = (self.calibration.metadata.get("fit", {}) if self.calibration else {}).get(
+            "max_task_elements"
+        )
+        return float(value) if value else None
 
     def peak_bytes(self, padded: Mapping[str, np.ndarray]) -> np.ndarray:
         """Predicted peak bytes of one task per candidate, from padded extents of every dim."""
         return self.model.peak_bytes(self.features({d: padded[d] for d in self.dims}))
+
+
+def bind_features(
+    operator: Operator, da: xr.DataArray, kwargs: Mapping[str, Any]
+) -> tuple[dict[str, DimUse], Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
+    """How the operator uses ``da``'s dims, and its task features bound to ``da``.
+
+    The one path from a variable to the features of its tasks: planning and calibration both
+    take it.
+
+    Raises
+    ------
+    MemchunkError
+        When the operator does not compute on ``da``'s dtype.
+    DimensionError
+        When ``da`` lacks a dim the operator needs.
+    """
+    dtype = np.dtype(da.dtype)
+    if dtype.kind not in operator.dtype_kinds:
+        raise MemchunkError(
+            f"{operator.name} does not compute on dtype {dtype}: convert the data first, e.g. "
+            f".astype('float32')"
+        )
+    uses = operator.dim_uses(da, **kwargs)
+    sizes = {str(d): int(n) for d, n in da.sizes.items()}
+    features = partial(
+        operator.task_features, uses=uses, itemsize=dtype.itemsize, sizes=sizes, **kwargs
+    )
+    return uses, features
 
 
 def resolve_cost(
@@ -88,13 +132,8 @@ def resolve_cost(
     CalibrationError
         When a calibration file exists but is not valid.
     """
+    uses, features = bind_features(operator, da, kwargs)
     dtype = np.dtype(da.dtype)
-    if dtype.kind not in operator.dtype_kinds:
-        raise MemchunkError(
-            f"{operator.name} does not compute on dtype {dtype}: convert the data first, e.g. "
-            f".astype('float32')"
-        )
-    uses = operator.dim_uses(da, **kwargs)
     terms = operator.cost_terms(**kwargs)
     calibration = load_calibration(terms.calibration, device, dtype.name)
     if calibration is not None:
@@ -119,8 +158,9 @@ def resolve_cost(
         model_source=source,
         seconds_per_element=seconds * terms.passes,
         tasks_per_chunk=terms.tasks_per_chunk,
-        layout=InputLayout(name, dims, dtype.itemsize, input_kind(da), source_chunks(da)),
-        features=partial(
-            operator.task_features, uses=uses, itemsize=dtype.itemsize, sizes=sizes, **kwargs
+        layout=InputLayout(
+            name, dims, dtype.itemsize, input_kind(da), source_chunks(da), terms.held_share
         ),
+        features=features,
+        calibration=calibration,
     )

@@ -28,7 +28,9 @@ the plan's). Per task slot:
   merged) holds the pieces and the concatenated block: one more padded input.
 - ``held``: ``(threads + HELD_AHEAD) x`` the source chunks one task reads when the plan differs
   from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
-  split across chunks; at most the whole array. Per worker, divided among its threads.
+  split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
+  wait for a later step, whatever the input); at most the whole array. Per worker, divided
+  among its threads.
 """
 
 from __future__ import annotations
@@ -94,6 +96,9 @@ class InputLayout:
         Where the data comes from.
     source_chunks
         Longest chunk per dim as the data comes (the dim's length where it is one chunk).
+    held_share
+        Share of the whole array a worker holds beside its task because of the operator's
+        graph (intermediate results waiting for a later step), whatever the input.
     """
 
     name: str
@@ -101,6 +106,7 @@ class InputLayout:
     itemsize: int
     kind: InputKind
     source_chunks: Mapping[str, int]
+    held_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,7 @@ def footprint(
         for cut in own:
             if cut.halo:
                 stencil |= cut.n_chunks > 1
+        waiting = min(array_bytes, layout.held_share * array_bytes / max(1, n_workers))
         if layout.kind is InputKind.FILE:
             touched = np.full(task.shape, float(layout.itemsize))
             chunk = float(layout.itemsize)
@@ -208,9 +215,10 @@ def footprint(
             group = np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
             # the read ends before the task's own work starts: it adds only where it is larger
             read = np.maximum(padded + READ_COPIES * group - task, 0.0)
-            worst = read > gather + held
+            extra_held = np.full(task.shape, waiting / threads)
+            worst = read + extra_held > gather + held
             gather = np.where(worst, read, gather)
-            held = np.where(worst, 0.0, held)
+            held = np.where(worst, extra_held, held)
             continue
         covering = np.full(task.shape, float(layout.itemsize))
         identical = np.ones(task.shape, dtype=bool)
@@ -227,7 +235,9 @@ def footprint(
         cut_sources = np.where(identical, 0.0, (threads + HELD_AHEAD) * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
         # a worker cannot hold more of the input than all of it
-        extra_held = np.minimum(cut_sources + np.where(stencil, share, 0.0), array_bytes) / threads
+        extra_held = (
+            np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, array_bytes) / threads
+        )
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)

@@ -20,6 +20,7 @@ class Binding:
     TASK_OVERHEAD = "task overhead"
     STORAGE_ALIGNMENT = "storage alignment"
     USER_CHUNKS = "user chunks"
+    MODEL_RANGE = "measured range"
 
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
         MEMORY: "the per-task memory budget: larger chunks would not fit",
@@ -28,6 +29,8 @@ class Binding:
         TASK_OVERHEAD: "per-task overhead: fewer, larger chunks are faster and fit in memory",
         STORAGE_ALIGNMENT: "storage alignment: whole storage chunks per task, at little cost",
         USER_CHUNKS: "the chunks were given by the user",
+        MODEL_RANGE: "the memory model's measured range: larger chunks would go beyond the "
+        "largest task it was measured on (a run measures more, and widens it)",
     }
 
 

@@ -93,6 +93,9 @@ class PlanProblem:
         The planned variables as they come in (file, Dask graph or NumPy; their chunks): what
         a worker holds besides its tasks depends on them
         (:mod:`~xarray_memchunk.planning.footprint`). None: only the task is counted.
+    max_task_elements
+        Largest task (padded elements) the memory model was measured on, where it must not
+        be extrapolated (a self-calibrated model); None: no such limit.
     """
 
     operator: str
@@ -103,6 +106,7 @@ class PlanProblem:
     read_seconds_per_element: float = 2e-9
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputLayout, ...] = ()
+    max_task_elements: float | None = None
 
     @property
     def shape(self) -> tuple[int, ...]:

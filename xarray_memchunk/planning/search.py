@@ -175,6 +175,16 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     tied_seconds = np.round(np.log(seconds) / np.log1p(TIME_RESOLUTION))
     order = np.lexsort((peak, n_chunks, tied_seconds))
     fits = peak <= budget.per_task
+    measured = (
+        elements <= problem.max_task_elements if problem.max_task_elements else np.ones_like(fits)
+    )
+    if (fits & ~measured).any() and not (fits & measured).any():
+        raise InfeasiblePlanError(
+            f"{problem.operator!r}: every chunking that fits the budget has tasks larger than "
+            f"the {problem.max_task_elements:,.0f} elements its memory model was measured on; "
+            f"calibrate it on larger blocks (xarray_memchunk.calibrate with shapes=...)"
+        )
+    fits &= measured
     if not fits.any():
         smallest = int(np.argmin(peak))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
@@ -186,7 +196,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     chosen, notes = fastest, list(problem.notes)
     binding = Binding.PARALLELISM if n_chunks[fastest] > 1 else Binding.TASK_OVERHEAD
     if not fits[int(order[0])]:
-        binding = Binding.MEMORY
+        binding = Binding.MEMORY if peak[int(order[0])] > budget.per_task else Binding.MODEL_RANGE
     if not aligned[fastest]:
         aligned_fits = ranked[aligned[ranked]]
         limit = seconds[fastest] * (1 + ALIGNMENT_TOLERANCE)

@@ -1,0 +1,195 @@
+"""SEG-Y to Zarr: memchunk ingest on a LocalCluster against segyio.tools.cube + to_zarr.
+
+    python benchmarks/segy_ingest.py                        # 800^3 float32 (2.05 GB), 3 runs
+    python benchmarks/segy_ingest.py --size 300 --repeats 1 # quick
+    python benchmarks/segy_ingest.py --segy volume.sgy      # an existing file
+
+Generates the SEG-Y file once (IEEE float32, inline-sorted, from ``synthetic_seismic``, written
+an inline at a time), then runs each case in a fresh process, the order of the cases rotated on
+each repeat, and quotes medians:
+
+- ``memchunk ingest``: 128^3 storage chunks, LocalCluster 2 workers x 1 thread x 1.5GB;
+- ``memchunk ingest --for gst3d``: storage chunks from gst3d's plan on that cluster;
+- ``segyio cube + to_zarr``: ``segyio.tools.cube`` (the whole volume in memory), then
+  ``to_zarr`` in 128^3 chunks with Dask's threaded scheduler (2 threads).
+
+Peak memory: the largest sampled RSS of any worker, and each process's own peak RSS
+(``VmHWM``; for the cube case that process does all the work). Three inlines of every
+store are checked against the file. Writes the table to ``benchmarks/results/segy_ingest.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = ("memchunk ingest", "memchunk ingest --for gst3d", "segyio cube + to_zarr")
+MEMORY_LIMIT = "1.5GB"
+
+
+def _own_peak() -> int:
+    """This process's peak RSS (``VmHWM``: ``ru_maxrss`` would keep the parent's across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def run_case(case: str, source: str, target: str) -> dict:
+    """One case in this (fresh) process; returns what it measured."""
+    if case == "segyio cube + to_zarr":
+        import dask
+        import segyio
+        import xarray as xr
+
+        start = time.perf_counter()
+        with segyio.open(source) as f:
+            cube = segyio.tools.cube(f)
+        da = xr.DataArray(cube, dims=("inline", "crossline", "sample"), name="amplitude")
+        with dask.config.set(scheduler="threads", num_workers=2):
+            da.chunk(128).to_zarr(target)
+        seconds = time.perf_counter() - start
+        return {"seconds": seconds, "worker_peak": 0, "process_peak": _own_peak(), "ok": True}
+
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.experiments.diagnostics import watch
+    from xarray_memchunk.ingest import ingest
+
+    operator = "gst3d" if case.endswith("gst3d") else None
+    chunks = {}
+
+    def work() -> None:
+        _, storage, _ = ingest(source, target, operator=operator)
+        chunks.update(storage)
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit=MEMORY_LIMIT, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        outcome = watch(client, case, work)
+    return {
+        "seconds": outcome.seconds,
+        "worker_peak": outcome.peak_bytes,
+        "process_peak": _own_peak(),
+        "pauses": outcome.pauses,
+        "deaths": outcome.worker_deaths,
+        "ok": outcome.completed,
+        "error": outcome.error,
+        "chunks": "x".join(str(c) for c in chunks.values()),
+    }
+
+
+def _check(source: str, target: str) -> bool:
+    """Three inlines of the store equal segyio's reading of them."""
+    import numpy as np
+    import segyio
+    import xarray as xr
+
+    store = xr.open_zarr(target).amplitude
+    with segyio.open(source) as f:
+        picks = (0, len(f.ilines) // 2, len(f.ilines) - 1)
+        return all(np.array_equal(store[i].values, f.iline[f.ilines[i]]) for i in picks)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=800, help="volume edge (default 800)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--segy", help="use this SEG-Y file instead of generating one")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--source", help=argparse.SUPPRESS)
+    parser.add_argument("--target", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:  # a child process: one case
+        print(json.dumps(run_case(args.case, args.source, args.target)))
+        return
+
+    from xarray_memchunk.datasets import synthetic_seismic
+    from xarray_memchunk.segy import write_segy
+
+    root = Path(tempfile.mkdtemp(prefix="memchunk-segy-"))
+    try:
+        if args.segy:
+            source = Path(args.segy)
+            from xarray_memchunk.segy import read_geometry
+
+            shape = read_geometry(source).shape
+        else:
+            source = root / "volume.sgy"
+            shape = (args.size,) * 3
+            start = time.perf_counter()
+            volume = synthetic_seismic(shape, chunks=(8, args.size, args.size)).amplitude
+            write_segy(volume, source)
+            print(f"wrote {source.name}: in {time.perf_counter() - start:.0f} s")
+        size = source.stat().st_size
+        runs: dict[str, list[dict]] = {c: [] for c in CASES}
+        for r in range(args.repeats):
+            for case in CASES[r % 3 :] + CASES[: r % 3]:
+                target = root / "out.zarr"
+                shutil.rmtree(target, ignore_errors=True)
+                command = [sys.executable, __file__, "--case", case]
+                command += ["--source", str(source), "--target", str(target)]
+                child = subprocess.run(
+                    command,
+                    capture_output=True,
+                    text=True,
+                )
+                if child.returncode != 0:
+                    found = {"ok": False, "error": child.stderr.strip().splitlines()[-1]}
+                else:
+                    found = json.loads(child.stdout.strip().splitlines()[-1])
+                    found["equal"] = _check(str(source), str(target))
+                runs[case].append(found)
+                print(case, {k: v for k, v in found.items() if k != "error"}, flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    lines = [
+        f"SEG-Y {shape} float32 ({_mb(size)}) to Zarr, median of {args.repeats} "
+        f"(order rotated); LocalCluster 2 workers x 1 thread x {MEMORY_LIMIT} for memchunk",
+        f"command: python {' '.join(sys.argv)}",
+        f"{'case':<30} {'storage chunks':>15} {'wall s':>7} {'MB/s':>6} {'peak/worker':>12} "
+        f"{'process peak':>13} {'pauses':>6} {'deaths':>6} {'values':>7}",
+    ]
+    for case, found in runs.items():
+        done = [f for f in found if f.get("ok")]
+        if not done:
+            lines.append(f"{case:<30} failed: {found[0].get('error', '')}")
+            continue
+        seconds = statistics.median(f["seconds"] for f in done)
+        lines.append(
+            f"{case:<30} {done[0].get('chunks', '128x128x128'):>15} {seconds:7.1f} "
+            f"{size / 1e6 / seconds:6.0f} "
+            f"{_mb(max(f['worker_peak'] for f in done)) if done[0]['worker_peak'] else '-':>12} "
+            f"{_mb(statistics.median(f['process_peak'] for f in done)):>13} "
+            f"{sum(f.get('pauses', 0) for f in done):>6} "
+            f"{sum(f.get('deaths', 0) for f in done):>6} "
+            f"{'equal' if all(f['equal'] for f in done) else 'DIFFER':>7}"
+        )
+    lines.append(
+        "peak/worker: largest sampled RSS of a worker over all runs; process peak: the median "
+        "of each run's own peak RSS (the client for memchunk, everything for the cube); "
+        "pauses and deaths summed over runs; values: 3 inlines of each store against segyio"
+    )
+    table = "\n".join(lines)
+    print(table)
+    (Path(__file__).parent / "results" / "segy_ingest.txt").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""SEG-Y in: open_segy against segyio's own reader, missing traces, bad files, ingest to Zarr."""
+
+import subprocess
+import sys
+
+import cf_xarray  # noqa: F401  (the .cf accessor)
+import numpy as np
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk import segy
+from xarray_memchunk.datasets import synthetic_seismic
+from xarray_memchunk.ingest import DEFAULT_CHUNK, ingest, storage_chunks_for, write_chunks
+from xarray_memchunk.io import open_input
+from xarray_memchunk.operators.sources import input_kind
+from xarray_memchunk.planning.footprint import InputKind
+from xarray_memchunk.segy import open_segy, write_segy
+
+segyio = pytest.importorskip("segyio")
+
+MEMCHUNK = [sys.executable, "-m", "xarray_memchunk.cli"]
+
+
+def memchunk(*args, timeout=300):
+    return subprocess.run(
+        [*MEMCHUNK, *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def volume():
+    return synthetic_seismic((30, 26, 40), dip_degrees=25).amplitude
+
+
+@pytest.fixture(scope="module")
+def volume_file(volume, tmp_path_factory):
+    path = tmp_path_factory.mktemp("segy") / "volume.sgy"
+    return write_segy(volume, path, first_inline=1001, first_crossline=2001)
+
+
+def segyio_cube(path, endian="big"):
+    with segyio.open(str(path), endian=endian) as f:
+        cube = segyio.tools.cube(f)
+        sorting = f.sorting
+    # segyio gives (slow, fast, samples): (crossline, inline, ...) for a crossline-sorted file
+    return (
+        cube.transpose(1, 0, 2) if sorting == segyio.TraceSortingFormat.CROSSLINE_SORTING else cube
+    )
+
+
+@pytest.mark.parametrize("sorting", ["inline", "crossline"])
+@pytest.mark.parametrize("endian", ["big", "little"])
+@pytest.mark.parametrize(("sample_format", "dtype"), [(1, "float32"), (3, "int16"), (5, "float32")])
+def test_values_equal_segyio_cube(volume, tmp_path, sample_format, dtype, endian, sorting):
+    amplitudes = volume * 1000 if dtype == "int16" else volume
+    path = write_segy(
+        amplitudes, tmp_path / "v.sgy", sample_format=sample_format, endian=endian, sorting=sorting
+    )
+    da = open_segy(path)  # endian="auto" finds the byte order
+    assert da.dtype == np.dtype(dtype)
+    assert da.attrs["segy_endian"] == endian
+    assert da.attrs["segy_sorting"] == f"{sorting}-sorted"
+    np.testing.assert_array_equal(da.values, segyio_cube(path, endian))
+    # IBM floats round float32 amplitudes (7 significant bits of mantissa lost at most)
+    tolerance = {1: 1e-6, 3: 0.5, 5: 0.0}[sample_format]
+    np.testing.assert_allclose(da.values, amplitudes.values, rtol=0, atol=tolerance)
+
+
+def test_coordinates_and_attributes_from_headers(volume_file, volume):
+    da = open_segy(volume_file)
+    assert da.dims == ("inline", "crossline", "sample") and da.name == "amplitude"
+    np.testing.assert_array_equal(da.inline, np.arange(1001, 1031))
+    np.testing.assert_array_equal(da.crossline, np.arange(2001, 2027))
+    np.testing.assert_array_equal(da.sample, np.arange(40) * 4.0)
+    assert da.sample.attrs["units"] == "ms" and da.sample.attrs["axis"] == "Z"
+    assert da.inline.attrs["axis"] == "X" and da.crossline.attrs["axis"] == "Y"
+    assert da.cf.axes == {"X": ["inline"], "Y": ["crossline"], "Z": ["sample"]}
+    depth = open_segy(volume_file, domain="depth")
+    assert depth.sample.attrs["standard_name"] == "depth" and "units" not in depth.sample.attrs
+    with pytest.raises(xm.MemchunkError, match="domain"):
+        open_segy(volume_file, domain="frequency")
+
+
+def test_lazy_and_read_from_the_file_by_runs_of_traces(volume_file, monkeypatch):
+    da = open_segy(volume_file)
+    assert da.chunks == ((1,) * 30, (26,), (40,))  # one inline per chunk: nothing read yet
+    assert input_kind(da) is InputKind.FILE
+    reads = []
+    real_open = segy._open
+
+    class Spy:
+        def __init__(self, f):
+            self.f, self.trace = f, self
+
+        @property
+        def raw(self):
+            return self
+
+        def __getitem__(self, key):
+            reads.append(key.stop - key.start)
+            return self.f.trace.raw[key]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    monkeypatch.setattr(segy, "_open", lambda *a: Spy(real_open(*a)))
+    block = da.isel(inline=slice(4, 7), crossline=slice(10, 15), sample=slice(5, 20)).values
+    assert reads == [5, 5, 5]  # three inlines, one run of five traces each
+    assert block.shape == (3, 5, 15)
+
+
+def test_gst3d_on_segy_equals_gst3d_in_memory(volume_file, threaded):
+    da = open_segy(volume_file)
+    plan = da.memchunk.plan("gst3d", memory_limit="1GB")
+    assert "read straight from its file" in plan.explain()
+    dip = da.memchunk.apply("gst3d", memory_limit="1GB", sigma=1.0, rho=1.5)
+    expected = da.load().memchunk.apply("gst3d", sigma=1.0, rho=1.5)
+    np.testing.assert_allclose(dip.values, expected.values, rtol=1e-5, atol=1e-4)
+    assert dip.name == "dip"
+
+
+def test_missing_traces_refused_or_filled_with_a_mask(volume, tmp_path):
+    present = np.ones((30, 26), bool)
+    present[:4, :3] = False  # an irregular outline
+    present[15, 12] = False  # a gap
+    path = write_segy(volume, tmp_path / "holes.sgy", trace_present=present)
+    with pytest.raises(xm.MemchunkError, match=r"13 missing traces.*fill="):
+        open_segy(path)
+    da = open_segy(path, fill=np.nan)
+    np.testing.assert_array_equal(da.trace_present.values, present)
+    expected = np.where(present[..., None], volume.values, np.nan)
+    np.testing.assert_array_equal(da.values, expected)
+    ints = write_segy(
+        volume * 1000, tmp_path / "holes16.sgy", sample_format=3, trace_present=present
+    )
+    assert open_segy(ints, fill=np.nan).dtype == np.float32  # NaN needs floats
+    assert open_segy(ints, fill=-999).values[0, 0, 0] == -999
+    with pytest.raises(xm.MemchunkError, match="not a value of the file's int16"):
+        open_segy(ints, fill=1.5)
+
+
+def test_duplicate_positions_and_bad_files_refused(volume, tmp_path):
+    path = write_segy(volume, tmp_path / "v.sgy")
+    with pytest.raises(xm.MemchunkError, match="several traces share"):
+        open_segy(path, xline=181)  # a header field that is 0 on every trace
+    (tmp_path / "zeros.sgy").write_bytes(bytes(5000))
+    (tmp_path / "text.sgy").write_text("not seismic\n" * 400)
+    truncated = tmp_path / "truncated.sgy"
+    truncated.write_bytes(path.read_bytes()[:-1000])
+    for bad in ("zeros.sgy", "text.sgy", "truncated.sgy"):
+        with pytest.raises(xm.MemchunkError, match=r"cannot read .* as SEG-Y"):
+            open_segy(tmp_path / bad)
+    with pytest.raises(xm.MemchunkError, match="does not exist"):
+        open_segy(tmp_path / "missing.sgy")
+    with pytest.raises(xm.MemchunkError, match="cannot read"):
+        open_segy(path, endian="little")  # a big-endian file read as little-endian
+
+
+def test_write_segy_refuses_what_it_cannot_write(volume, tmp_path):
+    with pytest.raises(xm.MemchunkError, match="do not fit format 8"):
+        write_segy(volume * 1000, tmp_path / "v.sgy", sample_format=8)
+    with pytest.raises(xm.MemchunkError, match="sample_format must be one of"):
+        write_segy(volume, tmp_path / "v.sgy", sample_format=4)
+
+
+def test_storage_chunks_for_an_operator_are_what_its_plan_reads(volume_file, tmp_path):
+    da = open_segy(volume_file)
+    chunks, reason = storage_chunks_for(da, "gst3d", memory_limit="300MB")
+    assert "gst3d's planned chunks" in reason
+    target, written, _ = ingest(
+        volume_file, tmp_path / "v.zarr", operator="gst3d", memory_limit="300MB"
+    )
+    assert written == chunks
+    store = open_input(target, "amplitude")
+    assert store.encoding["chunks"] == tuple(chunks[d] for d in store.dims)
+    plan = store.memchunk.plan("gst3d", memory_limit="300MB")
+    assert plan.chunks == chunks and plan.storage_aligned
+    np.testing.assert_array_equal(store.values, segyio_cube(volume_file))
+    np.testing.assert_array_equal(store.inline, da.inline)
+    default, _, why = ingest(volume_file, tmp_path / "d.zarr", memory_limit="300MB")
+    assert "128 along every dim" in why
+    assert open_input(default, "amplitude").encoding["chunks"] == (30, 26, 40)  # capped
+
+
+def test_write_chunks_are_whole_storage_chunks_within_the_budget():
+    sizes = {"inline": 1000, "crossline": 900, "sample": 1500}
+    storage = dict.fromkeys(sizes, DEFAULT_CHUNK)
+    chunks = write_chunks(sizes, storage, 4, per_task=400 * 2**20, along="sample")
+    assert chunks["inline"][:-1] == (128,) * 7 and chunks["inline"][-1] == 1000 - 7 * 128
+    assert chunks["sample"] == (1500,)  # a whole column of traces fits
+    small = write_chunks(sizes, storage, 4, per_task=40 * 2**20, along="sample")
+    assert set(small["sample"][:-1]) == {128} and sum(small["sample"]) == 1500
+    assert 128 * 128 * 128 * 4 * 4 <= 40 * 2**20
+
+
+def test_cli_ingest_and_run_on_segy(volume_file, tmp_path):
+    out = tmp_path / "v.zarr"
+    args = ["--nworkers", "1", "--memory-limit", "1GB"]
+    result = memchunk("ingest", volume_file, out, "--for", "gst3d", *args)
+    assert result.returncode == 0, result.stderr
+    assert "storage chunks inline:" in result.stdout and "tasks done" in result.stdout
+    assert result.stderr == ""
+    np.testing.assert_array_equal(xr.open_zarr(out).amplitude.values, segyio_cube(volume_file))
+    again = memchunk("ingest", volume_file, out, *args)
+    assert again.returncode == 2 and "exists" in again.stderr
+    dip = memchunk("run", "gst3d", volume_file, tmp_path / "dip.zarr", *args)
+    assert dip.returncode == 0, dip.stderr
+    expected = open_segy(volume_file).load().memchunk.apply("gst3d")
+    np.testing.assert_allclose(
+        xr.open_zarr(tmp_path / "dip.zarr").dip.values, expected.values, rtol=1e-5, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "message"),
+    [
+        ("zeros", [], "cannot read"),
+        ("holes", [], "missing traces"),
+        ("volume", ["--for", "gst3d-typo"], "unknown operator"),
+        ("volume", ["-o", "sigma=2"], "name it with --for"),
+        ("zarr", [], "ingest reads SEG-Y"),
+    ],
+)
+def test_cli_ingest_bad_input_exits_2_with_one_line(
+    volume, volume_file, tmp_path, make, args, message
+):
+    source = {
+        "zeros": tmp_path / "zeros.sgy",
+        "holes": tmp_path / "holes.sgy",
+        "volume": volume_file,
+        "zarr": tmp_path / "v.zarr",
+    }[make]
+    if make == "zeros":
+        source.write_bytes(bytes(5000))
+    elif make == "holes":
+        present = np.ones((30, 26), bool)
+        present[0, 0] = False
+        write_segy(volume, source, trace_present=present)
+    elif make == "zarr":
+        volume.to_dataset().to_zarr(source)
+    result = memchunk("ingest", source, tmp_path / "out.zarr", *args)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.zarr").exists()

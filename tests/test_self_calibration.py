@@ -1,0 +1,214 @@
+"""User functions planned with no model written by hand: they measure themselves (issue 14)."""
+
+import ctypes
+import itertools
+import re
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+from scipy import ndimage
+
+import xarray_memchunk as xm
+from xarray_memchunk.calibrate import growing_shapes, trusted_range
+from xarray_memchunk.models import load_calibration
+from xarray_memchunk.models.profiling import TaskProfile
+from xarray_memchunk.units import to_bytes
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    return tmp_path
+
+
+def smooth(block):
+    return ndimage.uniform_filter(block, size=5, mode="reflect")
+
+
+def field(shape=(2000, 1500), chunks=(500, 1500)):
+    data = da.random.default_rng(0).random(shape, chunks=chunks, dtype="float32")
+    return xr.DataArray(data, dims=("y", "x"), name="f")
+
+
+def test_a_function_calibrates_itself_once_and_again_when_changed(user_dir, threaded):
+    op = xm.BlockwiseOperator("selfcal-smooth", smooth, depth={"y": 2, "x": 2})
+    data = field()
+    first = data.memchunk.plan(op, memory_limit="2GB")
+    note = next(n for n in first.notes if n.startswith("memory model calibrated now"))
+    assert int(note.split(": ")[1].split(" blocks")[0]) >= 3
+    assert (user_dir / f"{op.calibration}-cpu.json").is_file()
+    again = data.memchunk.plan(op, memory_limit="2GB")
+    assert not any(n.startswith("memory model calibrated now") for n in again.notes)
+    assert again.dask_chunks == first.dask_chunks
+    # the model covers what was measured (the conservative fit of the shipped calibrations)
+    calibration = load_calibration(op.calibration, "cpu", "float32")
+    for profile in calibration.profiles:
+        input_bytes = 4 * np.prod(list(profile["extents"].values()))
+        features = {"input_bytes": np.array([input_bytes]), "output_bytes": np.array([input_bytes])}
+        predicted = calibration.model.peak_bytes(features)[0]
+        assert predicted >= 0.97 * profile["peak_bytes"] - 4 * 2**20
+
+    def wider(block):  # the operator's function changed: another calibration
+        return ndimage.uniform_filter(block, size=7, mode="reflect")
+
+    changed = xm.BlockwiseOperator("selfcal-smooth", wider, depth={"y": 3, "x": 3})
+    assert changed.calibration != op.calibration
+    assert any(
+        n.startswith("memory model calibrated now")
+        for n in data.memchunk.plan(changed, memory_limit="2GB").notes
+    )
+    out = data.memchunk.apply(op, memory_limit="2GB").values
+    np.testing.assert_array_equal(out, smooth_reference(data.values))
+
+
+def smooth_reference(values):
+    return ndimage.uniform_filter(values, size=5, mode="reflect")
+
+
+def test_calibration_time_is_bounded(user_dir):
+    op = xm.BlockwiseOperator("selfcal-slow", smooth, depth={"y": 2, "x": 2})
+    with dask.config.set({"memchunk.self-calibration-seconds": 1.0}):
+        plan = field((4000, 4000), (1000, 4000)).memchunk.plan(op, memory_limit="2GB")
+    note = next(n for n in plan.notes if n.startswith("memory model calibrated now"))
+    seconds = float(re.search(r"in ([0-9.]+) s;", note).group(1))
+    assert seconds < 1.0 + 10  # the bound, plus starting a profiling worker
+    assert plan.binding in {"measured range", "parallelism", "task overhead", "memory"}
+
+
+def grows_faster(block):
+    """Needs block.size ** 1.15 float64 scratch: superlinear in the block."""
+    scratch = np.ones(int(block.size**1.15))
+    return block * 2 + scratch[:1].astype(block.dtype)
+
+
+def hungry_past_a_size(block):
+    """Twenty copies of the block, but only for blocks of more than 2**19 elements."""
+    if block.size <= 2**19:
+        return block + 1
+    copies = [block + i for i in range(20)]
+    return sum(copies) / 20
+
+
+@pytest.mark.parametrize("func", [grows_faster, hungry_past_a_size])
+def test_functions_that_outgrow_a_line_never_exceed_the_budget(func, user_dir, quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.experiments.diagnostics import run_watched
+
+    op = xm.BlockwiseOperator(f"selfcal-{func.__name__}", func)
+    data = field((6000, 4000), (250, 4000))
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="600MB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = data.memchunk.plan(op)
+        assert plan.predicted_peak_bytes <= plan.budget.per_task
+        largest = load_calibration(op.calibration, "cpu", "float32").metadata["fit"]
+        padded = np.prod([max(c) for c in plan.dask_chunks.values()])
+        assert padded <= largest["max_task_elements"]  # within the measured range
+        outcome = run_watched(client, "selfcal", lambda: data.memchunk.apply(op).data.sum())
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    assert outcome.peak_bytes < 0.8 * to_bytes("600MB")
+
+
+def c_allocation(block):
+    """Allocates ten times the block with libc's malloc (numpy never sees it), touches it."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    size = 10 * block.nbytes
+    pointer = libc.malloc(size)
+    ctypes.memset(pointer, 1, size)
+    libc.free(ctypes.c_void_p(pointer))
+    return block.copy()
+
+
+def test_memory_c_libraries_allocate_is_measured(user_dir):
+    op = xm.BlockwiseOperator("selfcal-c", c_allocation)
+    field((4000, 2000), (500, 2000)).memchunk.plan(op, memory_limit="4GB")
+    model = load_calibration(op.calibration, "cpu", "float32").model
+    per_byte = sum(model.coefficients.values())  # input and output bytes are one block each
+    assert per_byte > 10  # the malloc'd ten blocks, the input, the copy
+
+
+def test_functions_that_change_dtype_drop_and_add_dims(user_dir, threaded):
+    cube = xr.DataArray(
+        da.random.default_rng(1).random((120, 30, 40), chunks=(120, 10, 40), dtype="float32"),
+        dims=("time", "y", "x"),
+        name="tas",
+    )
+    spread = xm.BlockwiseOperator(
+        "selfcal-spread", lambda b: b.max(axis=0) - b.min(axis=0), drop_dims=("time",)
+    )
+    result = cube.memchunk.apply(spread, memory_limit="2GB")
+    assert result.dims == ("y", "x")
+    np.testing.assert_array_equal(result.values, cube.values.max(0) - cube.values.min(0))
+    stats = xm.BlockwiseOperator(
+        "selfcal-stats",
+        lambda b: np.stack([b.mean(axis=0), b.std(axis=0)], axis=-1).astype("float64"),
+        drop_dims=("time",),
+        new_dims={"stat": 2},
+        dtype="float64",
+    )
+    out = cube.memchunk.apply(stats, memory_limit="2GB")
+    assert out.dims == ("y", "x", "stat") and out.dtype == np.float64
+    np.testing.assert_allclose(out.values[..., 1], cube.values.std(0), rtol=1e-5)
+
+
+def test_a_deliberately_small_model_learns_from_a_paused_run(user_dir, quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.experiments.diagnostics import run_watched
+
+    def hog(block):
+        copies = [block * (i + 1) for i in range(80)]
+        return sum(copies) / 3240
+
+    wrong = xm.LinearMemoryModel({"input_bytes": 1.0})  # the truth is 81 x the input
+    op = xm.BlockwiseOperator("learn-hog", hog, memory_model=wrong)
+    data = xr.DataArray(
+        da.random.default_rng(0).random((4000, 6000), chunks=(100, 6000)), dims=("y", "x")
+    )
+    outcomes, reports = [], []
+    for _ in range(2):
+        with (
+            dask.config.set({"distributed.scheduler.allowed-failures": 3}),
+            LocalCluster(
+                n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            plan = data.memchunk.plan(op)
+            outcomes.append(run_watched(client, "hog", lambda: data.memchunk.apply(op).data.sum()))
+            reports.append(plan.report())
+    first, second = outcomes
+    assert first.pauses > 0 or first.worker_deaths > 0  # the wrong model hurt the first run
+    assert reports[0].learned.startswith("calibration grown")
+    assert second.completed and second.pauses == 0 and second.worker_deaths == 0
+    assert reports[1].measured_task_bytes <= 1.05 * reports[1].predicted_task_bytes
+
+
+def test_models_are_trusted_twice_as_far_only_where_they_grew_linearly():
+    def measured(n, peak):
+        return TaskProfile({"x": n}, "float32", peak, 0, 0.1, 1, "hwm", {"x": n})
+
+    assert trusted_range([measured(1000, 10_000), measured(2000, 20_000)]) == 4000
+    # 12.5% faster than its block: not extrapolated
+    assert trusted_range([measured(1000, 10_000), measured(2000, 22_500)]) == 2000
+    assert trusted_range([measured(2000, 20_000)]) == 2000
+
+
+def test_growing_shapes_keep_whole_dims_and_double():
+    shapes = list(growing_shapes({"time": 300, "y": 200, "x": 100}, ["time"], start=2**16))
+    assert all(s["time"] == 300 for s in shapes)
+    elements = [np.prod(list(s.values())) for s in shapes]
+    assert all(b > a for a, b in itertools.pairwise(elements))
+    assert shapes[-1] == {"time": 300, "y": 200, "x": 100}

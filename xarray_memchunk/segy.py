@@ -1,0 +1,449 @@
+"""SEG-Y in and out: a lazy (inline, crossline, sample) volume read with segyio, block by block.
+
+:func:`open_segy` reads the file's geometry once (inline and crossline numbers from the trace
+headers, sample times or depths, sample format, byte order, sorting) and returns a DataArray
+backed by :class:`SegyArray`, an xarray backend array, exactly as ``xarray.open_dataset``
+backs a Zarr or netCDF variable. So memchunk treats SEG-Y as a file input: ``apply`` reads each
+planned block (halo included) straight from the file, and no task holds more than its block
+and the traces it is reading. The storage unit is one trace: reads go by runs of consecutive
+traces (an inline's crosslines in an inline-sorted file, a crossline's inlines in a
+crossline-sorted one), whole, keeping the samples asked for.
+
+Sample formats: whatever segyio reads (4-byte IBM and IEEE floats, 1-, 2- and 4-byte integers,
+8-byte IEEE floats), in the file's byte order (``endian="auto"`` tries big, then little).
+
+Geometry: a file whose traces fill the inline x crossline grid opens as is. One with missing
+traces (an irregular survey outline, a gap) raises :class:`~xarray_memchunk.MemchunkError`
+saying how many are missing, unless ``fill`` is given: then missing traces read as ``fill``
+(the amplitudes become float32 when ``fill`` is NaN and the samples are integers) and the
+DataArray gets a ``trace_present`` (inline, crossline) coordinate. Two traces at one grid
+position are an error either way.
+
+:func:`write_segy` writes a volume as a post-stack SEG-Y file, an inline at a time (test data,
+the tutorials' input).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from xarray.backends.common import BackendArray
+from xarray.core import indexing
+
+from .errors import MemchunkError
+
+__all__ = [
+    "SEGY_SUFFIXES",
+    "SegyArray",
+    "SegyGeometry",
+    "open_segy",
+    "read_geometry",
+    "write_segy",
+]
+
+SEGY_SUFFIXES = {".sgy", ".segy", ".seg-y"}
+DIMS = ("inline", "crossline", "sample")
+#: numpy dtype of the samples of each SEG-Y sample format :func:`write_segy` writes.
+FORMAT_DTYPES = {1: "float32", 2: "int32", 3: "int16", 5: "float32", 6: "float64", 8: "int8"}
+#: Trace-header byte positions of the inline and crossline numbers (SEG-Y rev 1).
+INLINE_BYTE, CROSSLINE_BYTE = 189, 193
+
+
+@dataclass(frozen=True)
+class SegyGeometry:
+    """Where each (inline, crossline) trace is in a SEG-Y file, and what its samples are.
+
+    Attributes
+    ----------
+    path
+        The file.
+    endian
+        ``"big"`` or ``"little"``.
+    iline, xline
+        Trace-header bytes of the inline and crossline numbers.
+    inlines, crosslines
+        The grid's inline and crossline numbers, ascending.
+    samples
+        Sample times (ms) or depths, from the binary and trace headers.
+    dtype
+        The samples' dtype as segyio reads them.
+    sample_format
+        segyio's name of the sample format.
+    traces
+        Trace index per (inline, crossline), -1 where the file has none.
+    fast
+        ``"crossline"`` when consecutive traces walk along crosslines (inline-sorted),
+        ``"inline"`` when they walk along inlines.
+    """
+
+    path: str
+    endian: str
+    iline: int
+    xline: int
+    inlines: np.ndarray
+    crosslines: np.ndarray
+    samples: np.ndarray
+    dtype: np.dtype
+    sample_format: str
+    traces: np.ndarray
+    fast: str
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(inlines, crosslines, samples)."""
+        return (len(self.inlines), len(self.crosslines), len(self.samples))
+
+    @property
+    def missing(self) -> int:
+        """Grid positions with no trace."""
+        return int((self.traces < 0).sum())
+
+
+def _segyio() -> Any:
+    """The segyio module, or an error that says how to install it."""
+    try:
+        import segyio
+    except ImportError as exc:
+        raise MemchunkError(
+            "reading and writing SEG-Y needs segyio: pip install 'xarray-memchunk[seismic]'"
+        ) from exc
+    return segyio
+
+
+def _open(path: str, endian: str, iline: int, xline: int):
+    return _segyio().open(path, "r", iline=iline, xline=xline, ignore_geometry=True, endian=endian)
+
+
+def _fail(path: str, reason: str) -> MemchunkError:
+    return MemchunkError(f"cannot read {path!r} as SEG-Y: {reason}")
+
+
+def read_geometry(
+    path: str | os.PathLike,
+    *,
+    iline: int = INLINE_BYTE,
+    xline: int = CROSSLINE_BYTE,
+    endian: str = "auto",
+) -> SegyGeometry:
+    """Read a SEG-Y file's headers: its grid, samples, format and byte order.
+
+    Raises
+    ------
+    MemchunkError
+        When the file is missing, is not SEG-Y (in either byte order), or has two traces at
+        one (inline, crossline).
+    """
+    _segyio()
+    path = str(path)
+    if not Path(path).is_file():
+        raise MemchunkError(f"input {path!r} does not exist")
+    orders = ("big", "little") if endian == "auto" else (endian,)
+    errors = []
+    for order in orders:
+        try:
+            with _open(path, order, iline, xline) as f:
+                if f.tracecount == 0 or len(f.samples) == 0:
+                    raise RuntimeError("no traces")
+                if str(f.format).startswith("Unknown") or f.dtype is None:
+                    raise RuntimeError(f"unknown sample format {f.format}")
+                inl = np.asarray(f.attributes(iline)[:], dtype=np.int64)
+                xl = np.asarray(f.attributes(xline)[:], dtype=np.int64)
+                samples = np.asarray(f.samples, dtype=np.float64)
+                dtype, sample_format = np.dtype(f.dtype), str(f.format)
+        except (RuntimeError, ValueError, OSError, IndexError, KeyError) as exc:
+            errors.append(f"{order}-endian: {exc}")
+            continue
+        return _grid(path, order, iline, xline, inl, xl, samples, dtype, sample_format)
+    raise _fail(path, "; ".join(errors))
+
+
+def _grid(path, endian, iline, xline, inl, xl, samples, dtype, sample_format) -> SegyGeometry:
+    inlines, il_index = np.unique(inl, return_inverse=True)
+    crosslines, xl_index = np.unique(xl, return_inverse=True)
+    traces = np.full((len(inlines), len(crosslines)), -1, dtype=np.int64)
+    position = il_index * len(crosslines) + xl_index
+    if len(np.unique(position)) != len(position):
+        raise _fail(
+            path,
+            f"several traces share an (inline, crossline) position (header bytes {iline}, "
+            f"{xline}); give the bytes that hold them with iline= and xline=",
+        )
+    traces.reshape(-1)[position] = np.arange(len(position))
+    fast = "inline" if len(xl) > 1 and xl[0] == xl[1] else "crossline"
+    return SegyGeometry(
+        path, endian, iline, xline, inlines, crosslines, samples, dtype, sample_format, traces, fast
+    )
+
+
+class SegyArray(BackendArray):
+    """A (inline, crossline, sample) SEG-Y volume, read block by block with segyio.
+
+    Each read opens the file (headers are not scanned again) and reads runs of consecutive
+    traces; positions with no trace read as ``fill``.
+    """
+
+    def __init__(self, geometry: SegyGeometry, fill: float | None = None) -> None:
+        self.geometry = geometry
+        self.fill = fill
+        self.shape = geometry.shape
+        self.dtype = _filled_dtype(geometry.dtype, fill)
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(
+            key, self.shape, indexing.IndexingSupport.BASIC, self._read
+        )
+
+    def _read(self, key: tuple) -> np.ndarray:
+        ranges = []
+        for k, n in zip(key, self.shape, strict=True):
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step != 1:
+                    raise ValueError("SEG-Y blocks are read with unit steps")
+                ranges.append((start, stop))
+            else:
+                ranges.append((int(k), int(k) + 1))
+        (i0, i1), (x0, x1), (s0, s1) = ranges
+        fill = 0 if self.fill is None else self.fill
+        out = np.full((i1 - i0, x1 - x0, s1 - s0), fill, dtype=self.dtype)
+        g = self.geometry
+        traces = g.traces[i0:i1, x0:x1]
+        walk = traces if g.fast == "crossline" else traces.T
+        with _open(g.path, g.endian, g.iline, g.xline) as f:
+            for outer, row in enumerate(walk):
+                for first, last in _runs(row):
+                    data = f.trace.raw[int(row[first]) : int(row[last - 1]) + 1]
+                    if g.fast == "crossline":
+                        out[outer, first:last] = data[:, s0:s1]
+                    else:
+                        out[first:last, outer] = data[:, s0:s1]
+        squeeze = tuple(i for i, k in enumerate(key) if not isinstance(k, slice))
+        return out.squeeze(axis=squeeze) if squeeze else out
+
+
+def _filled_dtype(dtype: np.dtype, fill: float | None) -> np.dtype:
+    """The samples' dtype, or float32 when integer samples must hold a NaN ``fill``."""
+    if fill is None or dtype.kind == "f":
+        return dtype
+    if np.isnan(fill):
+        return np.dtype("float32")
+    if not float(fill).is_integer() or not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+        raise MemchunkError(
+            f"fill={fill!r} is not a value of the file's {dtype} samples: give an integer in "
+            f"their range, or numpy.nan to read the volume as float32"
+        )
+    return dtype
+
+
+def _runs(row: np.ndarray) -> list[tuple[int, int]]:
+    """[first, last) positions of runs of consecutive trace numbers in ``row`` (-1: no trace)."""
+    runs, start = [], None
+    for j, t in enumerate(row):
+        if t < 0:
+            if start is not None:
+                runs.append((start, j))
+                start = None
+        elif start is None or t != row[j - 1] + 1:
+            if start is not None:
+                runs.append((start, j))
+            start = j
+    if start is not None:
+        runs.append((start, len(row)))
+    return runs
+
+
+def open_segy(
+    path: str | os.PathLike,
+    *,
+    chunks: Any = None,
+    iline: int = INLINE_BYTE,
+    xline: int = CROSSLINE_BYTE,
+    endian: str = "auto",
+    fill: float | None = None,
+    domain: str = "time",
+) -> xr.DataArray:
+    """Open a SEG-Y file as a lazy, Dask-backed ``amplitude(inline, crossline, sample)``.
+
+    Parameters
+    ----------
+    path
+        The SEG-Y file.
+    chunks
+        As ``xarray.open_dataset`` takes them. None reads by inline in an inline-sorted file
+        (by crossline in a crossline-sorted one): the traces a read gets in one piece. memchunk
+        plans its own chunks on top, and reads them straight from the file.
+    iline, xline
+        Trace-header bytes of the inline and crossline numbers (189 and 193 in SEG-Y rev 1).
+    endian
+        ``"big"`` (the standard), ``"little"``, or ``"auto"`` to try both.
+    fill
+        The value of missing traces (e.g. ``numpy.nan``); None refuses files with missing
+        traces.
+    domain
+        ``"time"`` (samples in ms of two-way time) or ``"depth"`` (in the file's unit).
+
+    Returns
+    -------
+    xarray.DataArray
+        ``amplitude`` with CF-style coordinates (``inline`` axis X, ``crossline`` axis Y,
+        ``sample`` axis Z), the file's facts in ``attrs``, and a ``trace_present``
+        (inline, crossline) coordinate where traces are missing.
+
+    Raises
+    ------
+    MemchunkError
+        The file is missing or is not SEG-Y, has missing traces and no ``fill``, ``fill`` does
+        not fit integer samples, or ``domain`` is neither time nor depth.
+    """
+    if domain not in ("time", "depth"):
+        raise MemchunkError(f"domain must be 'time' or 'depth', got {domain!r}")
+    geometry = read_geometry(path, iline=iline, xline=xline, endian=endian)
+    if geometry.missing and fill is None:
+        raise MemchunkError(
+            f"{str(path)!r} has {geometry.missing} missing traces in its "
+            f"{geometry.shape[0]} x {geometry.shape[1]} inline x crossline grid: pass fill= "
+            f"(e.g. numpy.nan; memchunk ingest: --fill nan) to read them as that value, with a "
+            f"trace_present mask"
+        )
+    array = SegyArray(geometry, fill)
+    sample_attrs = {"axis": "Z", "positive": "down"} | (
+        # no standard_name: CF's "time" is calendar time, and would make sample the T axis
+        {"units": "ms", "long_name": "two-way time"}
+        if domain == "time"
+        else {"long_name": "depth", "standard_name": "depth"}
+    )
+    coords: dict[str, Any] = {
+        "inline": ("inline", geometry.inlines, {"axis": "X", "long_name": "inline number"}),
+        "crossline": (
+            "crossline",
+            geometry.crosslines,
+            {"axis": "Y", "long_name": "crossline number"},
+        ),
+        "sample": ("sample", geometry.samples, sample_attrs),
+    }
+    if geometry.missing:
+        coords["trace_present"] = (("inline", "crossline"), geometry.traces >= 0)
+    variable = xr.Variable(
+        DIMS,
+        indexing.LazilyIndexedArray(array),
+        attrs={
+            "long_name": "seismic amplitude",
+            "source": str(path),
+            "segy_sample_format": geometry.sample_format,
+            "segy_endian": geometry.endian,
+            "segy_sorting": f"{'inline' if geometry.fast == 'crossline' else 'crossline'}-sorted",
+        },
+    )
+    # the file's unit is a trace: any run of whole traces is one read
+    variable.encoding["preferred_chunks"] = dict(zip(DIMS, (1, 1, geometry.shape[2]), strict=True))
+    da = xr.DataArray(variable, coords=coords, name="amplitude")
+    unit = dict(zip(DIMS, _read_unit(geometry), strict=True))
+    return da.chunk(unit if chunks is None else chunks)
+
+
+def _read_unit(geometry: SegyGeometry) -> tuple[int, int, int]:
+    """One inline (crossline-sorted file: one crossline) of whole traces, read in one run."""
+    n_il, n_xl, n_s = geometry.shape
+    return (1, n_xl, n_s) if geometry.fast == "crossline" else (n_il, 1, n_s)
+
+
+def write_segy(
+    volume: Any,
+    path: str | os.PathLike,
+    *,
+    sample_format: int = 5,
+    endian: str = "big",
+    sorting: str = "inline",
+    sample_interval_ms: float = 4.0,
+    first_inline: int = 1,
+    first_crossline: int = 1,
+    trace_present: np.ndarray | None = None,
+) -> Path:
+    """Write a 3-D (inline, crossline, sample) volume as a post-stack SEG-Y file.
+
+    Written one inline (or crossline) at a time, so a lazy volume (a Dask-backed DataArray)
+    never needs to fit in memory. Used to make test files and the tutorials' input.
+
+    Parameters
+    ----------
+    volume
+        Anything indexable like a 3-D array: numpy, Dask, an xarray DataArray.
+    path
+        The file to write (replaced if it exists).
+    sample_format
+        SEG-Y sample format code: 1 (IBM float), 2 (int32), 3 (int16), 5 (IEEE float32),
+        6 (IEEE float64) or 8 (int8). Amplitudes are cast to it (rounded for integers).
+    endian
+        ``"big"`` (the standard) or ``"little"``.
+    sorting
+        ``"inline"`` (consecutive traces walk along crosslines) or ``"crossline"``.
+    sample_interval_ms
+        Sample interval written to the headers.
+    first_inline, first_crossline
+        Numbers of the first inline and crossline (they go up by one).
+    trace_present
+        (inline, crossline) booleans; positions that are False get no trace, as in a survey
+        with an irregular outline. All present when None.
+
+    Returns
+    -------
+    pathlib.Path
+        The file written.
+    """
+    segyio = _segyio()
+    if sample_format not in FORMAT_DTYPES:
+        raise MemchunkError(
+            f"sample_format must be one of {sorted(FORMAT_DTYPES)} (SEG-Y format codes), "
+            f"got {sample_format!r}"
+        )
+    if sorting not in ("inline", "crossline"):
+        raise MemchunkError(f"sorting must be 'inline' or 'crossline', got {sorting!r}")
+    n_il, n_xl, n_s = (int(n) for n in volume.shape)
+    present = np.ones((n_il, n_xl), bool) if trace_present is None else np.asarray(trace_present)
+    if present.shape != (n_il, n_xl):
+        raise MemchunkError(
+            f"trace_present has shape {present.shape}, the volume's grid is {(n_il, n_xl)}"
+        )
+    dtype = np.dtype(FORMAT_DTYPES[sample_format])
+    spec = segyio.spec()
+    spec.iline, spec.xline = INLINE_BYTE, CROSSLINE_BYTE
+    spec.samples = np.arange(n_s) * sample_interval_ms
+    spec.format = sample_format
+    spec.endian = endian
+    spec.tracecount = int(present.sum())
+    interval_us = round(sample_interval_ms * 1000)
+    outer = range(n_il) if sorting == "inline" else range(n_xl)
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    with segyio.create(str(path), spec) as f:
+        f.bin.update(hdt=interval_us, hns=n_s, format=sample_format)
+        trace = 0
+        for o in outer:
+            block = np.asarray(volume[o] if sorting == "inline" else volume[:, o])
+            if dtype.kind in "iu":
+                block = np.rint(block)
+                info = np.iinfo(dtype)
+                if block.size and (block.min() < info.min or block.max() > info.max):
+                    raise MemchunkError(
+                        f"amplitudes from {block.min()} to {block.max()} do not fit format "
+                        f"{sample_format} ({dtype}): scale them first, or use a float format"
+                    )
+            block = block.astype(dtype)
+            for inner in range(block.shape[0]):
+                il, xl = (o, inner) if sorting == "inline" else (inner, o)
+                if not present[il, xl]:
+                    continue
+                f.header[trace] = {
+                    segyio.TraceField.INLINE_3D: first_inline + il,
+                    segyio.TraceField.CROSSLINE_3D: first_crossline + xl,
+                    segyio.TraceField.TRACE_SAMPLE_COUNT: n_s,
+                    segyio.TraceField.TRACE_SAMPLE_INTERVAL: interval_us,
+                }
+                f.trace[trace] = block[inner]
+                trace += 1
+    return path
