@@ -3,11 +3,16 @@
     python benchmarks/svd_experiment.py            # both fields
     python benchmarks/svd_experiment.py --small    # 10x smaller fields, for a quick look
     python benchmarks/svd_experiment.py --manual 2000x2000 4000x10000 10000x5000
+    python benchmarks/svd_experiment.py --only-held --repeats 3   # input held between passes
+    python benchmarks/svd_experiment.py --compare-hold --repeats 3  # held vs produced per pass
 
 Fields are float32 (time, space), generated lazily on the workers. Cases:
 
 - (time=20000, space=4000), 320 MB: an exact SVD plan should fit;
-- (time=20000, space=50000), 4 GB, k=10: only the compressed SVD fits.
+- (time=20000, space=50000), 4 GB, k=10: only the compressed SVD fits; the input does not
+  fit in the workers' memory, so memchunk produces it again for each pass;
+- (time=20000, space=8000), 640 MB, k=10: the compressed SVD's input fits under the workers'
+  spill line, so memchunk holds it between passes (``--only-held`` runs these cases only).
 
 "naive" rechunks to ``chunks="auto"`` and calls ``da.linalg.svd`` (first field) or
 ``da.linalg.svd_compressed(k=10)`` (second); "memchunk" calls
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 
 import dask
 import dask.array as da
@@ -63,6 +69,7 @@ def cases(small: bool, power: int):
     scale = 10 if small else 1
     exact = field(20000 // scale, 4000 // scale)
     wide = field(20000 // scale, 50000 // scale)
+    held = field(20000 // scale, 8000 // scale)
     return [
         ("20000x4000 naive", lambda: da.linalg.svd(exact.data.rechunk("auto"))[1], None),
         (
@@ -87,7 +94,57 @@ def cases(small: bool, power: int):
             lambda: wide.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=power).S,
             lambda: wide.memchunk.plan("svd", sample_dims="time", k=10, n_power_iter=power),
         ),
+        (
+            "20000x8000 naive k=10",
+            lambda: da.linalg.svd_compressed(
+                held.data.rechunk("auto"), 10, n_power_iter=power, seed=0
+            )[1],
+            None,
+        ),
+        (
+            "20000x8000 memchunk k=10",
+            lambda: held.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=power).S,
+            lambda: held.memchunk.plan("svd", sample_dims="time", k=10, n_power_iter=power),
+        ),
     ]
+
+
+def compare_hold(memory_limit: str, repeats: int) -> None:
+    """memchunk's compressed SVD of the 20000x8000 field, input held vs produced per pass.
+
+    ``HOLD_MARGIN = 0`` leaves no room to hold the input, so each pass produces it again (the
+    behaviour before the choice existed). Runs alternate; medians are printed.
+    """
+    from xarray_memchunk.operators import svd
+
+    held_field = field(20000, 8000)
+    runs: dict[str, list] = {}
+    for r in range(repeats):
+        for label, margin in [("held", svd.HOLD_MARGIN), ("per pass", 0.0)][:: 1 - 2 * (r % 2)]:
+            default, svd.HOLD_MARGIN = svd.HOLD_MARGIN, margin
+            with (
+                LocalCluster(
+                    n_workers=2,
+                    threads_per_worker=1,
+                    memory_limit=memory_limit,
+                    dashboard_address=":0",
+                ) as cluster,
+                Client(cluster) as client,
+            ):
+                outcome = run_watched(
+                    client,
+                    label,
+                    lambda: held_field.memchunk.apply("svd", sample_dims="time", k=10).S,
+                )
+            svd.HOLD_MARGIN = default
+            runs.setdefault(label, []).append(outcome)
+            print(f"{label:<9} {outcome.seconds:6.2f} s  {format_bytes(outcome.peak_bytes)}")
+    for label, outcomes in runs.items():
+        print(
+            f"{label:<9} median {statistics.median(o.seconds for o in outcomes):6.2f} s  "
+            f"peak/worker {format_bytes(max(o.peak_bytes for o in outcomes))}  pauses "
+            f"{sum(o.pauses for o in outcomes)} deaths {sum(o.worker_deaths for o in outcomes)}"
+        )
 
 
 def main() -> None:
@@ -101,6 +158,10 @@ def main() -> None:
         help="power iterations for both compressed SVDs (dask's default: 0)",
     )
     parser.add_argument("--only-wide", action="store_true", help="run the 20000x50000 cases only")
+    parser.add_argument("--only-held", action="store_true", help="run the 20000x8000 cases only")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per case, order reversed on each repeat"
+    )
     parser.add_argument(
         "--manual",
         nargs="*",
@@ -108,15 +169,26 @@ def main() -> None:
         metavar="TIMExSPACE",
         help="also run memchunk's compressed SVD on the wide field with these chunks",
     )
+    parser.add_argument(
+        "--compare-hold",
+        action="store_true",
+        help="memchunk's compressed SVD of 20000x8000 with its input held vs produced per pass",
+    )
     args = parser.parse_args()
     for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
+    if args.compare_hold:
+        compare_hold(args.memory_limit, max(args.repeats, 1))
+        return
     rows = []
     selected = cases(args.small, args.n_power_iter)
     if args.only_wide:
         selected = [c for c in selected if c[0].startswith("20000x50000")]
+    if args.only_held:
+        selected = [c for c in selected if c[0].startswith("20000x8000")]
     selected += manual_cases(args.small, args.n_power_iter, args.manual)
-    for label, build, plan in selected:
+    order = [c for r in range(args.repeats) for c in (selected if r % 2 == 0 else selected[::-1])]
+    for label, build, plan in order:
         with (
             dask.config.set({"distributed.scheduler.allowed-failures": 3}),
             LocalCluster(
@@ -144,6 +216,17 @@ def main() -> None:
             f"{outcome.error[:70]}{note}",
             flush=True,
         )
+    if args.repeats > 1:
+        print("\nmedian of each case:")
+        for label in dict.fromkeys(o.label for o, _ in rows):
+            runs = [o for o, _ in rows if o.label == label]
+            done = sorted(o.seconds for o in runs if o.completed)
+            median = f"{statistics.median(done):7.1f} s" if done else "      - "
+            print(
+                f"{label:<26} {len(done)}/{len(runs)} completed {median}  peak/worker "
+                f"{format_bytes(max(o.peak_bytes for o in runs)):>10}  pauses "
+                f"{sum(o.pauses for o in runs)} deaths {sum(o.worker_deaths for o in runs)}"
+            )
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import dask
 import numpy as np
 import pytest
 import xarray as xr
@@ -27,6 +28,29 @@ def test_quantile_equals_xarray(tas, threaded):
     expected = tas.tas.load().quantile([0.1, 0.9], dim="time")
     result = tas.tas.memchunk.apply("quantile", q=[0.1, 0.9], dim="time", memory_limit="2GB")
     np.testing.assert_allclose(result.values, expected.values, rtol=1e-6)
+
+
+@pytest.mark.parametrize("slab", [2 * 5 * 60, 2 * 60])  # 2 lat rows; 2 series of a lat row
+@pytest.mark.parametrize("method", ["linear", "nearest", "hazen"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_quantile_in_slabs_with_and_without_nan_equals_xarray(method, dtype, slab, monkeypatch):
+    from xarray_memchunk.operators import whole_dims
+
+    monkeypatch.setattr(whole_dims, "QUANTILE_SLAB_ELEMENTS", slab)
+    data = synthetic_climate(60, 9, 5, dtype=dtype).tas
+    data[7, 4, 2] = np.nan  # one slab takes nanquantile, the others quantile
+    data[:, 8, 0] = np.nan  # an all-NaN series
+    # numpy's nanquantile computes a float32 array holding an all-NaN series in float32:
+    # memchunk computes every series as a NaN-free float32 series is (float64 for "linear")
+    with dask.config.set(scheduler="synchronous"):
+        result = data.chunk({"lat": 9}).memchunk.apply(
+            "quantile", q=[0.25, 0.9], dim="time", method=method, memory_limit="2GB"
+        )
+        values = result.values
+    clean = data.fillna(0).quantile([0.25, 0.9], dim="time", method=method)
+    expected = data.astype("float64").quantile([0.25, 0.9], dim="time", method=method)
+    assert result.dtype == clean.dtype
+    np.testing.assert_array_equal(values, expected.values.astype(clean.dtype))
 
 
 def test_cf_axis_names_the_time_dim(tas, threaded):

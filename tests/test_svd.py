@@ -169,3 +169,49 @@ def test_naive_chunks_fail_planned_svd_completes(quiet_distributed):
     with dask.config.set(scheduler="threads"):
         expected = np.linalg.svd(x.values.astype("float64"), compute_uv=False)
     np.testing.assert_allclose(s.values, expected, rtol=1e-4)  # float32 input
+
+
+def test_compressed_svd_holds_its_input_only_below_the_spill_line():
+    from xarray_memchunk.clusters import ClusterFacts
+    from xarray_memchunk.operators.svd import holds_input
+
+    facts = ClusterFacts(
+        memory_limit=1_500_000_000,
+        threads_per_worker=1,
+        n_workers=2,
+        address="tcp://x",
+        largest_process_memory=200_000_000,
+    )
+    block = 100_000_000
+    # room per worker: 0.6 x 1.5 GB - 200 MB - 2 x 100 MB = 500 MB; 2 workers x 80%: 800 MB
+    assert holds_input(800_000_000, block, facts, 0.6)
+    assert not holds_input(800_000_001, block, facts, 0.6)
+    assert not holds_input(1, 400_000_000, facts, 0.6)  # no room beside the tasks
+    unlimited = ClusterFacts(None, 1, 2, "tcp://x", 200_000_000)
+    assert not holds_input(1, block, unlimited, 0.6)
+
+
+@pytest.mark.parametrize("margin", [0.8, 0.0], ids=["held", "produced-per-pass"])
+def test_compressed_svd_held_or_produced_per_pass_gives_the_same_result(
+    margin, monkeypatch, quiet_distributed
+):
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.operators import svd
+
+    monkeypatch.setattr(svd, "HOLD_MARGIN", margin)  # 0: no room, each pass produces the input
+    x = field(4000, 20, 25, {"time": 500}, rank=8, dtype="float32")
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        held = svd._input_fits_in_workers(x.data)
+        wide = da.zeros((20000, 10000), chunks=(2000, 10000), dtype="float32")
+        assert not svd._input_fits_in_workers(wide)  # 800 MB: over 2 x 0.6 GB with tasks
+        result = x.memchunk.apply("svd", sample_dims="time", k=5, method="compressed")
+        s = result.S.compute()
+    assert held == (margin > 0)  # 8 MB of input
+    expected = np.linalg.svd(x.values.reshape(4000, -1).astype("float64"), compute_uv=False)
+    np.testing.assert_allclose(s.values, expected[:5], rtol=1e-3)

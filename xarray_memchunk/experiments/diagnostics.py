@@ -145,6 +145,8 @@ class _EventLog:
         self.deaths: set[tuple[str, float]] = set()
 
     def poll(self) -> None:
+        if self.client is None:  # processes without a scheduler: nothing to read
+            return
         try:
             events = self.client.get_events()
         except Exception:  # scheduler busy: the next poll catches up
@@ -185,6 +187,8 @@ def run_watched(
 def watch(client, label: str, work: Callable[[], Any], *, interval: float = 0.02) -> RunOutcome:
     """Run ``work()`` (which computes on ``client``'s cluster) and watch the workers.
 
+    ``client`` may be None for work that runs in spawned processes of its own (Cubed's
+    ``processes`` executor): their memory is sampled alike, and no pauses or deaths are read.
     Any exception from ``work`` is recorded in the outcome, not raised.
     """
     events = _EventLog(client, time.time())

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 import xarray as xr
 
+from ..clusters import ClusterFacts
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
@@ -50,6 +51,12 @@ METHODS = ("auto", "exact", "compressed")
 #: stacked R factors is done, and each output block until it is used: a worker held 839 MB for
 #: a 640 MB float64 matrix on 2 workers (benchmarks/plan_safety.py).
 TSQR_HELD_SHARE = 1.25
+#: Blocks per thread a worker needs beside a held input: the running compressed-SVD task
+#: (1.02x its block, the ``svd-compressed`` calibration) and the next block, produced beside it.
+COMPRESSED_TASK_BLOCKS = 2.0
+#: Share of the workers' free room the held input of a compressed SVD may take: Dask does not
+#: place the input's blocks evenly.
+HOLD_MARGIN = 0.8
 
 
 def _sides(da: xr.DataArray, sample_dims) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -268,7 +275,7 @@ class SVD(Operator):
                 n_power_iter=kwargs["n_power_iter"],
                 n_oversamples=kwargs["n_oversamples"],
                 seed=kwargs["seed"],
-                compute=lazy and _has_client(),
+                compute=lazy and _has_client() and not _input_fits_in_workers(data),
             )
         elif not lazy:
             u, s, v = np.linalg.svd(np.asarray(data), full_matrices=False)
@@ -329,6 +336,36 @@ def _split_names(extents, sample_dims) -> tuple[list[str], list[str]]:
     samples = [d for d in extents if sample_dims and d in sample_dims]
     features = [d for d in extents if d not in samples]
     return samples, features
+
+
+def holds_input(nbytes: int, block_bytes: int, facts: ClusterFacts, spill_line: float) -> bool:
+    """Whether a compressed SVD may keep its input in the workers' memory between passes.
+
+    Kept (``svd_compressed(compute=False)``), the input is produced once and held until the last
+    pass uses it. Dask spills a worker's data to disk from ``spill_line`` of its memory limit,
+    so the input is kept only when each worker's share of it, plus its running tasks and the
+    memory it uses now, stays under that line (with :data:`HOLD_MARGIN` for uneven placement).
+    Otherwise each pass produces the input again (``compute=True``): slower, and never more
+    memory than the plan. Workers without a memory limit get the second, safe choice.
+    """
+    if not facts.memory_limit:
+        return False
+    tasks = COMPRESSED_TASK_BLOCKS * block_bytes * facts.threads_per_worker
+    room = spill_line * facts.memory_limit - facts.largest_process_memory - tasks
+    return nbytes <= HOLD_MARGIN * facts.n_workers * max(0.0, room)
+
+
+def _input_fits_in_workers(data) -> bool:
+    """:func:`holds_input` for a Dask array on the active client's workers."""
+    import dask
+
+    from ..clusters import active_client, cluster_facts
+
+    memory = dask.config.get("distributed.worker.memory", {})
+    line = next((f for f in (memory.get(k) for k in ("target", "spill", "pause")) if f), 1.0)
+    block_bytes = data.dtype.itemsize * math.prod(max(c) for c in data.chunks)
+    facts = cluster_facts(active_client())
+    return holds_input(int(data.nbytes), block_bytes, facts, float(line))
 
 
 def _has_client() -> bool:
