@@ -43,6 +43,7 @@ from ..planning.problem import DimRole
 from .arguments import check_number, reject_unknown
 from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dims
+from .slabs import slabs
 
 __all__ = ["SVD"]
 
@@ -324,10 +325,8 @@ FINITE_CHECK_ELEMENTS = 4 * 2**20
 
 def _require_finite(block: np.ndarray) -> np.ndarray:
     """``block`` itself, or a clear error when it holds NaN or infinite values."""
-    row = max(1, block.size // max(1, block.shape[0]))
-    step = max(1, FINITE_CHECK_ELEMENTS // row)
-    for start in range(0, block.shape[0], step):  # views of rows: no copy of the block
-        if not np.isfinite(block[start : start + step]).all():
+    for index in slabs(block.shape, block.ndim, FINITE_CHECK_ELEMENTS):  # views: no copy
+        if not np.isfinite(block[index]).all():
             raise MemchunkError(_NOT_FINITE)
     return block
 

@@ -11,14 +11,14 @@ and attributes (:func:`keeps_attrs` asks xarray itself).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
 from ..errors import MemchunkError
+from .slabs import slabs
 
 __all__ = ["QUANTILE_METHODS", "check_quantile_args", "keeps_attrs", "median", "quantile"]
 
@@ -131,7 +131,7 @@ def _quantiles_last(block: np.ndarray, func, q, axis, method, dtype) -> np.ndarr
         return np.moveaxis(values, 0, -1).astype(dtype, copy=False)
     kept = block.ndim - len(axis)
     out = np.empty((*block.shape[:kept], len(q)), dtype)
-    for index in _slabs(block.shape, kept):
+    for index in slabs(block.shape, kept, QUANTILE_SLAB_ELEMENTS):
         slab = block[index]  # a view: no copy of the block
         if np.isnan(slab).any():
             values = np.nanquantile(slab.astype(dtype), q, axis=axis, method=method)
@@ -139,23 +139,6 @@ def _quantiles_last(block: np.ndarray, func, q, axis, method, dtype) -> np.ndarr
             values = np.quantile(slab, q, axis=axis, method=method)
         out[index] = np.moveaxis(values, 0, -1)
     return out
-
-
-def _slabs(shape: tuple[int, ...], kept: int) -> Iterator[tuple[int | slice, ...]]:
-    """Indices over the first ``kept`` axes of ``shape``, each slab small.
-
-    A slab holds at most :data:`QUANTILE_SLAB_ELEMENTS` elements, or one whole series when a
-    series is longer.
-    """
-    row = math.prod(shape[1:])
-    if kept == 1 or row <= QUANTILE_SLAB_ELEMENTS:
-        step = max(1, QUANTILE_SLAB_ELEMENTS // max(1, row))
-        for start in range(0, shape[0], step):
-            yield (slice(start, start + step),)
-        return
-    for i in range(shape[0]):
-        for rest in _slabs(shape[1:], kept - 1):
-            yield (i, *rest)
 
 
 def check_quantile_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
