@@ -42,6 +42,7 @@ from distributed import Client, LocalCluster
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
 from xarray_memchunk.experiments.diagnostics import RunOutcome, watch
+from xarray_memchunk.models.profiling import RssSampler
 from xarray_memchunk.operators.gst3d_kernels import gst3d_block, halo_depth
 
 TOOLS = ("dask", "cubed", "memchunk")
@@ -252,7 +253,7 @@ def run_one(row: str, tool: str, inputs: Inputs, limit: str, spec: Any, timeout:
     def timed(build: Callable[[], tuple[Work, str]]) -> Callable[[], None]:
         return lambda: within(timeout, lambda: run(build))
 
-    with ProcessPeak() as client_peak:
+    with RssSampler(interval=0.02) as client_peak:  # this process: the client
         if tool == "cubed":
             result.outcome = watch(None, tool, timed(lambda: cubed_work(row, inputs, spec)))
             time.sleep(1.0)  # its pool is shut down without waiting: let the processes exit
@@ -297,31 +298,6 @@ def within(timeout: float, work: Callable[[], None]) -> None:
         raise TimeoutError(f"hung: no result after {timeout:.0f} s")
     if errors:
         raise errors[0]
-
-
-class ProcessPeak:
-    """Largest RSS of this (the client's) process while the block runs, sampled every 20 ms."""
-
-    def __init__(self) -> None:
-        import psutil
-
-        self._process = psutil.Process()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self.peak = 0
-
-    def _sample(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._process.memory_info().rss)
-            time.sleep(0.02)
-
-    def __enter__(self) -> ProcessPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def median_run(runs: list[Result]) -> Result:

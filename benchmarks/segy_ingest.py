@@ -37,10 +37,12 @@ MEMORY_LIMIT = "1.5GB"
 
 def _own_peak() -> int:
     """This process's peak RSS (``VmHWM``: ``ru_maxrss`` would keep the parent's across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    from xarray_memchunk.models.profiling import status_bytes
+
+    try:
+        return status_bytes("VmHWM")
+    except OSError:  # not Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_case(case: str, source: str, target: str) -> dict:

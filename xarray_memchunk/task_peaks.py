@@ -12,7 +12,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .models.profiling import _reset_hwm, _status_kb
+from .models.profiling import reset_high_water_mark, status_bytes
 from .runs import PLUGIN_NAME
 
 __all__ = ["KEPT_RECORDS", "TaskPeaks"]
@@ -42,11 +42,11 @@ class TaskPeaks(WorkerPlugin):
         if not self.single:
             return
         if finish == "executing":
-            _reset_hwm()
-            self.started[key] = (_status_kb("VmRSS"), time.perf_counter())
+            reset_high_water_mark()
+            self.started[key] = (status_bytes("VmRSS"), time.perf_counter())
         elif start == "executing" and key in self.started:
             rss, began = self.started.pop(key)
-            peak = max(0, _status_kb("VmHWM") - rss)
+            peak = max(0, status_bytes("VmHWM") - rss)
             name = key[0] if isinstance(key, tuple) else key
             self.records.append((str(name), peak, time.perf_counter() - began, time.time()))
 

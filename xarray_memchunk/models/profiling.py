@@ -29,7 +29,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TaskProfile", "measure_peak", "peak_method", "profile_in_worker"]
+__all__ = [
+    "RssSampler",
+    "TaskProfile",
+    "measure_peak",
+    "peak_method",
+    "profile_in_worker",
+    "reset_high_water_mark",
+    "status_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,14 @@ class TaskProfile:
     sizes: dict[str, int] = field(default_factory=dict)
 
 
-def _status_kb(name: str) -> int:
+def status_bytes(name: str) -> int:
+    """A size field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in bytes.
+
+    Raises
+    ------
+    OSError
+        Where there is no such file or field (not Linux).
+    """
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(name + ":"):
@@ -74,7 +89,8 @@ def _status_kb(name: str) -> int:
     raise OSError(f"{name} not in /proc/self/status")
 
 
-def _reset_hwm() -> bool:
+def reset_high_water_mark() -> bool:
+    """Reset this process's ``VmHWM`` to its current RSS; False where that is not possible."""
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -86,10 +102,10 @@ def _reset_hwm() -> bool:
 def peak_method() -> str:
     """``"hwm"`` where the kernel high-water mark can be reset here, else ``"sampling"``."""
     try:
-        _status_kb("VmHWM")
+        status_bytes("VmHWM")
     except OSError:
         return "sampling"
-    return "hwm" if _reset_hwm() else "sampling"
+    return "hwm" if reset_high_water_mark() else "sampling"
 
 
 def _trim() -> None:
@@ -100,12 +116,17 @@ def _trim() -> None:
         pass
 
 
-class _Sampler:
-    """Largest RSS seen by a thread polling every 0.5 ms (where the high-water mark is fixed)."""
+class RssSampler:
+    """Largest RSS of this process seen by a thread polling every ``interval`` seconds.
 
-    def __init__(self) -> None:
+    Used where the high-water mark cannot be reset (every 0.5 ms), and to watch a client
+    process during a whole computation.
+    """
+
+    def __init__(self, interval: float = 0.0005) -> None:
         import psutil
 
+        self.interval = interval
         self._process = psutil.Process()
         self.baseline = self._process.memory_info().rss
         self.peak = self.baseline
@@ -115,9 +136,9 @@ class _Sampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, self._process.memory_info().rss)
-            time.sleep(0.0005)
+            time.sleep(self.interval)
 
-    def __enter__(self) -> _Sampler:
+    def __enter__(self) -> RssSampler:
         self._thread.start()
         return self
 
@@ -142,15 +163,15 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
     _trim()
     method = peak_method()
     if method == "hwm":
-        before = _status_kb("VmRSS")
-        _reset_hwm()
+        before = status_bytes("VmRSS")
+        reset_high_water_mark()
         start = time.perf_counter()
         result = run(*args)
         seconds = time.perf_counter() - start
         del result
-        peak = _status_kb("VmHWM") - before
+        peak = status_bytes("VmHWM") - before
     else:
-        with _Sampler() as sampler:
+        with RssSampler() as sampler:
             start = time.perf_counter()
             result = run(*args)
             seconds = time.perf_counter() - start
