@@ -27,7 +27,7 @@ import os
 
 import dask
 
-from .clusters import ClusterFacts, active_client, cluster_facts
+from .clusters import ClusterFacts, active_client, cluster_facts, memory_threshold
 from .errors import BudgetError
 from .planning.budget import Budget, format_size, per_task_bytes
 from .units import to_bytes
@@ -42,7 +42,6 @@ __all__ = [
 
 DEFAULT_WORKER_BASELINE = "200MB"
 DEFAULT_RESERVE = 0.1
-DEFAULT_PAUSE_FRACTION = 0.8
 DEFAULT_DEVICE_FRACTION = 0.8
 
 
@@ -55,9 +54,8 @@ def is_decimal(value: int | float | str) -> bool:
 
 
 def _formula_terms() -> dict[str, float | int]:
-    pause = dask.config.get("distributed.worker.memory.pause", DEFAULT_PAUSE_FRACTION)
-    if not pause:  # pausing disabled: the terminate threshold is the only wall left
-        pause = dask.config.get("distributed.worker.memory.terminate", 0.95) or 0.95
+    # pausing disabled: the terminate threshold is the only wall left
+    pause = memory_threshold("pause", "terminate", otherwise=0.95)
     baseline = to_bytes(
         dask.config.get("memchunk.worker-baseline", DEFAULT_WORKER_BASELINE),
         what="memchunk.worker-baseline",

@@ -7,7 +7,36 @@ from dataclasses import dataclass
 
 from .errors import MemchunkError
 
-__all__ = ["ClusterFacts", "active_client", "cluster_facts"]
+__all__ = [
+    "DISTRIBUTED_MEMORY_DEFAULTS",
+    "ClusterFacts",
+    "active_client",
+    "cluster_facts",
+    "memory_threshold",
+]
+
+
+#: ``distributed.worker.memory`` thresholds (fractions of a worker's memory limit) where
+#: distributed's own configuration is not loaded (it is not imported).
+DISTRIBUTED_MEMORY_DEFAULTS = {"target": 0.6, "spill": 0.7, "pause": 0.8, "terminate": 0.95}
+
+
+def memory_threshold(*names: str, otherwise: float) -> float:
+    """The first enabled of ``distributed.worker.memory.<name>``, or ``otherwise``.
+
+    A threshold set to ``False`` (or ``None``) is disabled, and the next name is tried: e.g.
+    ``memory_threshold("pause", "terminate", otherwise=0.95)`` is where a worker stops taking
+    tasks, or is killed when it never pauses.
+    """
+    import dask
+
+    for name in names:
+        value = dask.config.get(
+            f"distributed.worker.memory.{name}", DISTRIBUTED_MEMORY_DEFAULTS[name]
+        )
+        if value:
+            return float(value)
+    return otherwise
 
 
 def active_client():

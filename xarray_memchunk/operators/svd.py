@@ -356,15 +356,12 @@ def holds_input(nbytes: int, block_bytes: int, facts: ClusterFacts, spill_line: 
 
 def _input_fits_in_workers(data) -> bool:
     """:func:`holds_input` for a Dask array on the active client's workers."""
-    import dask
+    from ..clusters import active_client, cluster_facts, memory_threshold
 
-    from ..clusters import active_client, cluster_facts
-
-    memory = dask.config.get("distributed.worker.memory", {})
-    line = next((f for f in (memory.get(k) for k in ("target", "spill", "pause")) if f), 1.0)
+    line = memory_threshold("target", "spill", "pause", otherwise=1.0)
     block_bytes = data.dtype.itemsize * math.prod(max(c) for c in data.chunks)
     facts = cluster_facts(active_client())
-    return holds_input(int(data.nbytes), block_bytes, facts, float(line))
+    return holds_input(int(data.nbytes), block_bytes, facts, line)
 
 
 def _has_client() -> bool:
