@@ -36,15 +36,20 @@ def _parse_option(text: str) -> tuple[str, Any]:
         return key.strip(), value
 
 
-def _op_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The operator's options, checked by the operator itself before anything starts."""
+def _op_kwargs(op: str, options: list[str] | None, dims: list[str] | None = None) -> dict[str, Any]:
+    """``op``'s options (``-o``, ``--dim``), checked by the operator before anything starts."""
     from .operators import get_operator
 
-    kwargs = dict(_parse_option(o) for o in args.option or [])
-    if args.dim:
-        kwargs["dim"] = args.dim if len(args.dim) > 1 else args.dim[0]
-    get_operator(args.op).normalize_kwargs(**kwargs)
+    kwargs = dict(_parse_option(o) for o in options or [])
+    if dims:
+        kwargs["dim"] = dims if len(dims) > 1 else dims[0]
+    get_operator(op).normalize_kwargs(**kwargs)
     return kwargs
+
+
+def _add_options(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The repeatable ``-o KEY=VALUE`` flag for an operator's options."""
+    parser.add_argument("-o", "--option", metavar="KEY=VALUE", action="append", help=help_text)
 
 
 def _at_least_one(value: int, flag: str) -> int:
@@ -65,13 +70,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="dim the operator acts on (name or CF axis such as T); repeatable",
     )
-    parser.add_argument(
-        "-o",
-        "--option",
-        metavar="KEY=VALUE",
-        action="append",
-        help="operator option, e.g. -o sigma=1.5 -o attribute=azimuth; repeatable",
-    )
+    _add_options(parser, "operator option, e.g. -o sigma=1.5 -o attribute=azimuth; repeatable")
 
 
 def _add_cluster(parser: argparse.ArgumentParser) -> None:
@@ -128,13 +127,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="OP",
         help="choose storage chunks that OP's plan reads whole (default: 128 along every dim)",
     )
-    ingest.add_argument(
-        "-o",
-        "--option",
-        metavar="KEY=VALUE",
-        action="append",
-        help="option of the --for operator, e.g. -o sigma=1.5; repeatable",
-    )
+    _add_options(ingest, "option of the --for operator, e.g. -o sigma=1.5; repeatable")
     ingest.add_argument(
         "--fill",
         type=float,
@@ -188,13 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="where to write (default: the user calibration directory)",
     )
-    cal.add_argument(
-        "-o",
-        "--option",
-        metavar="KEY=VALUE",
-        action="append",
-        help="operator option, e.g. -o kernel=d2geo; repeatable",
-    )
+    _add_options(cal, "operator option, e.g. -o kernel=d2geo; repeatable")
 
     sub.add_parser("operators", help="list the registered operators")
     return parser
@@ -204,7 +191,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .io import open_input
 
     obj = open_input(args.input, args.var)
-    plan = obj.memchunk.plan(args.op, memory_limit=args.memory_limit, **_op_kwargs(args))
+    plan = obj.memchunk.plan(
+        args.op, memory_limit=args.memory_limit, **_op_kwargs(args.op, args.option, args.dim)
+    )
     print(plan.explain())
     return 0
 
@@ -280,7 +269,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .io import check_target, open_input, safe_write
 
     obj = open_input(args.input, args.var)
-    kwargs = _op_kwargs(args)
+    kwargs = _op_kwargs(args.op, args.option, args.dim)
     check_target(args.output, args.overwrite)
     budget = _local_budget(args)
     if budget is not None:  # plan for the cluster about to start, before starting it
@@ -303,7 +292,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
     kwargs = {}
     if args.op is not None:
-        kwargs = _op_kwargs(argparse.Namespace(op=args.op, option=args.option, dim=None))
+        kwargs = _op_kwargs(args.op, args.option)
     elif args.option:
         raise MemchunkError("-o/--option sets options of the --for operator: name it with --for")
     segy = {"fill": args.fill, "iline": args.iline, "xline": args.xline}
@@ -438,11 +427,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import calibrate
     from .models.calibration import calibration_dir
-    from .operators import get_operator
     from .operators.arguments import float_dtype
 
-    kwargs = dict(_parse_option(o) for o in args.option or [])
-    get_operator(args.op).normalize_kwargs(**kwargs)
+    kwargs = _op_kwargs(args.op, args.option)
     dtypes = tuple(args.dtype or ("float32", "float64"))
     for dtype in dtypes:
         float_dtype(dtype, "--dtype")
