@@ -286,7 +286,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from .ingest import ingest, storage_chunks_for
+    from .ingest import check_source, ingest, storage_chunks_for
     from .io import check_target
     from .segy import open_segy
 
@@ -296,8 +296,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     elif args.option:
         raise MemchunkError("-o/--option sets options of the --for operator: name it with --for")
     segy = {"fill": args.fill, "iline": args.iline, "xline": args.xline}
-    if not str(args.input).lower().endswith((".sgy", ".segy", ".seg-y")):
-        raise MemchunkError(f"ingest reads SEG-Y files (.sgy, .segy), not {args.input!r}")
+    check_source(args.input)
     volume = open_segy(args.input, **segy)
     check_target(args.output, args.overwrite)
     budget = _local_budget(args)

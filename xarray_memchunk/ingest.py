@@ -27,7 +27,7 @@ import xarray as xr
 
 from .errors import MemchunkError
 
-__all__ = ["DEFAULT_CHUNK", "ingest", "storage_chunks_for", "write_chunks"]
+__all__ = ["DEFAULT_CHUNK", "check_source", "ingest", "storage_chunks_for", "write_chunks"]
 
 #: Storage chunk length along every dim when no operator is named (MDIO's post-stack default).
 DEFAULT_CHUNK = 128
@@ -125,6 +125,23 @@ def _pieces(n: int, length: int) -> tuple[int, ...]:
     return (length,) * full + ((rest,) if rest else ())
 
 
+def check_source(source: str | os.PathLike) -> None:
+    """Refuse a ``source`` that :func:`ingest` cannot read, by its suffix.
+
+    Raises
+    ------
+    MemchunkError
+        When ``source`` is not named as a SEG-Y file.
+    """
+    from .segy import SEGY_SUFFIXES
+
+    if Path(source).suffix.lower() not in SEGY_SUFFIXES:
+        raise MemchunkError(
+            f"ingest reads SEG-Y files ({', '.join(sorted(SEGY_SUFFIXES))}), not "
+            f"{str(source)!r}; a Zarr or netCDF input can be planned and run as it is"
+        )
+
+
 def ingest(
     source: str | os.PathLike,
     target: str | os.PathLike,
@@ -167,13 +184,9 @@ def ingest(
     """
     from .budget import resolve_budget
     from .io import check_target, safe_write
-    from .segy import SEGY_SUFFIXES, open_segy
+    from .segy import open_segy
 
-    if Path(source).suffix.lower() not in SEGY_SUFFIXES:
-        raise MemchunkError(
-            f"ingest reads SEG-Y files ({', '.join(sorted(SEGY_SUFFIXES))}), not "
-            f"{str(source)!r}; a Zarr or netCDF input can be planned and run as it is"
-        )
+    check_source(source)
     segy_options = dict(segy_options or {})
     da = open_segy(source, **segy_options)
     check_target(target, overwrite)
