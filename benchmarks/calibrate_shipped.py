@@ -1,6 +1,7 @@
 """Recalibrate every built-in operator and write the calibrations shipped with the package.
 
     python benchmarks/calibrate_shipped.py            # all, float32 and float64, 3 repeats
+    python benchmarks/calibrate_shipped.py --device gpu   # the GPU calibrations, on a GPU
 
 Maintainers run this on a quiet machine and commit ``xarray_memchunk/models/calibrations/``.
 Users calibrate their own machine with ``memchunk calibrate OP`` instead.
@@ -33,10 +34,26 @@ OPERATORS = [
 ]
 
 
+def scaled(shape, factor: int):
+    """A calibration shape (extents, or (extents, sizes)) with every dim ``factor`` x longer."""
+    if isinstance(shape, tuple):
+        return tuple({d: n * factor for d, n in part.items()} for part in shape)
+    return {d: n * factor for d, n in shape.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", help="calibration names to redo, e.g. svd-compressed")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--output-dir", help="default: the package's shipped calibrations")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        default=None,
+        help="multiply every dim of the operators' shapes (default: 1 on cpu, 2 on gpu, whose "
+        "tasks are planned larger)",
+    )
     args = parser.parse_args()
     print(
         f"{'operator':<14} {'dtype':<8} {'shapes':>6} {'median |err| %':>15} "
@@ -55,8 +72,16 @@ def main() -> None:
             if args.only and label not in args.only:
                 continue
             start = time.perf_counter()
+            scale = args.scale or (2 if args.device == "gpu" else 1)
+            shapes = [scaled(s, scale) for s in operator.calibration_shapes(**setup)]
             fits = calibrate(
-                name, repeats=args.repeats, client=client, directory=shipped_dir(), **kwargs
+                name,
+                repeats=args.repeats,
+                client=client,
+                directory=args.output_dir or shipped_dir(),
+                device=args.device,
+                shapes=shapes,
+                **kwargs,
             )
             for dtype, fit in fits.items():
                 s = fit["fit"]

@@ -27,7 +27,7 @@ import os
 
 import dask
 
-from .clusters import ClusterFacts, active_client, cluster_facts, memory_threshold
+from .clusters import ClusterFacts, active_client, cluster_facts, device_facts, memory_threshold
 from .errors import BudgetError
 from .planning.budget import Budget, format_size, per_task_bytes
 from .units import to_bytes
@@ -43,6 +43,8 @@ __all__ = [
 DEFAULT_WORKER_BASELINE = "200MB"
 DEFAULT_RESERVE = 0.1
 DEFAULT_DEVICE_FRACTION = 0.8
+#: One CUDA context, where no GPU can be read to measure what is allocated.
+DEFAULT_DEVICE_BASELINE = "512MiB"
 
 
 def is_decimal(value: int | float | str) -> bool:
@@ -139,10 +141,11 @@ def resolve_budget(
         return memory_limit
     client = active_client()
     facts = cluster_facts(client) if client is not None else None
+    if device == "gpu":
+        memory = None if memory_limit is None else to_bytes(memory_limit, what="memory_limit")
+        return device_budget(memory, client)
     if memory_limit is not None:
         worker_memory = to_bytes(memory_limit, what="memory_limit")
-        if device == "gpu":
-            return device_budget(facts.threads_per_worker if facts else None, worker_memory)
         if facts is not None:
             threads, n_workers = facts.threads_per_worker, facts.n_workers
         else:
@@ -150,8 +153,6 @@ def resolve_budget(
         return make_budget(
             worker_memory, threads, n_workers, "argument", decimal=is_decimal(memory_limit)
         )
-    if device == "gpu":
-        return device_budget(facts.threads_per_worker if facts else None)
     if facts is not None and facts.memory_limit:
         return make_budget(
             facts.memory_limit,
@@ -196,45 +197,84 @@ def system_budget() -> Budget:
     )
 
 
-def device_budget(threads: int | None = None, device_memory: int | None = None) -> Budget:
-    """Budget for CuPy-backed data: the memory of the current GPU.
+def device_budget(device_memory: int | None = None, client=None) -> Budget:
+    """Budget for CuPy-backed data: the memory of a GPU, shared by the tasks that run on it.
 
     Parameters
     ----------
-    threads
-        Tasks that run on the GPU at once: a distributed worker's threads (one worker per GPU,
-        as ``dask_cuda.LocalCUDACluster`` starts them), else one per CPU (the threaded
-        scheduler).
     device_memory
         The device memory to plan for (an explicit ``memory_limit`` on CuPy data); else the
-        config key ``memchunk.device-memory``, else ``cupy.cuda.Device().mem_info``.
+        config key ``memchunk.device-memory``, else the GPU's own total memory.
+    client
+        A ``distributed.Client`` whose workers run on GPUs: each worker reports its GPU
+        (:func:`~xarray_memchunk.clusters.device_facts`); the tasks per GPU are the threads of
+        the workers that share it. Without one, this process's current GPU, shared by the
+        threaded scheduler's threads (dask config ``num_workers``, else one per CPU).
 
     Returns
     -------
     Budget
-        With what is already allocated on the device (CUDA context, CuPy's memory pool, other
-        processes) as the baseline when the device is read, none when its memory was given.
+        Its baseline is what is already allocated on the device (every CUDA context on it, CuPy
+        pools, other processes), read from the GPU, plus, for dask-cuda workers, their
+        ``device_memory_limit``: task outputs stay on the device up to it before they spill,
+        and a task's own intermediates never spill. For a device memory given rather than read,
+        the baseline is ``memchunk.device-baseline`` (512 MiB, one CUDA context) instead of
+        what is allocated now.
     """
     fraction = float(dask.config.get("memchunk.device-memory-fraction", DEFAULT_DEVICE_FRACTION))
     configured = dask.config.get("memchunk.device-memory", None)
-    if device_memory is not None:
-        total, in_use, source = device_memory, 0, "argument"
-    elif configured is not None:
-        total = to_bytes(configured, what="memchunk.device-memory")
-        in_use, source = 0, "dask config memchunk.device-memory"
+    local_threads = int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    notes = ["allocated on the GPU now"]
+    if device_memory is not None or configured is not None:  # a device described, not read
+        given = device_memory is not None
+        total = to_bytes(
+            device_memory if given else configured,
+            what="memory_limit" if given else "memchunk.device-memory",
+        )
+        source = "argument" if given else "dask config memchunk.device-memory"
+        in_use = to_bytes(
+            dask.config.get("memchunk.device-baseline", DEFAULT_DEVICE_BASELINE),
+            what="memchunk.device-baseline",
+        )
+        notes = ["memchunk.device-baseline, one CUDA context"]
+        threads, n_gpus = local_threads, 1
+        if client is not None:  # one worker per GPU, as dask-cuda starts them
+            facts = cluster_facts(client)
+            threads, n_gpus = facts.threads_per_worker, facts.n_workers
+    elif client is not None:
+        facts = device_facts(client)
+        total, in_use = facts.total, facts.in_use + (facts.device_memory_limit or 0)
+        threads, n_gpus = facts.threads_per_gpu, facts.n_gpus
+        source = f"distributed client {facts.address}: {n_gpus} GPU(s), read by the workers"
+        if facts.device_memory_limit:
+            notes.append(f"dask-cuda device_memory_limit {format_size(facts.device_memory_limit)}")
     else:
-        import cupy
-
-        device = cupy.cuda.Device()
-        free, total = device.mem_info
-        in_use = total - free
-        source = f"GPU {device.id} (cupy): {format_size(free)} free"
+        threads, n_gpus = local_threads, 1
+        total, in_use, source = _local_device()
+        if total is None:
+            raise BudgetError(
+                f"no GPU memory to plan CuPy data for ({source}). Pass memory_limit= (the "
+                f"device memory), or set the dask config memchunk.device-memory"
+            )
     return make_budget(
         int(total),
-        threads or os.cpu_count() or 1,
-        1,
+        threads,
+        n_gpus,
         source,
         device="gpu",
         pause_fraction=fraction,
         worker_baseline=int(in_use),
+        baseline_source=" + ".join(notes),
     )
+
+
+def _local_device() -> tuple[int | None, int | None, str]:
+    """Total and allocated memory of this process's current GPU, or Nones without one."""
+    try:
+        import cupy
+
+        device = cupy.cuda.Device()
+        free, total = device.mem_info
+    except Exception as exc:  # no CuPy, no driver, no device: nothing to read
+        return None, None, f"no GPU readable here: {type(exc).__name__}: {exc}"
+    return int(total), int(total - free), f"GPU {device.id} (cupy): {format_size(free)} free"

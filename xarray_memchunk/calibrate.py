@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import math
 import os
 import platform
@@ -22,9 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from .errors import MemchunkError
 from .models.calibration import save_calibration
 from .models.fitting import LinearFit, fit_linear
-from .models.profiling import TaskProfile, peak_method, profile_in_worker
+from .models.profiling import (
+    TaskProfile,
+    measure_device_peak,
+    measure_peak,
+    peak_method,
+    profile_in_worker,
+)
 from .operators import Operator, get_operator
 from .operators.cost import bind_features
 from .planning.candidates import padded_extent
@@ -126,15 +134,17 @@ def run_task(
     sizes: Mapping[str, int],
     dtype: str,
     seed: int,
+    *,
+    on_gpu: bool = False,
 ) -> None:
     """Run one task of ``operator`` as the graph that ``apply`` builds runs it.
 
     The input is a Dask array of ``sizes`` in chunks of ``extents``, generated inside the graph
-    (so that, as with data read from a file, producing the input fuses into the task). The
-    operator's lazy result is built as ``apply`` builds it, and the graph of its middle
-    output block is computed in this thread: for a one-chunk array that is the one fused
-    task; for a tree reduction over a chunked dim, its chunk tasks and the combine tasks
-    that hold their partial results.
+    (so that, as with data read from a file, producing the input fuses into the task); with
+    ``on_gpu``, each block is generated on the current GPU by CuPy. The operator's lazy result
+    is built as ``apply`` builds it, and the graph of its middle output block is computed in
+    this thread: for a one-chunk array that is the one fused task; for a tree reduction over a
+    chunked dim, its chunk tasks and the combine tasks that hold their partial results.
     """
     import dask
     import dask.array as da
@@ -142,7 +152,17 @@ def run_task(
 
     dims = list(extents)
     shape, chunks = tuple(sizes[d] for d in dims), tuple(extents[d] for d in dims)
-    if np.dtype(dtype).kind == "f":
+    if on_gpu:  # each block made on the device, by CuPy's generator
+        import cupy
+
+        data = da.map_blocks(
+            _device_block,
+            da.empty(shape, chunks=chunks, dtype=dtype),
+            seed,
+            dtype=dtype,
+            meta=cupy.empty((0,) * len(dims), dtype=dtype),
+        )
+    elif np.dtype(dtype).kind == "f":
         data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph
         data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
@@ -158,6 +178,18 @@ def run_task(
         blocks.append(lazy)
     with dask.config.set(scheduler="synchronous"):
         dask.compute(*blocks)
+
+
+def _device_block(template, seed: int, block_id=None):
+    """Uniform values of ``template``'s shape and dtype on the current GPU."""
+    import cupy
+
+    rng = cupy.random.default_rng(
+        int(np.random.SeedSequence([seed, *block_id]).generate_state(1)[0])
+    )
+    if template.dtype.kind == "f":
+        return rng.random(template.shape, dtype=template.dtype)
+    return (rng.random(template.shape, dtype=np.float32) * 100).astype(template.dtype)
 
 
 def fit_profiles(
@@ -183,6 +215,7 @@ def calibrate(
     client=None,
     save: bool = True,
     directory: str | os.PathLike | None = None,
+    device: str = "cpu",
     **op_kwargs: Any,
 ) -> dict[str, dict[str, Any]]:
     """Profile ``op`` inside a Dask worker, fit its memory model, and save it as JSON.
@@ -205,6 +238,11 @@ def calibrate(
         Write the calibration file.
     directory
         Where to write it (the user calibration directory by default).
+    device
+        ``"cpu"``: NumPy chunks, the worker's resident memory measured. ``"gpu"``: CuPy
+        chunks on the worker's current GPU, its device memory measured (CuPy's memory pool,
+        :func:`~xarray_memchunk.models.profiling.measure_device_peak`); plans for CuPy data
+        use it.
     **op_kwargs
         The operator's arguments (e.g. ``kernel="d2geo"``, ``dim="time"``).
 
@@ -214,25 +252,37 @@ def calibrate(
         The fits written, by dtype.
     """
     operator = get_operator(op)
+    if device not in operator.devices:
+        raise MemchunkError(
+            f"device must be one of {operator.devices} for {operator.name!r}, got {device!r}"
+        )
     kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | op_kwargs))
+    runner, measure = (
+        (functools.partial(run_task, on_gpu=True), measure_device_peak)
+        if device == "gpu"
+        else (run_task, measure_peak)
+    )
     shapes = list(shapes) if shapes is not None else operator.calibration_shapes(**kwargs)
     cases = [_split_shape(shape) for shape in shapes]
     fits: dict[str, dict[str, Any]] = {}
     with _profiling_client(client) as profiler:
-        method = profiler.submit(peak_method, pure=False).result()
+        method = (
+            "cupy-pool" if device == "gpu" else profiler.submit(peak_method, pure=False).result()
+        )
         for dtype in dtypes:
             profiles = profile_in_worker(
                 profiler,
-                run_task,
+                runner,
                 [(e, n, (operator, kwargs, e, n, dtype)) for e, n in cases],
                 dtype,
                 repeats,
+                measure=measure,
             )
             fits[dtype] = fit_record(operator, profiles, kwargs)
     if save:
         save_calibration(
             operator.cost_terms(**kwargs).calibration,
-            "cpu",
+            device,
             fits,
             _metadata(method, kwargs),
             Path(directory) if directory is not None else None,

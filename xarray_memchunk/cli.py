@@ -177,6 +177,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--repeats", type=int, default=3, help="runs per shape (default 3)")
     cal.add_argument(
+        "--device",
+        choices=("cpu", "gpu"),
+        default="cpu",
+        help="cpu: NumPy chunks, host memory; gpu: CuPy chunks, device memory (default cpu)",
+    )
+    cal.add_argument(
         "--output-dir",
         metavar="DIR",
         help="where to write (default: the user calibration directory)",
@@ -434,7 +440,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         float_dtype(dtype, "--dtype")
     _at_least_one(args.repeats, "--repeats")
     fits = calibrate(
-        args.op, dtypes=dtypes, repeats=args.repeats, directory=args.output_dir, **kwargs
+        args.op,
+        dtypes=dtypes,
+        repeats=args.repeats,
+        directory=args.output_dir,
+        device=args.device,
+        **kwargs,
     )
     for dtype, fit in fits.items():
         stats = fit["fit"]

@@ -10,8 +10,10 @@ from .errors import MemchunkError
 __all__ = [
     "DISTRIBUTED_MEMORY_DEFAULTS",
     "ClusterFacts",
+    "DeviceFacts",
     "active_client",
     "cluster_facts",
+    "device_facts",
     "memory_threshold",
 ]
 
@@ -89,4 +91,81 @@ def cluster_facts(client) -> ClusterFacts:
         n_workers=max(1, total_threads // max(1, threads)),
         address=address,
         largest_process_memory=rss,
+    )
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What a cluster's workers say of their GPUs: enough to budget a plan for CuPy data.
+
+    Attributes
+    ----------
+    total
+        Memory of the smallest GPU a worker uses.
+    in_use
+        The most already allocated on one of those GPUs (every CUDA context on it, CuPy
+        pools, other processes), as its workers read it.
+    threads_per_gpu
+        The most worker threads sharing one GPU: the tasks that can run on it at once.
+    n_gpus
+        GPUs the workers use.
+    device_memory_limit
+        The smallest dask-cuda ``device_memory_limit`` (task outputs are kept on the device up
+        to it before they spill to the host), or None for workers without one.
+    address
+        The scheduler's address.
+    """
+
+    total: int
+    in_use: int
+    threads_per_gpu: int
+    n_gpus: int
+    device_memory_limit: int | None
+    address: str
+
+
+def _worker_device(dask_worker) -> dict:
+    """The GPU of ``dask_worker``: bus id, free and total memory, threads, dask-cuda's limit."""
+    import cupy
+
+    device = cupy.cuda.Device()
+    free, total = device.mem_info  # creates this worker's CUDA context first, if needed
+    limit = getattr(dask_worker.data, "device_memory_limit", None)
+    return {
+        "gpu": device.pci_bus_id,
+        "free": int(free),
+        "total": int(total),
+        "threads": int(dask_worker.state.nthreads),
+        "device_memory_limit": int(limit) if limit else None,
+    }
+
+
+def device_facts(client) -> DeviceFacts:
+    """Ask every worker of ``client``'s cluster for its GPU's memory (:class:`DeviceFacts`).
+
+    Raises
+    ------
+    MemchunkError
+        When the cluster has no workers, or its workers cannot use CuPy or a GPU.
+    """
+    cluster_facts(client)  # no workers: the same clear error
+    try:
+        reports = list(client.run(_worker_device).values())
+    except Exception as exc:
+        raise MemchunkError(
+            f"the Dask cluster's workers cannot read a GPU ({type(exc).__name__}: {exc}): "
+            f"plan CuPy data on a cluster whose workers have CuPy and a GPU (e.g. "
+            f"dask_cuda.LocalCUDACluster), or pass memory_limit= as the device memory"
+        ) from exc
+    by_gpu: dict[str, list[dict]] = {}
+    for report in reports:
+        by_gpu.setdefault(report["gpu"], []).append(report)
+    limits = [r["device_memory_limit"] for r in reports if r["device_memory_limit"]]
+    return DeviceFacts(
+        total=min(r["total"] for r in reports),
+        in_use=max(g[0]["total"] - min(r["free"] for r in g) for g in by_gpu.values()),
+        threads_per_gpu=max(sum(r["threads"] for r in g) for g in by_gpu.values()),
+        n_gpus=len(by_gpu),
+        device_memory_limit=min(limits) if limits else None,
+        address=client.scheduler_info().get("address", "?"),
     )

@@ -13,6 +13,11 @@ imports (~100-150 MB), which a worker already holds
 Where ``clear_refs`` cannot be written (not Linux, or forbidden), a thread samples the RSS every
 0.5 ms instead and reports the largest sample: it can miss peaks shorter than that.
 
+On a GPU (:func:`measure_device_peak`) the peak is the device memory CuPy's memory pool held:
+the pool is emptied before the task and keeps every block it allocates until it is emptied
+again, so what it holds after the task is the most the task had on the device at once,
+fragmentation included: what a CUDA out-of-memory error is raised against.
+
 What runs is a plain callable: this module knows nothing of operators. The callables that
 build and compute an operator's task graph live in :mod:`xarray_memchunk.calibrate`.
 """
@@ -32,6 +37,7 @@ import numpy as np
 __all__ = [
     "RssSampler",
     "TaskProfile",
+    "measure_device_peak",
     "measure_peak",
     "peak_method",
     "profile_in_worker",
@@ -181,12 +187,37 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
     return max(0, int(peak)), seconds, method
 
 
+def measure_device_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
+    """Call ``run(*args)`` in this process and measure its peak device memory (CuPy's pool).
+
+    As :func:`measure_peak`, for tasks on the current GPU; the method is ``"cupy-pool"``.
+    """
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    device = cupy.cuda.Device()
+    gc.collect()
+    device.synchronize()
+    pool.free_all_blocks()
+    before = pool.total_bytes()
+    start = time.perf_counter()
+    result = run(*args)
+    device.synchronize()
+    seconds = time.perf_counter() - start
+    del result
+    peak = pool.total_bytes() - before
+    gc.collect()
+    pool.free_all_blocks()
+    return max(0, int(peak)), seconds, "cupy-pool"
+
+
 def profile_in_worker(
     client,
     run: Callable[..., Any],
     cases: Sequence[tuple[dict[str, int], dict[str, int], tuple[Any, ...]]],
     dtype: str,
     repeats: int = 3,
+    measure: Callable[..., tuple[int, float, str]] = measure_peak,
 ) -> list[TaskProfile]:
     """Measure ``run(*args, seed)`` for each case inside one worker of ``client``'s cluster.
 
@@ -205,12 +236,14 @@ def profile_in_worker(
         Input dtype, recorded in the profiles.
     repeats
         Runs per case, with seeds ``0 .. repeats - 1``; the median peak is kept.
+    measure
+        :func:`measure_peak` (host memory) or :func:`measure_device_peak` (GPU memory).
     """
     worker = next(iter(client.scheduler_info()["workers"]))
     profiles = []
     for extents, sizes, args in cases:
         runs = [
-            client.submit(measure_peak, run, *args, seed, pure=False, workers=[worker]).result()
+            client.submit(measure, run, *args, seed, pure=False, workers=[worker]).result()
             for seed in range(repeats)
         ]
         peaks = sorted(r[0] for r in runs)

@@ -147,6 +147,8 @@ class GST3D(Operator):
 
     #: Amplitudes: integers (counts, converted to float32 block by block) or floats.
     dtype_kinds = "iuf"
+    #: NumPy blocks run SciPy's filters; CuPy blocks ``cupyx.scipy.ndimage`` and a fused kernel.
+    devices = ("cpu", "gpu")
 
     def dim_uses(self, da: xr.DataArray, dims=None, **kwargs: Any) -> dict[str, DimUse]:
         """The three spatial dims are halo dims; any other dim (a stack of volumes) is free."""

@@ -21,13 +21,18 @@ NaNs: every filter is a direct correlation (the box filter too, instead of
 ``scipy.ndimage.uniform_filter``'s running sum, which carries a NaN to the end of its line), so
 an output voxel is NaN exactly when an input voxel within its halo (:func:`halo_depth`) is NaN,
 and a chunked result equals the unchunked one, NaNs included.
+
+CuPy blocks run the same filters with ``cupyx.scipy.ndimage`` and the eigen-analysis as one
+fused CUDA kernel (:mod:`.gst3d_gpu`): the block never leaves the device. ``cupyx`` skips
+zero weights, so NaN is set on the GPU from the input's NaN, dilated by the halo
+(:func:`_nan_within_halo`), which is where SciPy's filters carry it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
 
+from .arrays import array_module, is_cupy, ndimage_module
 from .eigen3 import principal_eigen
 
 __all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "gst3d_on_axes", "halo_depth"]
@@ -57,11 +62,16 @@ def halo_depth(kernel: str, sigma: float, rho: float, truncate: float) -> int:
 
 
 def _gradient(x, axis: int, kernel: str, sigma: float, truncate: float, dtype):
+    ndimage, xp = ndimage_module(x), array_module(x)
     if kernel == "d2geo":
-        g = ndimage.correlate1d(x, D2GEO_DERIVATIVE, axis=axis, output=dtype, mode="reflect")
+        g = ndimage.correlate1d(
+            x, xp.asarray(D2GEO_DERIVATIVE), axis=axis, output=dtype, mode="reflect"
+        )
         for other in range(3):
             if other != axis:
-                ndimage.correlate1d(g, D2GEO_SMOOTHING, axis=other, output=g, mode="reflect")
+                ndimage.correlate1d(
+                    g, xp.asarray(D2GEO_SMOOTHING), axis=other, output=g, mode="reflect"
+                )
         return g
     order = [0, 0, 0]
     order[axis] = 1
@@ -71,37 +81,59 @@ def _gradient(x, axis: int, kernel: str, sigma: float, truncate: float, dtype):
 
 
 def _smooth(product, out, kernel: str, rho: float, truncate: float) -> None:
+    ndimage, xp = ndimage_module(product), array_module(product)
     if kernel == "d2geo":  # a 3x3x3 box, as three direct correlations
-        ndimage.correlate1d(product, D2GEO_BOX, axis=0, output=out, mode="reflect")
+        box = xp.asarray(D2GEO_BOX)
+        ndimage.correlate1d(product, box, axis=0, output=out, mode="reflect")
         for axis in (1, 2):
-            ndimage.correlate1d(out, D2GEO_BOX, axis=axis, output=out, mode="reflect")
+            ndimage.correlate1d(out, box, axis=axis, output=out, mode="reflect")
     else:
         ndimage.gaussian_filter(product, rho, output=out, mode="reflect", truncate=truncate)
 
 
 def _structure_tensor(x, kernel, sigma, rho, truncate, dtype):
     """The six smoothed tensor components (xx, yy, zz, xy, xz, yz); gradients freed on the way."""
+    xp = array_module(x)
     gx = _gradient(x, 0, kernel, sigma, truncate, dtype)
     gy = _gradient(x, 1, kernel, sigma, truncate, dtype)
     gz = _gradient(x, 2, kernel, sigma, truncate, dtype)
-    buf = np.empty_like(gx)
+    buf = xp.empty_like(gx)
     tensor = {}
     for key, a, b in (("xx", gx, gx), ("xy", gx, gy), ("xz", gx, gz)):
-        np.multiply(a, b, out=buf)
-        tensor[key] = np.empty_like(buf)
+        xp.multiply(a, b, out=buf)
+        tensor[key] = xp.empty_like(buf)
         _smooth(buf, tensor[key], kernel, rho, truncate)
     del gx, a, b
     for key, a, b in (("yy", gy, gy), ("yz", gy, gz)):
-        np.multiply(a, b, out=buf)
-        tensor[key] = np.empty_like(buf)
+        xp.multiply(a, b, out=buf)
+        tensor[key] = xp.empty_like(buf)
         _smooth(buf, tensor[key], kernel, rho, truncate)
     del gy, a, b
-    np.multiply(gz, gz, out=buf)
+    xp.multiply(gz, gz, out=buf)
     del gz
-    tensor["zz"] = np.empty_like(buf)
+    tensor["zz"] = xp.empty_like(buf)
     _smooth(buf, tensor["zz"], kernel, rho, truncate)
     del buf
     return [tensor[k].reshape(-1) for k in ("xx", "yy", "zz", "xy", "xz", "yz")]
+
+
+def _nan_within_halo(x, out, depth: int) -> None:
+    """Set ``out`` to NaN wherever a NaN of ``x`` lies within ``depth`` voxels along every axis.
+
+    SciPy's filters multiply every weight, so a NaN reaches every voxel within the halo: a box.
+    ``cupyx.scipy.ndimage`` skips zero weights (a derivative's centre), so on the GPU a NaN
+    reaches fewer voxels, and values next to it would be finite. This makes the two devices
+    agree: the box of NaN, dilated with the filters' ``reflect`` boundary. Blocks without NaN
+    pay one check.
+    """
+    xp, ndimage = array_module(x), ndimage_module(x)
+    nan = xp.isnan(x)
+    if not bool(nan.any()):
+        return
+    mask = nan.view(xp.uint8)
+    for axis in range(3):
+        mask = ndimage.maximum_filter1d(mask, 2 * depth + 1, axis=axis, mode="reflect")
+    out[mask.view(bool)] = xp.nan
 
 
 def _attribute_writer(attribute: str, out_flat: np.ndarray):
@@ -154,11 +186,12 @@ def gst3d_block(
 
     Returns
     -------
-    numpy.ndarray
-        Same shape as ``block``.
+    numpy.ndarray or cupy.ndarray
+        Same shape as ``block``, on ``block``'s device.
     """
+    xp = array_module(block)
     if block.ndim > 3:
-        out = np.empty(block.shape, dtype=out_dtype)
+        out = xp.empty(block.shape, dtype=out_dtype)
         for index in np.ndindex(block.shape[:-3]):
             out[index] = gst3d_block(
                 block[index],
@@ -171,9 +204,16 @@ def gst3d_block(
             )
         return out
     dtype = np.float64 if block.dtype == np.float64 else np.float32
-    x = np.asarray(block)
+    x = block if is_cupy(block) else np.asarray(block)
     components = _structure_tensor(x, kernel, sigma, rho, truncate, dtype)
-    out = np.empty(x.shape, dtype=out_dtype)
+    out = xp.empty(x.shape, dtype=out_dtype)
+    if is_cupy(x):
+        from .gst3d_gpu import gpu_attribute
+
+        gpu_attribute(components, attribute, out.reshape(-1))
+        del components
+        _nan_within_halo(x, out, halo_depth(kernel, sigma, rho, truncate))
+        return out
     vector, values = _attribute_writer(attribute, out.reshape(-1))
     principal_eigen(components, out_vector=vector, out_values=values)
     return out
@@ -188,7 +228,8 @@ def gst3d_on_axes(
     of volumes) are looped over. Keyword arguments are :func:`gst3d_block`'s.
     """
     last = (-3, -2, -1)
-    moved = np.moveaxis(block, axes, last)
+    xp = array_module(block)
+    moved = xp.moveaxis(block, axes, last)
     if moved.dtype.kind != "f":
         moved = moved.astype(np.float32)
-    return np.moveaxis(gst3d_block(moved, **kwargs), last, axes)
+    return xp.moveaxis(gst3d_block(moved, **kwargs), last, axes)

@@ -29,6 +29,7 @@ import numpy as np
 import xarray as xr
 
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
+from .arrays import is_cupy
 
 __all__ = [
     "BoundedReads",
@@ -89,8 +90,7 @@ def file_backend(data: Any) -> Any | None:
 def device_of(da: xr.DataArray) -> str:
     """``"gpu"`` when ``da`` holds CuPy data (or dask chunks of CuPy), else ``"cpu"``."""
     data = da.data
-    meta = getattr(data, "_meta", data)
-    return "gpu" if type(meta).__module__.split(".")[0] == "cupy" else "cpu"
+    return "gpu" if is_cupy(getattr(data, "_meta", data)) else "cpu"
 
 
 def input_kind(da: xr.DataArray) -> InputKind:
@@ -261,18 +261,20 @@ def map_blocks_with_halo(
     ``func(block, **kwargs)`` returns an array of its padded block's shape. Equal to
     ``data.map_overlap(func, depth=depth, boundary="none", ...)``; for data read straight from
     a file, each task reads its padded block from the file itself (no neighbour pieces move
-    between tasks, none are held). NumPy data is passed to ``func`` whole.
+    between tasks, none are held). NumPy (or CuPy) data is passed to ``func`` whole. The
+    result's blocks are of ``data``'s array type (CuPy chunks give CuPy chunks).
     """
     import dask.array
+    from dask.array.utils import meta_from_array
     from dask.base import tokenize
 
     dtype = np.dtype(dtype)
     if not _is_dask(data):
-        return func(np.asarray(data), **kwargs)
+        return func(data if is_cupy(data) else np.asarray(data), **kwargs)
     # an axis in one chunk has no neighbour: no halo (a dim shorter than the halo stays whole)
     depth = {axis: int(k) for axis, k in depth.items() if k and len(data.chunks[axis]) > 1}
     backend = file_backend(data)
-    meta = np.empty((0,) * data.ndim, dtype=dtype)
+    meta = meta_from_array(data._meta, ndim=data.ndim, dtype=dtype)
     if backend is not None:
         return dask.array.map_blocks(
             _apply_padded,

@@ -41,6 +41,7 @@ from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .arguments import check_number, reject_unknown
+from .arrays import array_module
 from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dims
 from .slabs import slabs
@@ -92,6 +93,9 @@ class SVD(Operator):
     name = "svd"
     description = "SVD / EOF: exact (tsqr, one side whole) or compressed (randomized), planned"
     default_seconds_per_element = 2e-8
+
+    #: tsqr and the randomized SVD run on NumPy (LAPACK) and CuPy (cuSOLVER, cuBLAS) blocks.
+    devices = ("cpu", "gpu")
 
     def normalize_kwargs(
         self,
@@ -263,23 +267,24 @@ class SVD(Operator):
         stacked = da.stack(sample=samples, feature=features).transpose("sample", "feature")
         data, k = stacked.data, kwargs.get("k")
         lazy = hasattr(data, "dask")
+        xp = array_module(data._meta if lazy else data)
         if lazy:  # LAPACK fails on NaN ("SVD did not converge"): say so, in the block's task
             data = data.map_blocks(_require_finite, dtype=data.dtype, meta=data._meta)
-        elif not np.all(np.isfinite(data)):
+        elif not bool(xp.all(xp.isfinite(data))):
             raise MemchunkError(_NOT_FINITE)
         if kwargs["method"] == "compressed":
-            if not lazy:  # NumPy data: the same randomized algorithm, on one block
-                data = dask.array.from_array(np.asarray(data), chunks=data.shape)
+            if not lazy:  # in-memory data: the same randomized algorithm, on one block
+                data = dask.array.from_array(xp.asarray(data), chunks=data.shape)
             u, s, v = dask.array.linalg.svd_compressed(
                 data,
                 k,
                 n_power_iter=kwargs["n_power_iter"],
                 n_oversamples=kwargs["n_oversamples"],
-                seed=kwargs["seed"],
+                seed=_random_state(kwargs["seed"], xp),
                 compute=lazy and _has_client() and not _input_fits_in_workers(data),
             )
         elif not lazy:
-            u, s, v = np.linalg.svd(np.asarray(data), full_matrices=False)
+            u, s, v = xp.linalg.svd(xp.asarray(data), full_matrices=False)
         else:
             u, s, v = dask.array.linalg.svd(data)
         if k is not None:
@@ -325,10 +330,24 @@ FINITE_CHECK_ELEMENTS = 4 * 2**20
 
 def _require_finite(block: np.ndarray) -> np.ndarray:
     """``block`` itself, or a clear error when it holds NaN or infinite values."""
+    xp = array_module(block)
     for index in slabs(block.shape, block.ndim, FINITE_CHECK_ELEMENTS):  # views: no copy
-        if not np.isfinite(block[index]).all():
+        if not bool(xp.isfinite(block[index]).all()):
             raise MemchunkError(_NOT_FINITE)
     return block
+
+
+def _random_state(seed: int, xp: Any) -> Any:
+    """The ``seed`` that ``svd_compressed`` takes for data of array module ``xp``.
+
+    CuPy data gets a CuPy random state, so the sketch is made on the device; NumPy data the
+    seed itself (Dask's NumPy generator).
+    """
+    if xp is np:
+        return seed
+    import dask.array
+
+    return dask.array.random.RandomState(seed, RandomState=xp.random.RandomState)
 
 
 def _split_names(extents, sample_dims) -> tuple[list[str], list[str]]:

@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from ..errors import MemchunkError
+from .arrays import array_module, to_numpy
 from .slabs import slabs
 
 __all__ = ["QUANTILE_METHODS", "check_quantile_args", "keeps_attrs", "median", "quantile"]
@@ -124,21 +125,34 @@ def _quantiles_last(block: np.ndarray, func, q, axis, method, dtype) -> np.ndarr
     ``np.quantile``; a slab's copy and NaN check are all it adds to memory. A slab with NaN is
     computed in ``dtype``: ``np.nanquantile`` drops to float32 arithmetic for a float32 block
     that holds an all-NaN series, which would make values depend on the chunking.
+
+    A CuPy block runs ``cupy.quantile`` on the device; CuPy has no ``nanquantile``, so a slab
+    with NaN is copied to the host for NumPy's and its values copied back.
     """
+    xp = array_module(block)
+    q = xp.asarray(q)
     if func is not np.nanquantile or block.ndim == len(axis) or block.shape[0] == 0:
         # one series (its value is NaN or exact either way), none, or no NaN handling
-        values = func(block, q, axis=axis, method=method)
-        return np.moveaxis(values, 0, -1).astype(dtype, copy=False)
+        if func is np.nanquantile and xp is not np:
+            return _nanquantile_on_host(block, q, axis, method, dtype)
+        values = (func if xp is np else xp.quantile)(block, q, axis=axis, method=method)
+        return xp.moveaxis(values, 0, -1).astype(dtype, copy=False)
     kept = block.ndim - len(axis)
-    out = np.empty((*block.shape[:kept], len(q)), dtype)
+    out = xp.empty((*block.shape[:kept], len(q)), dtype)
     for index in slabs(block.shape, kept, QUANTILE_SLAB_ELEMENTS):
         slab = block[index]  # a view: no copy of the block
-        if np.isnan(slab).any():
-            values = np.nanquantile(slab.astype(dtype), q, axis=axis, method=method)
+        if not xp.isnan(slab).any():
+            out[index] = xp.moveaxis(xp.quantile(slab, q, axis=axis, method=method), 0, -1)
         else:
-            values = np.quantile(slab, q, axis=axis, method=method)
-        out[index] = np.moveaxis(values, 0, -1)
+            out[index] = _nanquantile_on_host(slab, q, axis, method, dtype)
     return out
+
+
+def _nanquantile_on_host(block, q, axis, method, dtype):
+    """``np.nanquantile`` in ``dtype``, quantile axis last, on ``block``'s device."""
+    xp = array_module(block)
+    values = np.nanquantile(to_numpy(block).astype(dtype), to_numpy(q), axis=axis, method=method)
+    return xp.asarray(np.moveaxis(values, 0, -1))
 
 
 def check_quantile_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
