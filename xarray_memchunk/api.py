@@ -16,6 +16,7 @@ from dask.array.overlap import ensure_minimum_chunksize
 
 from .budget import Budget, resolve_budget
 from .calibrate import self_calibrate
+from .clusters import task_overhead_seconds
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -30,7 +31,7 @@ from .operators.cost import TaskCost, resolve_cost
 from .operators.sources import device_of, read_chunked, storage_chunks
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
-from .planning.problem import TASK_OVERHEAD_S, DimRole, DimSpec, PlanProblem
+from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
 from .runs import RunReport, report, track
@@ -96,17 +97,28 @@ def _cost(
     budget: Budget,
     notes: list[str],
 ) -> TaskCost:
-    """Resolve one variable's cost; a self-calibrating operator measures itself first."""
-    if getattr(operator, "self_calibrating", False):
-        key = operator.cost_terms(**kwargs).calibration
-        if load_calibration(key, device, np.dtype(da.dtype).name) is None:
-            if device != "cpu":
-                raise CalibrationError(
-                    f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
-                    f"memory_model for CuPy data"
-                )
-            operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
-            notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
+    """Resolve one variable's cost, measuring the operator first where nothing else is known.
+
+    A self-calibrating operator without a calibration, and any operator whose calibration is
+    only a floor (a worker was killed by its task: :attr:`Calibration.lower_bound`), is
+    measured in a worker (:func:`~xarray_memchunk.calibrate.self_calibrate`).
+    """
+    key = operator.cost_terms(**kwargs).calibration
+    known = load_calibration(key, device, np.dtype(da.dtype).name)
+    floor = known is not None and known.lower_bound
+    if floor or (known is None and getattr(operator, "self_calibrating", False)):
+        if device != "cpu":
+            raise CalibrationError(
+                f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
+                f"memory_model for CuPy data"
+            )
+        operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
+        if floor:
+            notes.append(
+                f"the last run of {operator.name!r} killed a worker, so its calibration "
+                f"({known.path}) is only a floor: measured again now"
+            )
+        notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
     return resolve_cost(operator, name, da, kwargs, device)
 
 
@@ -350,7 +362,7 @@ def _prepare_one(
         dims=specs,
         peak_bytes=_peak_function(costs),
         seconds_per_element=max(c.seconds_per_element for c in costs.values()),
-        task_overhead_s=TASK_OVERHEAD_S * max(c.tasks_per_chunk for c in costs.values()),
+        task_overhead_s=task_overhead_seconds() * max(c.tasks_per_chunk for c in costs.values()),
         notes=(*fresh, *_notes(costs, skipped)),
         inputs=tuple(c.layout for c in costs.values()),
         max_task_elements=min(

@@ -15,6 +15,7 @@ __all__ = [
     "cluster_facts",
     "device_facts",
     "memory_threshold",
+    "task_overhead_seconds",
 ]
 
 
@@ -39,6 +40,22 @@ def memory_threshold(*names: str, otherwise: float) -> float:
         if value:
             return float(value)
     return otherwise
+
+
+def task_overhead_seconds() -> float:
+    """Cost of one task to its thread, beyond its work, in seconds.
+
+    The dask config key ``memchunk.task-overhead``, else the measured default of the scheduler
+    that will run it: a distributed client's, or the threaded scheduler's.
+    """
+    import dask
+
+    from .planning.problem import DISTRIBUTED_TASK_OVERHEAD_S, TASK_OVERHEAD_S
+
+    configured = dask.config.get("memchunk.task-overhead", None)
+    if configured is not None:
+        return float(configured)
+    return DISTRIBUTED_TASK_OVERHEAD_S if active_client() is not None else TASK_OVERHEAD_S
 
 
 def active_client():

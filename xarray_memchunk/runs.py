@@ -21,7 +21,9 @@ Learning: where the measured task peak exceeds the prediction, or a worker was p
 killed, the operator's user calibration is updated with the measured task so that the next
 plan on the same data is safe: refitted with every profile it has, and never below the model
 it had (coefficients and intercept only grow). A killed worker's task left no record: its peak
-is taken as at least what killed the worker (the terminate threshold, less the baseline).
+is taken as at least what killed the worker (the terminate threshold, less the baseline), and
+that is a floor, not a measurement: the calibration is marked ``lower_bound`` and the next plan
+measures the operator in a worker first (:func:`~xarray_memchunk.calibrate.self_calibrate`).
 """
 
 from __future__ import annotations
@@ -201,9 +203,11 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
         worker_deaths=deaths,
         format=plan.budget.format,
     )
+    floor = False
     if deaths:  # the task that killed a worker left no record: at least what killed it
-        killed = 0.95 * plan.budget.worker_memory - plan.budget.worker_baseline
-        measured = max(measured or 0, int(killed))
+        killed = int(0.95 * plan.budget.worker_memory - plan.budget.worker_baseline)
+        floor = killed > (measured or 0)
+        measured = max(measured or 0, killed)
     seconds = float(np.median([r[2] for r in records])) if records else 0.0
     limit = plan.predicted_task_bytes * (1 + TOLERANCE) + ABSOLUTE_SLACK
     over = measured is not None and measured > limit
@@ -212,12 +216,17 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(tracked, measured, seconds, len(records))
+        result.learned = _learn(tracked, measured, seconds, len(records), floor)
     return result
 
 
-def _learn(tracked: _Tracked, measured: int, seconds: float, runs: int) -> str:
-    """Grow each planned variable's calibration so that it covers the measured task."""
+def _learn(tracked: _Tracked, measured: int, seconds: float, runs: int, floor: bool) -> str:
+    """Grow each planned variable's calibration so that it covers the measured task.
+
+    ``floor``: ``measured`` is only what killed a worker, a floor under the task's peak. The
+    calibration is grown to it and marked ``lower_bound``, so that the next plan measures the
+    operator (:func:`~xarray_memchunk.calibrate.self_calibrate`) instead of trusting it.
+    """
     prepared = tracked.prepared
     operator, kwargs, plan = prepared.operator, prepared.kwargs, tracked.plan
     written = []
@@ -234,7 +243,7 @@ def _learn(tracked: _Tracked, measured: int, seconds: float, runs: int) -> str:
             "peak_bytes": int(measured),
             "seconds": seconds,
             "runs": runs,
-            "method": "run",
+            "method": "run, a worker killed: at least this" if floor else "run",
         }
         key = operator.cost_terms(**kwargs).calibration
         known = load_calibration(key, cost.device, cost.dtype.name)
@@ -260,13 +269,17 @@ def _learn(tracked: _Tracked, measured: int, seconds: float, runs: int) -> str:
             "profiles": profiles,
         }
         record = _never_below(record, cost.model)
+        record["fit"]["lower_bound"] = floor
         if cost.max_task_elements:
             elements = float(np.prod(list(padded.values()), dtype=float))
             record["fit"]["max_task_elements"] = max(cost.max_task_elements, elements)
         path = save_calibration(key, cost.device, {cost.dtype.name: record}, {"learned": True})
         written.append(str(path))
+    what = "at least" if floor else "the measured"
     return (
-        f"calibration grown to cover the measured {plan.budget.format(measured)} task: "
+        f"calibration grown to cover {what} {plan.budget.format(measured)} task"
+        + (" (a worker was killed: the next plan measures the operator first)" if floor else "")
+        + ": "
         + ", ".join(written)
     )
 

@@ -74,6 +74,16 @@ class Calibration:
     metadata: dict[str, Any] = field(default_factory=dict)
     profiles: tuple[dict[str, Any], ...] = ()
 
+    @property
+    def lower_bound(self) -> bool:
+        """Whether the model was grown to a killed task's floor, not to a measured peak.
+
+        A task that killed its worker left no record; the run only shows it needed at least
+        what killed the worker (:mod:`xarray_memchunk.runs`). Such a model is not to be planned
+        with: the operator is measured again first.
+        """
+        return bool(self.metadata.get("fit", {}).get("lower_bound", False))
+
 
 def shipped_dir() -> Path:
     """Directory of the calibrations shipped with the package."""

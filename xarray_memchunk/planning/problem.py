@@ -10,10 +10,23 @@ import numpy as np
 
 from .footprint import InputLayout
 
-__all__ = ["TASK_OVERHEAD_S", "DimRole", "DimSpec", "DimUse", "PeakFunction", "PlanProblem"]
+__all__ = [
+    "DISTRIBUTED_TASK_OVERHEAD_S",
+    "TASK_OVERHEAD_S",
+    "DimRole",
+    "DimSpec",
+    "DimUse",
+    "PeakFunction",
+    "PlanProblem",
+]
 
-#: Dask's scheduling cost of one task, seconds (about 1 ms on a distributed cluster).
+#: Cost of one chunk's tasks to the thread that runs them under Dask's threaded scheduler,
+#: beyond their work, seconds (``python benchmarks/task_overhead.py``: 1.2 ms on 2 cores).
 TASK_OVERHEAD_S = 1e-3
+#: The same on a distributed cluster: the scheduler, the worker's bookkeeping and the messages
+#: between them (``python benchmarks/task_overhead.py``: 9.6-11.2 ms on a 2-core
+#: ``LocalCluster``).
+DISTRIBUTED_TASK_OVERHEAD_S = 10e-3
 
 #: Maps the padded extents of one task (dim name -> array of extents, one entry per candidate
 #: chunk shape) to the predicted peak bytes of that task (array of the same length).
@@ -83,7 +96,8 @@ class PlanProblem:
         Compute time per padded input element of one task (from the calibration); with
         ``task_overhead_s`` it ranks candidate plans by estimated wall time.
     task_overhead_s
-        Scheduling overhead per task, ~1 ms in Dask.
+        Cost of one task beyond its work, to the thread that runs it: ~1 ms under the
+        threaded scheduler, ~10 ms on a distributed cluster.
     read_seconds_per_element
         Time to read (and decompress, or copy when rechunking) one element of storage; a task
         reads whole storage chunks, so chunks that cut across storage chunks read more.
