@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from xarray_memchunk import Budget, InfeasiblePlanError
 from xarray_memchunk.planning.balance import balanced_chunks
+from xarray_memchunk.planning.budget import MEASURED_BASELINE
 from xarray_memchunk.planning.plan import Binding
 from xarray_memchunk.planning.problem import DimRole, DimSpec, PlanProblem
 from xarray_memchunk.planning.search import plan_chunks, plan_for_chunks
@@ -168,3 +169,23 @@ def test_user_chunks_plan_reports_prediction():
     assert plan.n_chunks == 2
     assert plan.predicted_peak_bytes == 10 * 50 * 100
     assert plan.fits
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_infeasible_names_memory_left_from_earlier_work(measured):
+    """A baseline measured on the workers (left from earlier work) is named, with a remedy."""
+    specs = (DimSpec("time", 10_000, DimRole.WHOLE), DimSpec("x", 10))
+    problem = PlanProblem("median", specs, linear_peak(16.0))
+    held = Budget(
+        worker_memory=1_000_000_000,
+        threads_per_worker=1,
+        n_workers=2,
+        per_task=100_000,
+        source="test",
+        worker_baseline=514_000_000,
+        pause_fraction=0.8,
+        baseline_source=MEASURED_BASELINE if measured else "",
+    )
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, held)
+    assert ("client.restart()" in str(err.value)) is measured

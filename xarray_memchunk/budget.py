@@ -29,7 +29,7 @@ import dask
 
 from .clusters import ClusterFacts, active_client, cluster_facts, device_facts, memory_threshold
 from .errors import BudgetError
-from .planning.budget import Budget, format_size, per_task_bytes
+from .planning.budget import MEASURED_BASELINE, Budget, format_size, per_task_bytes
 from .units import to_bytes
 
 __all__ = [
@@ -104,7 +104,7 @@ def _cluster_terms(facts: ClusterFacts) -> dict:
     if facts.largest_process_memory > configured:
         return {
             "worker_baseline": facts.largest_process_memory,
-            "baseline_source": "the largest worker's process memory now",
+            "baseline_source": MEASURED_BASELINE,
         }
     return {}
 

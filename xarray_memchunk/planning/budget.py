@@ -32,7 +32,11 @@ from dataclasses import dataclass
 from ..errors import BudgetError
 from ..units import format_bytes
 
-__all__ = ["Budget", "min_worker_memory", "per_task_bytes"]
+__all__ = ["MEASURED_BASELINE", "Budget", "min_worker_memory", "per_task_bytes"]
+
+#: ``Budget.baseline_source`` when the baseline is what the workers' processes hold now
+#: (more than the configured one: memory left from earlier work).
+MEASURED_BASELINE = "the largest worker's process memory now"
 
 #: How :meth:`Budget.explain` names pause_fraction, worker_memory and worker_baseline.
 _TERM_NAMES = {
