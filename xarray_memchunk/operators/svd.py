@@ -87,7 +87,9 @@ class SVD(Operator):
     k : int, optional
         Components to keep (required for ``"compressed"``).
     n_power_iter, n_oversamples, seed
-        ``dask.array.linalg.svd_compressed`` parameters (defaults 2, 10, 0).
+        ``dask.array.linalg.svd_compressed`` parameters (defaults 2, 10, 0). Dask's own
+        default is ``n_power_iter=0``: a third of the passes, less accurate when the
+        singular values decay slowly.
     """
 
     name = "svd"
