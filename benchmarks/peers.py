@@ -134,7 +134,9 @@ def memchunk_work(row: str, inputs: Inputs) -> tuple[Work, str]:
         return (lambda: _summary(result.values)), _chunks_of(plan.chunks)
     if row in ("svd-exact", "svd-compressed"):
         field = xr.open_zarr(inputs.tall if row == "svd-exact" else inputs.wide)["field"]
-        kwargs = {"sample_dims": ("time",)} | ({"k": 10} if row == "svd-compressed" else {})
+        kwargs: dict[str, Any] = {"sample_dims": ("time",)}
+        if row == "svd-compressed":  # the Dask call's work: its default n_power_iter (0)
+            kwargs |= {"k": 10, "n_power_iter": 0}
         plan = field.memchunk.plan("svd", **kwargs)
         result = field.memchunk.apply("svd", **kwargs)
         return (lambda: _summary(result["S"][:10].values)), _chunks_of(plan.chunks)
