@@ -2,7 +2,8 @@ import dask
 import pytest
 
 from xarray_memchunk import Budget, BudgetError, resolve_budget
-from xarray_memchunk.planning.budget import per_task_bytes
+from xarray_memchunk.budget import make_budget
+from xarray_memchunk.planning.budget import MEASURED_BASELINE, per_task_bytes
 from xarray_memchunk.units import to_bytes
 
 
@@ -93,3 +94,19 @@ def test_budget_from_distributed_client():
     assert budget.source.startswith("distributed client inproc://")
     # an explicit budget keeps the cluster's thread layout
     assert explicit.source == "argument" and explicit.threads_per_worker == 2
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_no_room_names_memory_left_from_earlier_work(measured):
+    """Workers that already hold more than the pause line: a restart is named when measured."""
+    with pytest.raises(BudgetError) as err:
+        make_budget(
+            1_000_000_000,
+            1,
+            2,
+            "test",
+            worker_baseline=850_000_000,
+            baseline_source=MEASURED_BASELINE if measured else "",
+        )
+    assert "has no room for a task" in str(err.value)
+    assert ("client.restart()" in str(err.value)) is measured

@@ -29,7 +29,13 @@ import dask
 
 from .clusters import ClusterFacts, active_client, cluster_facts, device_facts, memory_threshold
 from .errors import BudgetError
-from .planning.budget import MEASURED_BASELINE, Budget, format_size, per_task_bytes
+from .planning.budget import (
+    MEASURED_BASELINE,
+    Budget,
+    format_size,
+    held_memory_remedy,
+    per_task_bytes,
+)
 from .units import to_bytes
 
 __all__ = [
@@ -85,11 +91,18 @@ def make_budget(
     """
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
+    try:
+        per_task = per_task_bytes(worker_memory, threads_per_worker, decimal=decimal, **terms)
+    except BudgetError as err:
+        remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source, decimal)
+        if not remedy:
+            raise
+        raise BudgetError(f"{err}; {remedy}") from None
     return Budget(
         worker_memory=int(worker_memory),
         threads_per_worker=threads_per_worker,
         n_workers=n_workers,
-        per_task=per_task_bytes(worker_memory, threads_per_worker, decimal=decimal, **terms),
+        per_task=per_task,
         source=source,
         device=device,
         decimal=decimal,

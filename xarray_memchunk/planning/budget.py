@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from ..errors import BudgetError
 from ..units import format_bytes
 
-__all__ = ["MEASURED_BASELINE", "Budget", "min_worker_memory", "per_task_bytes"]
+__all__ = [
+    "MEASURED_BASELINE",
+    "Budget",
+    "held_memory_remedy",
+    "min_worker_memory",
+    "per_task_bytes",
+]
 
 #: ``Budget.baseline_source`` when the baseline is what the workers' processes hold now
 #: (more than the configured one: memory left from earlier work).
@@ -147,6 +153,28 @@ def per_task_bytes(
             f"about {size(worker_baseline * (1 - reserve) / max(1, threads_per_worker))} per thread"
         )
     return per_task
+
+
+def held_memory_remedy(worker_baseline: int, baseline_source: str, decimal: bool = False) -> str:
+    """The remedy for a baseline left by earlier work on the workers, or ``""``.
+
+    Parameters
+    ----------
+    worker_baseline
+        Bytes a worker process holds before the computation.
+    baseline_source
+        Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` names memory the
+        workers hold now, which a restart frees; a configured baseline has no such remedy.
+    decimal
+        Show the size in decimal units (MB), as the user wrote the memory limit.
+    """
+    if baseline_source != MEASURED_BASELINE:
+        return ""
+    return (
+        f"or free the {format_size(worker_baseline, decimal=decimal)} a worker process holds "
+        f"now from earlier work: client.restart() starts fresh workers (it drops the data they "
+        f"hold)"
+    )
 
 
 def min_worker_memory(

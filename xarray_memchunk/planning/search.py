@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InfeasiblePlanError
 from .balance import balanced_chunks
-from .budget import MEASURED_BASELINE, Budget, min_worker_memory
+from .budget import Budget, held_memory_remedy, min_worker_memory
 from .candidates import DimCandidates, dim_candidates, padded_extent
 from .footprint import DimCut, Footprint, footprint
 from .plan import Binding, ChunkPlan
@@ -127,11 +127,9 @@ def _infeasible(
         f"{budget.threads_per_worker} thread(s) per worker",
         "or run fewer threads per worker (each thread runs a task at once)",
     ]
-    if budget.baseline_source == MEASURED_BASELINE:
-        advice.append(
-            f"or free the {size(budget.worker_baseline)} a worker process holds now from earlier "
-            f"work: client.restart() starts fresh workers (it drops the data they hold)"
-        )
+    remedy = held_memory_remedy(budget.worker_baseline, budget.baseline_source, budget.decimal)
+    if remedy:
+        advice.append(remedy)
     if whole:
         advice.append(
             f"or select a shorter range of {', '.join(whole)} (the operator needs "
