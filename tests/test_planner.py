@@ -77,8 +77,12 @@ def test_plans_fit_are_balanced_and_respect_roles(dims, bpe, per_task, threads):
             assert chunks == (spec.size,)
         if spec.role is DimRole.HALO and len(chunks) > 1:
             assert min(chunks) >= max(1, spec.depth)
-        # balanced: chunks differ by at most one unit (storage chunk or element)
-        unit = spec.storage_chunk if spec.storage_chunk and plan.storage_aligned else 1
+        # balanced: chunks differ by at most one unit, the dim's storage chunk where the plan
+        # split this dim in storage chunks (plan.storage_aligned says all dims were), else 1
+        in_storage = spec.storage_chunk and all(c % spec.storage_chunk == 0 for c in chunks[:-1])
+        unit = spec.storage_chunk if in_storage and len(chunks) > 1 else 1
+        if plan.storage_aligned:
+            assert unit == spec.storage_chunk or len(chunks) == 1 or not spec.storage_chunk
         assert max(chunks[:-1] or chunks) - min(chunks[:-1] or chunks) <= unit
         assert plan.chunks[spec.name] == max(chunks)
     assert plan.n_chunks == math.prod(len(c) for c in plan.dask_chunks.values())
