@@ -30,6 +30,7 @@ OPERATORS = [
     ("gst3d", {}),
     ("gst3d", {"kernel": "d2geo"}),
     ("svd", {}),
+    ("svd", {"tsqr": "two-pass"}),
     ("svd", {"method": "compressed", "k": 10}),
 ]
 

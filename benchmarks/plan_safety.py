@@ -51,16 +51,15 @@ def matrix(only: list[str] | None) -> list[SafetyCase]:
             )
         seismic = dict.fromkeys(VOLUME, 64)
         cases.append(SafetyCase("gst3d", dtype, VOLUME, seismic, "segy", {"kernel": "gaussian"}))
-        cases.append(
-            SafetyCase(
-                "svd",
-                dtype,
-                TALL,
-                {"time": 5000, "y": 40, "x": 50},
-                "graph",
-                {"sample_dims": "time", "method": "exact"},
-            )
-        )
+        exact = {"sample_dims": "time", "method": "exact"}
+        two_pass = exact | {"tsqr": "two-pass"}
+        for source, kwargs, label in (
+            ("graph", exact, ""),
+            ("graph", two_pass, "svd-two-pass"),
+            ("file", two_pass, "svd-two-pass"),
+        ):
+            tall_chunks = {"time": 5000, "y": 40, "x": 50}
+            cases.append(SafetyCase("svd", dtype, TALL, tall_chunks, source, kwargs, label=label))
         cases.append(
             SafetyCase(
                 "svd",

@@ -122,7 +122,7 @@ def test_auto_prefers_exact_then_compressed_then_explains():
         worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=60 * 2**20, source="test"
     )
     exact = x.memchunk.plan("svd", sample_dims="time", k=10, budget=big)
-    assert any(n.startswith("exact SVD (tsqr) chosen") for n in exact.notes)
+    assert any(n.startswith("exact SVD (one-pass tsqr) chosen") for n in exact.notes)
     compressed = x.memchunk.plan("svd", sample_dims="time", k=10, budget=small)
     assert any(n.startswith("compressed SVD (k=10) chosen") for n in compressed.notes)
     assert any("not exact SVD" in n for n in compressed.notes)

@@ -42,12 +42,17 @@ class CostTerms:
         Share of the whole array a worker holds beside its running task, its part of
         intermediate results that wait for a later step (tsqr's first Q factors wait for the
         QR of the stacked R factors): ``held_share x array bytes / workers``.
+    held_per_chunk
+        Bytes held for each planned chunk until a later step, whatever the chunk's size (the
+        two-pass tsqr's ``n x n`` factors): ``held_per_chunk x chunks`` on one worker, where
+        the tree that holds them ends.
     """
 
     calibration: str
     passes: int = 1
     tasks_per_chunk: float = 1.0
     held_share: float = 0.0
+    held_per_chunk: float = 0.0
 
 
 class Operator(abc.ABC):
@@ -151,7 +156,11 @@ class Operator(abc.ABC):
         return kwargs
 
     def cost_terms(self, **kwargs: Any) -> CostTerms:
-        """What the operator's arguments change about its cost (see :class:`CostTerms`)."""
+        """What the operator's arguments change about its cost (see :class:`CostTerms`).
+
+        Takes the operator's arguments and, when planning a variable, its ``array_sizes`` and
+        ``array_dtype`` (for terms that depend on them, such as ``held_per_chunk``).
+        """
         return CostTerms(self.name)
 
     def calibration_shapes(self, **kwargs: Any) -> list:

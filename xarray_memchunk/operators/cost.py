@@ -134,7 +134,8 @@ def resolve_cost(
     """
     uses, features = bind_features(operator, da, kwargs)
     dtype = np.dtype(da.dtype)
-    terms = operator.cost_terms(**kwargs)
+    sizes = {str(d): int(n) for d, n in da.sizes.items()}
+    terms = operator.cost_terms(**kwargs, array_sizes=sizes, array_dtype=dtype)
     calibration = load_calibration(terms.calibration, device, dtype.name)
     if calibration is not None:
         model, seconds, source = (
@@ -145,7 +146,6 @@ def resolve_cost(
     else:
         model = operator.default_model(dtype, **kwargs)
         seconds, source = operator.default_seconds_per_element, "analytic (not calibrated)"
-    sizes = {str(d): int(n) for d, n in da.sizes.items()}
     dims = tuple(str(d) for d in da.dims)
     return TaskCost(
         variable=name,
@@ -159,7 +159,13 @@ def resolve_cost(
         seconds_per_element=seconds * terms.passes,
         tasks_per_chunk=terms.tasks_per_chunk,
         layout=InputLayout(
-            name, dims, dtype.itemsize, input_kind(da), source_chunks(da), terms.held_share
+            name,
+            dims,
+            dtype.itemsize,
+            input_kind(da),
+            source_chunks(da),
+            terms.held_share,
+            terms.held_per_chunk,
         ),
         features=features,
         calibration=calibration,

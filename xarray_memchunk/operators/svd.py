@@ -15,6 +15,16 @@ Per-task memory (the features of the model):
   which each of its ``2 n_power_iter + 2`` passes multiplies by a thin matrix;
 - ``square_bytes`` (exact): ``n x n`` (R, the small SVD).
 
+The exact SVD runs in one of two ways (``tsqr=``). Dask's tsqr makes one pass but holds every
+block's float64 ``Q`` factor until the QR of the stacked ``R`` factors is done: the whole matrix
+in float64 (:data:`TSQR_HELD_SHARE`). The two-pass tsqr
+(:func:`~xarray_memchunk.operators.tsqr.two_pass_svd`) holds only ``n x n`` factors per block
+(``held_per_chunk``) and reads the input twice. Its tasks are of two kinds that never run at
+once for one plan's peak: a block's (it stacks no ``R`` factors) and an ``n x n`` factor's (the
+tree's QRs, the SVD); the feature ``task_bytes`` is the larger, the factor's counted as
+:data:`SQUARE_TASK_BLOCKS` blocks of its size. Calibrated as ``svd-two-pass``.
+``tsqr="auto"`` plans the one-pass tsqr when it fits and the two-pass one when only that fits.
+
 A compressed-SVD task holds its block and 2-5% more (measured on blocks of 4 to 320 MB); the
 sketch (a block's rows and columns times ``k + n_oversamples``) is under 1% of a block in any
 plan, and as a feature of its own it took part of the block's slope in the fit and
@@ -45,10 +55,14 @@ from .arrays import array_module
 from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dims
 from .slabs import slabs
+from .tsqr import HELD_SQUARES, two_pass_svd
 
 __all__ = ["SVD"]
 
 METHODS = ("auto", "exact", "compressed")
+#: How the exact SVD runs tsqr: Dask's (one pass, every block's Q held) or
+#: :func:`~xarray_memchunk.operators.tsqr.two_pass_svd` (two passes, only n x n factors held).
+TSQR_MODES = ("auto", "one-pass", "two-pass")
 #: tsqr keeps every block's first Q factor (the size of the whole matrix) until the QR of the
 #: stacked R factors is done, and each output block until it is used: a worker held 839 MB for
 #: a 640 MB float64 matrix on 2 workers (benchmarks/plan_safety.py).
@@ -56,6 +70,13 @@ TSQR_HELD_SHARE = 1.25
 #: Blocks per thread a worker needs beside a held input: the running compressed-SVD task
 #: (1.02x its block, the ``svd-compressed`` calibration) and the next block, produced beside it.
 COMPRESSED_TASK_BLOCKS = 2.0
+#: An ``n x n`` factor's task (the tree's QR, the SVD of the last R) in blocks of its size, for
+#: the two-pass tsqr: NumPy's SVD (LAPACK gesdd, float64) of a 2000 x 2000 float32 R peaked at
+#: 18.5 bytes per float32 element, a block's task at 5.0 (``svd-two-pass`` profiles).
+SQUARE_TASK_BLOCKS = 3.7
+#: Dask tasks per row block of the two-pass tsqr: both passes' block tasks, the fingerprint,
+#: the tree's up and down steps and their getters, the re-read input and its binding.
+TWO_PASS_TASKS = 8.0
 #: Share of the workers' free room the held input of a compressed SVD may take: Dask does not
 #: place the input's blocks evenly.
 HOLD_MARGIN = 0.8
@@ -90,6 +111,11 @@ class SVD(Operator):
         ``dask.array.linalg.svd_compressed`` parameters (defaults 2, 10, 0). Dask's own
         default is ``n_power_iter=0``: a third of the passes, less accurate when the
         singular values decay slowly.
+    tsqr : {"auto", "one-pass", "two-pass"}
+        How the exact SVD runs. ``"one-pass"``: ``dask.array.linalg.svd``, which holds every
+        block's ``Q`` factor (the whole matrix in float64) until the end. ``"two-pass"``: only
+        ``n x n`` factors are held and each block is read and factored twice (about twice the
+        compute). ``"auto"`` (default): one pass when it fits, else two.
     """
 
     name = "svd"
@@ -107,6 +133,7 @@ class SVD(Operator):
         n_power_iter: int = 2,
         n_oversamples: int = 10,
         seed: int = 0,
+        tsqr: str = "auto",
         **unknown: Any,
     ) -> dict[str, Any]:
         """Check the arguments before anything runs."""
@@ -117,6 +144,13 @@ class SVD(Operator):
             raise MemchunkError(f"svd k must be a positive int, got {k!r}")
         if method == "compressed" and k is None:
             raise MemchunkError("svd method='compressed' needs k= (the number of components)")
+        if tsqr not in TSQR_MODES:
+            raise MemchunkError(f"svd tsqr must be one of {TSQR_MODES}, got {tsqr!r}")
+        if method == "compressed" and tsqr != "auto":
+            raise MemchunkError(
+                f"svd tsqr={tsqr!r} chooses how the exact SVD runs; method='compressed' does not "
+                f"use tsqr: leave tsqr out, or pass method='exact'"
+            )
         check_number(self.name, "n_power_iter", n_power_iter, integer=True)
         check_number(self.name, "n_oversamples", n_oversamples, integer=True)
         check_number(self.name, "seed", seed, integer=True)
@@ -127,6 +161,7 @@ class SVD(Operator):
             "n_power_iter": int(n_power_iter),
             "n_oversamples": int(n_oversamples),
             "seed": int(seed),
+            "tsqr": tsqr,
         }
 
     #: LAPACK's types: float32, float64 and the complex ones (float16 is refused by bind).
@@ -157,10 +192,16 @@ class SVD(Operator):
         return kwargs | {"sample_dims": samples}
 
     def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
-        """Exact first, then compressed (when ``k`` is given) for ``method="auto"``."""
-        if kwargs["method"] != "auto":
-            return [(f"{kwargs['method']} SVD", kwargs, "")]
-        options = [("exact SVD (tsqr)", kwargs | {"method": "exact"}, "")]
+        """Exact (one pass, then two), then compressed when ``k`` is given (``method="auto"``)."""
+        if kwargs["method"] == "compressed":
+            return [("compressed SVD", kwargs, "")]
+        exact = kwargs | {"method": "exact"}
+        passes = ("one-pass", "two-pass") if kwargs["tsqr"] == "auto" else (kwargs["tsqr"],)
+        options: list[tuple[str, dict[str, Any] | None, str]] = [
+            (f"exact SVD ({mode} tsqr)", exact | {"tsqr": mode}, "") for mode in passes
+        ]
+        if kwargs["method"] == "exact":
+            return options
         if kwargs["k"] is not None:
             label = f"compressed SVD (k={kwargs['k']})"
             options.append((label, kwargs | {"method": "compressed"}, ""))
@@ -203,6 +244,10 @@ class SVD(Operator):
         if kwargs["method"] == "compressed":
             return {"block_bytes": rows * cols * itemsize}
         tall = total_rows >= total_cols
+        if kwargs.get("tsqr") == "two-pass":
+            n = min(total_rows, total_cols)
+            square = SQUARE_TASK_BLOCKS * n * n * itemsize
+            return {"task_bytes": np.maximum(rows * cols * itemsize, square)}
         chunk, n, total = (rows, cols, total_rows) if tall else (cols, rows, total_cols)
         blocks = np.ceil(total / chunk)
         stacked_rows = blocks * np.minimum(chunk, n)
@@ -212,8 +257,21 @@ class SVD(Operator):
             "square_bytes": n * n * itemsize,
         }
 
-    def cost_terms(self, method: str, n_power_iter: int, **kwargs: Any) -> CostTerms:
-        """Exact: one pass, one task per block, calibration ``svd``, tsqr's Q factors held.
+    def cost_terms(
+        self,
+        method: str,
+        n_power_iter: int,
+        tsqr: str = "one-pass",
+        array_sizes: Mapping[str, int] | None = None,
+        array_dtype: np.dtype | None = None,
+        **kwargs: Any,
+    ) -> CostTerms:
+        """Exact, one pass: one task per block, calibration ``svd``, tsqr's Q factors held.
+
+        Exact, two passes: each block read and factored twice, :data:`TWO_PASS_TASKS` tasks per
+        block, :data:`~xarray_memchunk.operators.tsqr.HELD_SQUARES` ``n x n`` factors of the
+        input's dtype held per block (with ``array_sizes`` and ``array_dtype``), calibration
+        ``svd-two-pass``.
 
         Compressed: the sketch, two passes per power iteration and the projection
         (``2 n_power_iter + 2``); ``3 (n_power_iter + 2)`` tasks per block, counted in Dask's
@@ -222,7 +280,17 @@ class SVD(Operator):
         """
         if method == "compressed":
             return CostTerms("svd-compressed", 2 * n_power_iter + 2, 3.0 * (n_power_iter + 2))
-        return CostTerms("svd", held_share=TSQR_HELD_SHARE)
+        if tsqr != "two-pass":
+            return CostTerms("svd", held_share=TSQR_HELD_SHARE)
+        held = 0.0
+        if array_sizes is not None and array_dtype is not None:
+            samples, features = _split_names(array_sizes, kwargs.get("sample_dims"))
+            n = min(
+                math.prod(array_sizes[d] for d in samples),
+                math.prod(array_sizes[d] for d in features),
+            )
+            held = HELD_SQUARES * n * n * np.dtype(array_dtype).itemsize
+        return CostTerms("svd-two-pass", 2, TWO_PASS_TASKS, held_per_chunk=held)
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """Exact: LAPACK QR/SVD in float64, a copy, Q and workspace ~9x a float32 block.
@@ -231,12 +299,21 @@ class SVD(Operator):
         """
         if kwargs["method"] == "compressed":
             coefficients = {"block_bytes": 3.0}
+        elif kwargs.get("tsqr") == "two-pass":  # the block, its float64 copy, Q times M: 6 x
+            coefficients = {"task_bytes": 6.0}
         else:
             coefficients = {"block_bytes": 9.0, "square_bytes": 12.0}
         return LinearMemoryModel(coefficients, intercept=16 * 2**20)
 
     def calibration_shapes(self, method: str, **kwargs: Any) -> list[dict[str, int]]:
-        """Exact: tall single blocks, 0.2 to 40 MB. Compressed: blocks of 4 to 160 MB (float32)."""
+        """Task shapes to profile.
+
+        Exact: tall single blocks, 0.2 to 40 MB; the two-pass tsqr also square ones (its SVD
+        is their largest task). Compressed: blocks of 4 to 160 MB (float32).
+        """
+        if kwargs.get("tsqr") == "two-pass":
+            sizes = [(1000, 1000), (2000, 1500), (2500, 2000)]
+            return [{"time": t, "space": s} for t, s in sizes] + self.calibration_shapes("exact")
         if method == "compressed":
             sizes = [
                 (1000, 1000),
@@ -287,6 +364,8 @@ class SVD(Operator):
             )
         elif not lazy:
             u, s, v = xp.linalg.svd(xp.asarray(data), full_matrices=False)
+        elif kwargs.get("tsqr") == "two-pass":
+            u, s, v = _two_pass(data)
         else:
             u, s, v = dask.array.linalg.svd(data)
         if k is not None:
@@ -337,6 +416,15 @@ def _require_finite(block: np.ndarray) -> np.ndarray:
         if not bool(xp.isfinite(block[index]).all()):
             raise MemchunkError(_NOT_FINITE)
     return block
+
+
+def _two_pass(data: Any) -> tuple[Any, Any, Any]:
+    """:func:`~xarray_memchunk.operators.tsqr.two_pass_svd` of a tall or wide Dask array."""
+    if data.shape[0] >= data.shape[1]:
+        return two_pass_svd(data)
+    # A^T = U' S V'^H  =>  A = (V'^H)^T S (U')^T
+    u_t, s, vh_t = two_pass_svd(data.T)
+    return vh_t.T, s, u_t.T
 
 
 def _random_state(seed: int, xp: Any) -> Any:

@@ -30,7 +30,10 @@ the plan's). Per task slot:
   from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
-  among its threads.
+  among its threads. Plus the operator's ``held_per_chunk`` bytes per planned chunk (factors
+  whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
+  factors gather on the worker where it ends (measured: a worker held most of the two-pass
+  tsqr's tree).
 """
 
 from __future__ import annotations
@@ -99,6 +102,10 @@ class InputLayout:
     held_share
         Share of the whole array a worker holds beside its task because of the operator's
         graph (intermediate results waiting for a later step), whatever the input.
+    held_per_chunk
+        Bytes the operator's graph holds for each planned chunk until a later step, whatever
+        the chunk's size (the two-pass tsqr's ``n x n`` factors per row block), all on one
+        worker: a tree's factors gather where it ends.
     """
 
     name: str
@@ -107,6 +114,7 @@ class InputLayout:
     kind: InputKind
     source_chunks: Mapping[str, int]
     held_share: float = 0.0
+    held_per_chunk: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,8 @@ def footprint(
             if cut.halo:
                 stencil |= cut.n_chunks > 1
         waiting = min(array_bytes, layout.held_share * array_bytes / max(1, n_workers))
+        n_chunks = np.prod([c.n_chunks for c in own], axis=0, dtype=np.float64)
+        per_chunk = layout.held_per_chunk * n_chunks / threads  # a tree gathers on one worker
         if layout.kind is InputKind.FILE:
             touched = np.full(task.shape, float(layout.itemsize))
             chunk = float(layout.itemsize)
@@ -215,7 +225,7 @@ def footprint(
             group = np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
             # the read ends before the task's own work starts: it adds only where it is larger
             read = np.maximum(padded + READ_COPIES * group - task, 0.0)
-            extra_held = np.full(task.shape, waiting / threads)
+            extra_held = np.full(task.shape, waiting / threads) + per_chunk
             worst = read + extra_held > gather + held
             gather = np.where(worst, read, gather)
             held = np.where(worst, extra_held, held)
@@ -237,6 +247,7 @@ def footprint(
         # a worker cannot hold more of the input than all of it
         extra_held = (
             np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, array_bytes) / threads
+            + per_chunk
         )
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)

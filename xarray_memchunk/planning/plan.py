@@ -121,7 +121,7 @@ class ChunkPlan:
         if self.gather_bytes:
             terms.append(f"gathering its input {size(self.gather_bytes)}")
         if self.held_bytes:
-            terms.append(f"held input chunks {size(self.held_bytes)}")
+            terms.append(f"held {size(self.held_bytes)}")
         rows = [
             ("operator", self.operator),
             ("chunks", self._chunk_text()),

@@ -110,7 +110,8 @@ def _infeasible(
         pause_fraction=budget.pause_fraction,
     )
     advice = []
-    if least["held"] > least["task"]:
+    factors = any(v.held_per_chunk for v in problem.inputs)  # held by the operator, not input
+    if least["held"] > least["task"] and not factors:
         sources = "; ".join(
             f"{v.name} in chunks of "
             + ", ".join(f"{d}: {v.source_chunks[d]}" for d in v.dims if d in v.source_chunks)
