@@ -243,11 +243,11 @@ class SVD(Operator):
         total_cols = math.prod(sizes[d] for d in features)
         if kwargs["method"] == "compressed":
             return {"block_bytes": rows * cols * itemsize}
-        tall = total_rows >= total_cols
         if kwargs.get("tsqr") == "two-pass":
             n = min(total_rows, total_cols)
             square = SQUARE_TASK_BLOCKS * n * n * itemsize
             return {"task_bytes": np.maximum(rows * cols * itemsize, square)}
+        tall = total_rows >= total_cols
         chunk, n, total = (rows, cols, total_rows) if tall else (cols, rows, total_cols)
         blocks = np.ceil(total / chunk)
         stacked_rows = blocks * np.minimum(chunk, n)

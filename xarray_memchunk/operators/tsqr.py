@@ -231,19 +231,15 @@ def two_pass_svd(a: Any) -> tuple[Any, Any, Any]:
     def part(label: str, keys: dict, chunks: tuple, like: Any) -> Any:
         layer = f"tsqr-{label}-{token}"
         tasks = {(layer, *index): key for index, key in keys.items()}
-        return da.Array(
-            HighLevelGraph.from_collections(layer, tasks, dependencies=[_Graph(graph, name)]),
-            layer,
-            chunks=chunks,
-            meta=like,
-        )
+        layers = {**graph.layers, layer: tasks}
+        dependencies = {**graph.dependencies, layer: {name}}
+        return da.Array(HighLevelGraph(layers, dependencies), layer, chunks=chunks, meta=like)
 
     m_leaves = part("m", {(i, 0): k for i, k in enumerate(leaves)}, (rows, (n,)), meta)
-    real = np.empty(0, dtype=np.finfo(store).dtype)
     s = part("s", {(0,): (operator.getitem, root, 1)}, ((n,),), meta.real.reshape(-1)[:0])
     vh = part("vh", {(0, 0): (operator.getitem, root, 2)}, ((n,), (n,)), meta)
     fingerprints = r_factors.map_blocks(
-        _fingerprint_column, chunks=(rows, (1,)), dtype=np.result_type(store, real), meta=meta
+        _fingerprint_column, chunks=(rows, (1,)), dtype=work, meta=meta
     )
     # the second pass reads the input again, after the tree: Dask must not hold it meanwhile
     again = bind(a, m_leaves)
@@ -299,16 +295,3 @@ def _tree_tasks(first: str, rows: tuple[int, ...], n: int, token: str, work: np.
                 children.append((*down, c))
         ms = children
     return tasks, ms, root
-
-
-class _Graph:
-    """A graph and its output layer, as a collection for ``HighLevelGraph.from_collections``."""
-
-    def __init__(self, graph: Any, name: str) -> None:
-        self._graph, self._name = graph, name
-
-    def __dask_graph__(self) -> Any:
-        return self._graph
-
-    def __dask_layers__(self) -> tuple[str, ...]:
-        return (self._name,)
