@@ -21,10 +21,15 @@ GiB = 2**30
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """A ``cupy`` whose device 0 has 80 GiB, 10 GiB of it in use; all data counts as on it."""
+    """A ``cupy`` whose device 0 has 80 GiB, 10 GiB of it in use; all data counts as on it.
+
+    Its memory pool caches nothing unless a test sets ``pool.free_bytes``.
+    """
     device = types.SimpleNamespace(id=0, mem_info=(70 * GiB, 80 * GiB))
+    device.pool = types.SimpleNamespace(free_bytes=lambda: 0)
     module = types.ModuleType("cupy")
     module.cuda = types.SimpleNamespace(Device=lambda: device)
+    module.get_default_memory_pool = lambda: device.pool
     monkeypatch.setitem(sys.modules, "cupy", module)
     monkeypatch.setattr(api, "device_of", lambda da: "gpu")
     return device
@@ -37,6 +42,14 @@ def test_gpu_budget_is_device_memory_minus_what_is_in_use(fake_gpu):
     assert budget.per_task == int((0.8 * 80 * GiB - 10 * GiB) * (1 - 0.1) / threads)
     assert budget.source.startswith("GPU 0 (cupy)")
     assert "device memory" in budget.explain() and "usable fraction" in budget.explain()
+
+
+def test_gpu_budget_counts_what_cupys_pool_caches_as_free(fake_gpu):
+    # 10 GiB allocated on the device, 6 GiB of it cached by this process's pool for reuse
+    fake_gpu.pool.free_bytes = lambda: 6 * GiB
+    budget = resolve_budget(device="gpu")
+    assert budget.worker_baseline == 4 * GiB
+    assert "cached in CuPy's memory pool" in budget.source
 
 
 def test_gpu_budget_config_and_argument_take_precedence(fake_gpu):
@@ -85,3 +98,5 @@ def test_mixed_devices_in_one_dataset_is_an_error(monkeypatch):
     ds = xr.Dataset({name: ("time", np.zeros(10)) for name in "ab"})
     with pytest.raises(xm.MemchunkError, match="mixes NumPy"):
         ds.memchunk.plan("mean", dim="time")
+    with pytest.raises(xm.MemchunkError, match="mixes NumPy"):
+        ds.memchunk.budget()

@@ -123,6 +123,23 @@ def test_svd_on_cupy_matches_the_cpu():
     np.testing.assert_allclose(leading, expected.S.values[:3], rtol=1e-3)
 
 
+@pytest.mark.parametrize("rows_per_block", [40, 250], ids=lambda r: f"rows{r}")
+def test_two_pass_svd_on_cupy_matches_numpy(rows_per_block):
+    # 40-row blocks are shorter than n: the tree's pairs take the dense-QR path on the device
+    from xarray_memchunk.operators.tsqr import two_pass_svd
+
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((2000, 100))
+    values[:, 7] = values[:, 8]  # a nearly zero pivot in R
+    blocks = da.from_array(values, chunks=(rows_per_block, 100)).map_blocks(cupy.asarray)
+    u, s, vh = dask.compute(*two_pass_svd(blocks))
+    assert isinstance(u, cupy.ndarray) and isinstance(s, cupy.ndarray)
+    u, s, vh = cupy.asnumpy(u), cupy.asnumpy(s), cupy.asnumpy(vh)
+    expected = np.linalg.svd(values, compute_uv=False)
+    np.testing.assert_allclose(s, expected, atol=1e-12 * expected[0])
+    np.testing.assert_allclose((u * s) @ vh, values, atol=1e-10)
+
+
 def test_device_peak_sees_an_allocation():
     from xarray_memchunk.models.profiling import measure_device_peak
 
@@ -153,6 +170,21 @@ def test_gpu_calibration_is_saved_and_chosen_for_cupy_data(tmp_path, monkeypatch
     gpu = to_gpu(zeros.chunk())
     plan = gpu.memchunk.plan("median", dim="time")
     assert not any("analytic" in n for n in plan.notes)
+
+
+def test_budget_takes_back_what_cupys_pool_cached():
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = xm.resolve_budget(device="gpu").worker_baseline
+    block = cupy.ones(2**30 // 4, dtype="float32")
+    held = xm.resolve_budget(device="gpu").worker_baseline
+    del block  # freed to the pool, which keeps it: the driver still counts it as allocated
+    cached = xm.resolve_budget(device="gpu")
+    assert held >= before + 2**30
+    assert pool.free_bytes() >= 2**30
+    assert abs(cached.worker_baseline - before) < 64 * 2**20
+    assert "cached in CuPy's memory pool" in cached.source
+    pool.free_all_blocks()
 
 
 def test_budget_on_a_cluster_reads_the_workers_gpu_and_dask_cuda_limit():

@@ -12,7 +12,6 @@ from . import api
 from .budget import Budget, resolve_budget
 from .io import safe_write
 from .operators import Operator
-from .operators.sources import device_of
 from .planning.plan import ChunkPlan
 
 __all__ = ["MemchunkAccessor"]
@@ -84,11 +83,10 @@ class MemchunkAccessor:
     def budget(self, memory_limit: int | str | None = None) -> Budget:
         """The memory one task may use for this data, and where it came from.
 
-        CuPy-backed data is budgeted against the GPU's memory; see :func:`resolve_budget`.
+        CuPy-backed data is budgeted against the GPU's memory; see :func:`resolve_budget`. A
+        Dataset that mixes NumPy and CuPy variables is an error, as in :meth:`plan`.
         """
-        arrays = self._obj.data_vars.values() if isinstance(self._obj, xr.Dataset) else [self._obj]
-        devices = {device_of(da) for da in arrays}
-        return resolve_budget(memory_limit, "gpu" if devices == {"gpu"} else "cpu")
+        return resolve_budget(memory_limit, api.data_device(self._obj))
 
 
 def register() -> None:

@@ -69,8 +69,14 @@ class _Prepared:
     plan: ChunkPlan
 
 
-def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
-    """The one device the data lives on; an error if the operator cannot run there."""
+def data_device(obj: xr.DataArray | xr.Dataset) -> str:
+    """The one device the data lives on, ``"cpu"`` or ``"gpu"``.
+
+    Raises
+    ------
+    MemchunkError
+        When a Dataset mixes NumPy and CuPy variables.
+    """
     arrays = obj.data_vars.values() if isinstance(obj, xr.Dataset) else [obj]
     devices = {device_of(da) for da in arrays} or {"cpu"}
     if len(devices) > 1:
@@ -79,6 +85,12 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
             "one device, or move them with .as_numpy() / .map_blocks(cupy.asarray)"
         )
     (device,) = devices
+    return device
+
+
+def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
+    """The one device the data lives on; an error if the operator cannot run there."""
+    device = data_device(obj)
     if device not in operator.devices:
         raise MemchunkError(
             f"{operator.name!r} runs on NumPy (CPU) data, and this data holds CuPy (GPU) "

@@ -27,7 +27,14 @@ import os
 
 import dask
 
-from .clusters import ClusterFacts, active_client, cluster_facts, device_facts, memory_threshold
+from .clusters import (
+    ClusterFacts,
+    active_client,
+    cluster_facts,
+    device_facts,
+    memory_threshold,
+    pool_cached_bytes,
+)
 from .errors import BudgetError
 from .planning.budget import (
     MEASURED_BASELINE,
@@ -227,8 +234,9 @@ def device_budget(device_memory: int | None = None, client=None) -> Budget:
     Returns
     -------
     Budget
-        Its baseline is what is already allocated on the device (every CUDA context on it, CuPy
-        pools, other processes), read from the GPU, plus, for dask-cuda workers, their
+        Its baseline is what is already allocated on the device (every CUDA context and process
+        on it), read from the GPU, less what the planning process's (or each worker's) CuPy
+        memory pool keeps cached for reuse, plus, for dask-cuda workers, their
         ``device_memory_limit``: task outputs stay on the device up to it before they spill,
         and a task's own intermediates never spill. For a device memory given rather than read,
         the baseline is ``memchunk.device-baseline`` (512 MiB, one CUDA context) instead of
@@ -290,4 +298,8 @@ def _local_device() -> tuple[int | None, int | None, str]:
         free, total = device.mem_info
     except Exception as exc:  # no CuPy, no driver, no device: nothing to read
         return None, None, f"no GPU readable here: {type(exc).__name__}: {exc}"
-    return int(total), int(total - free), f"GPU {device.id} (cupy): {format_size(free)} free"
+    cached = pool_cached_bytes()
+    source = f"GPU {device.id} (cupy): {format_size(free)} free"
+    if cached:
+        source += f" + {format_size(cached)} cached in CuPy's memory pool"
+    return int(total), int(total - free - cached), source

@@ -141,12 +141,24 @@ class DeviceFacts:
     address: str
 
 
+def pool_cached_bytes() -> int:
+    """Device bytes that CuPy's default memory pool keeps cached in this process.
+
+    The driver counts them as allocated, but this process's next CuPy allocations reuse them:
+    for the tasks this process runs they are free memory.
+    """
+    import cupy
+
+    return int(cupy.get_default_memory_pool().free_bytes())
+
+
 def _worker_device(dask_worker) -> dict:
     """The GPU of ``dask_worker``: bus id, free and total memory, threads, dask-cuda's limit."""
     import cupy
 
     device = cupy.cuda.Device()
     free, total = device.mem_info  # creates this worker's CUDA context first, if needed
+    free += pool_cached_bytes()
     limit = getattr(dask_worker.data, "device_memory_limit", None)
     return {
         "gpu": device.pci_bus_id,
