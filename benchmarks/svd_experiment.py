@@ -5,6 +5,7 @@
     python benchmarks/svd_experiment.py --manual 2000x2000 4000x10000 10000x5000
     python benchmarks/svd_experiment.py --only-held --repeats 3   # input held between passes
     python benchmarks/svd_experiment.py --compare-hold --repeats 3  # held vs produced per pass
+    python benchmarks/svd_experiment.py --compare-hold 20000x50000 --repeats 2  # held + spilled
 
 Fields are float32 (time, space), generated lazily on the workers. Cases:
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 
 import dask
@@ -109,19 +111,28 @@ def cases(small: bool, power: int):
     ]
 
 
-def compare_hold(memory_limit: str, repeats: int) -> None:
-    """memchunk's compressed SVD of the 20000x8000 field, input held vs produced per pass.
+def compare_hold(shape: str, memory_limit: str, repeats: int) -> None:
+    """memchunk's compressed SVD (k=10, n_power_iter=0) with its input held vs produced per pass.
 
-    ``HOLD_MARGIN = 0`` leaves no room to hold the input, so each pass produces it again (the
-    behaviour before the choice existed). Runs alternate; medians are printed.
+    ``HOLD_MARGIN = inf`` holds the input whatever its size (Dask spills what is over its
+    target to disk); ``0`` leaves no room to hold it, so each pass produces it again. The naive
+    call (``chunks="auto"``, ``svd_compressed`` holding its input) runs beside them. Runs
+    alternate; medians are printed.
     """
     from xarray_memchunk.operators import svd
 
-    held_field = field(20000, 8000)
+    n_time, n_space = (int(v) for v in shape.split("x"))
+    data = field(n_time, n_space)
+    builds = {
+        "naive": lambda: da.linalg.svd_compressed(data.data.rechunk("auto"), 10, seed=0)[1],
+        "held": lambda: data.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=0).S,
+        "per pass": lambda: data.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=0).S,
+    }
+    margins = {"naive": svd.HOLD_MARGIN, "held": math.inf, "per pass": 0.0}
     runs: dict[str, list] = {}
     for r in range(repeats):
-        for label, margin in [("held", svd.HOLD_MARGIN), ("per pass", 0.0)][:: 1 - 2 * (r % 2)]:
-            default, svd.HOLD_MARGIN = svd.HOLD_MARGIN, margin
+        for label in list(builds)[:: 1 - 2 * (r % 2)]:
+            default, svd.HOLD_MARGIN = svd.HOLD_MARGIN, margins[label]
             with (
                 LocalCluster(
                     n_workers=2,
@@ -131,11 +142,7 @@ def compare_hold(memory_limit: str, repeats: int) -> None:
                 ) as cluster,
                 Client(cluster) as client,
             ):
-                outcome = run_watched(
-                    client,
-                    label,
-                    lambda: held_field.memchunk.apply("svd", sample_dims="time", k=10).S,
-                )
+                outcome = run_watched(client, label, builds[label])
             svd.HOLD_MARGIN = default
             runs.setdefault(label, []).append(outcome)
             print(f"{label:<9} {outcome.seconds:6.2f} s  {format_bytes(outcome.peak_bytes)}")
@@ -171,14 +178,17 @@ def main() -> None:
     )
     parser.add_argument(
         "--compare-hold",
-        action="store_true",
-        help="memchunk's compressed SVD of 20000x8000 with its input held vs produced per pass",
+        nargs="?",
+        const="20000x8000",
+        metavar="TIMExSPACE",
+        help="memchunk's compressed SVD of a field (default 20000x8000) with its input held vs "
+        "produced per pass, and the naive call",
     )
     args = parser.parse_args()
     for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     if args.compare_hold:
-        compare_hold(args.memory_limit, max(args.repeats, 1))
+        compare_hold(args.compare_hold, args.memory_limit, max(args.repeats, 1))
         return
     rows = []
     selected = cases(args.small, args.n_power_iter)

@@ -76,7 +76,7 @@ def test_auto_takes_two_passes_only_where_one_does_not_fit():
     assert "svd-two-pass" in " ".join(tight.notes)
     # the tree's n x n factors, HELD_SQUARES per block, all on one worker, are in the footprint
     blocks = len(tight.dask_chunks["time"])
-    assert tight.held_bytes >= HELD_SQUARES * blocks * 2000 * 2000 * 4
+    assert tight.factors_bytes >= HELD_SQUARES * blocks * 2000 * 2000 * 4
     with pytest.raises(xm.InfeasiblePlanError, match="two-pass tsqr") as refused:
         x.memchunk.plan("svd", sample_dims="time", memory_limit="700MB")
     assert "input chunks held" not in str(refused.value).split("two-pass tsqr")[1]

@@ -188,13 +188,13 @@ class SVD(Operator):
                 f"svd computes in float32 or float64, not {da.dtype}: convert the data first, "
                 f"e.g. .astype('float32')"
             )
-        samples, features = _sides(da, kwargs["sample_dims"])
-        n = min(math.prod(da.sizes[d] for d in samples), math.prod(da.sizes[d] for d in features))
+        samples, _ = _sides(da, kwargs["sample_dims"])
+        rows, cols = _matrix_shape(da.sizes, samples)
+        n = min(rows, cols)
         if kwargs["k"] is not None and kwargs["k"] > n:
             raise MemchunkError(
-                f"svd k={kwargs['k']} asks for more components than the {n} a "
-                f"{'x'.join(map(str, (math.prod(da.sizes[d] for d in samples), n)))} matrix "
-                f"has; pass k <= {n}"
+                f"svd k={kwargs['k']} asks for more components than the {n} a {rows}x{cols} "
+                f"matrix has; pass k <= {n}"
             )
         return kwargs | {"sample_dims": samples}
 
@@ -246,8 +246,7 @@ class SVD(Operator):
         samples, features = _split_names(extents, kwargs.get("sample_dims"))
         rows = np.prod([np.asarray(extents[d], float) for d in samples], axis=0)
         cols = np.prod([np.asarray(extents[d], float) for d in features], axis=0)
-        total_rows = math.prod(sizes[d] for d in samples)
-        total_cols = math.prod(sizes[d] for d in features)
+        total_rows, total_cols = _matrix_shape(sizes, kwargs.get("sample_dims"))
         if kwargs["method"] == "compressed":
             return {"block_bytes": rows * cols * itemsize}
         if kwargs.get("tsqr") == "two-pass":
@@ -292,11 +291,7 @@ class SVD(Operator):
             return CostTerms("svd", held_share=TSQR_HELD_SHARE)
         held = 0.0
         if array_sizes is not None and array_dtype is not None:
-            samples, features = _split_names(array_sizes, kwargs.get("sample_dims"))
-            n = min(
-                math.prod(array_sizes[d] for d in samples),
-                math.prod(array_sizes[d] for d in features),
-            )
+            n = min(_matrix_shape(array_sizes, kwargs.get("sample_dims")))
             held = HELD_SQUARES * n * n * np.dtype(array_dtype).itemsize
         return CostTerms("svd-two-pass", 2, TWO_PASS_TASKS, held_per_chunk=held)
 
@@ -453,6 +448,12 @@ def _split_names(extents, sample_dims) -> tuple[list[str], list[str]]:
     samples = [d for d in extents if sample_dims and d in sample_dims]
     features = [d for d in extents if d not in samples]
     return samples, features
+
+
+def _matrix_shape(sizes: Mapping[str, int], sample_dims) -> tuple[int, int]:
+    """``(rows, columns)`` of the stacked matrix: the sample dims' sizes, then every other dim's."""
+    samples, features = _split_names(sizes, sample_dims)
+    return math.prod(sizes[d] for d in samples), math.prod(sizes[d] for d in features)
 
 
 def holds_input(nbytes: int, block_bytes: int, facts: ClusterFacts, spill_line: float) -> bool:

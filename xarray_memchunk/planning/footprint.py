@@ -30,10 +30,12 @@ the plan's). Per task slot:
   from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
-  among its threads. Plus the operator's ``held_per_chunk`` bytes per planned chunk (factors
-  whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
-  factors gather on the worker where it ends (measured: a worker held most of the two-pass
-  tsqr's tree).
+  among its threads.
+- ``factors``: the operator's ``held_per_chunk`` bytes per planned chunk (factors whose size
+  does not depend on the chunk's), all chunks' on one worker: a tree reduction's factors
+  gather on the worker where it ends (measured: a worker held most of the two-pass tsqr's
+  tree). Kept apart from ``held``, which is the input's, so that advice about the input looks
+  at the input's part alone.
 """
 
 from __future__ import annotations
@@ -152,11 +154,15 @@ class Footprint:
     task: np.ndarray
     gather: np.ndarray
     held: np.ndarray
+    factors: np.ndarray
+
+    #: The terms, in the order plans state them.
+    TERMS = ("task", "gather", "held", "factors")
 
     @property
     def total(self) -> np.ndarray:
         """What is checked against the per-task budget."""
-        return self.task + self.gather + self.held
+        return self.task + self.gather + self.held + self.factors
 
 
 def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -203,6 +209,7 @@ def footprint(
     task = np.asarray(task, dtype=np.float64)
     gather = np.zeros_like(task)
     held = np.zeros_like(task)
+    factors = np.zeros_like(task)
     threads = max(1, threads_per_worker)
     for layout in layouts:
         own = [cuts[d] for d in layout.dims]
@@ -214,7 +221,8 @@ def footprint(
                 stencil |= cut.n_chunks > 1
         waiting = min(array_bytes, layout.held_share * array_bytes / max(1, n_workers))
         n_chunks = np.prod([c.n_chunks for c in own], axis=0, dtype=np.float64)
-        per_chunk = layout.held_per_chunk * n_chunks / threads  # a tree gathers on one worker
+        # a tree gathers on one worker
+        factors = np.maximum(factors, layout.held_per_chunk * n_chunks / threads)
         if layout.kind is InputKind.FILE:
             touched = np.full(task.shape, float(layout.itemsize))
             chunk = float(layout.itemsize)
@@ -225,7 +233,7 @@ def footprint(
             group = np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
             # the read ends before the task's own work starts: it adds only where it is larger
             read = np.maximum(padded + READ_COPIES * group - task, 0.0)
-            extra_held = np.full(task.shape, waiting / threads) + per_chunk
+            extra_held = np.full(task.shape, waiting / threads)
             worst = read + extra_held > gather + held
             gather = np.where(worst, read, gather)
             held = np.where(worst, extra_held, held)
@@ -247,9 +255,8 @@ def footprint(
         # a worker cannot hold more of the input than all of it
         extra_held = (
             np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, array_bytes) / threads
-            + per_chunk
         )
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
-    return Footprint(task=task, gather=gather, held=held)
+    return Footprint(task=task, gather=gather, held=held, factors=factors)

@@ -51,8 +51,9 @@ class ChunkPlan:
     predicted_peak_bytes
         Predicted memory of one task slot while the operator runs: its task
         (``predicted_task_bytes``), getting its input (``gather_bytes``: concatenated from
-        pieces, or read from a file) and the chunks a worker holds for it (``held_bytes``);
-        this is what must fit ``budget.per_task``.
+        pieces, or read from a file), the input chunks a worker holds for it (``held_bytes``)
+        and the operator's factors held beside it (``factors_bytes``); this is what must fit
+        ``budget.per_task``.
     budget
         The per-task memory budget planned against.
     n_chunks
@@ -78,6 +79,9 @@ class ChunkPlan:
         Input chunks a worker holds per thread while the task runs (produced ahead, cut by a
         rechunk, waiting for a stencil's neighbours); see
         :mod:`~xarray_memchunk.planning.footprint`.
+    factors_bytes
+        Factors the operator keeps from every chunk until a later step (the two-pass tsqr's
+        ``n x n`` factors), all on one worker, per thread.
     estimated_seconds
         Estimated wall time of the blockwise step, from the calibrated time per element and a
         1 ms per-task overhead; used to rank plans, not a promise.
@@ -102,6 +106,7 @@ class ChunkPlan:
     predicted_task_bytes: int = 0
     gather_bytes: int = 0
     held_bytes: int = 0
+    factors_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -122,6 +127,8 @@ class ChunkPlan:
             terms.append(f"gathering its input {size(self.gather_bytes)}")
         if self.held_bytes:
             terms.append(f"held {size(self.held_bytes)}")
+        if self.factors_bytes:
+            terms.append(f"factors held {size(self.factors_bytes)}")
         rows = [
             ("operator", self.operator),
             ("chunks", self._chunk_text()),

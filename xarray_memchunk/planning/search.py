@@ -96,12 +96,14 @@ def _infeasible(
     whole = [d.name for d in problem.dims if d.role is DimRole.WHOLE]
     chunks = ", ".join(f"{k}: {v}" for k, v in smallest.items())
     size = budget.format
-    total = least["task"] + least["gather"] + least["held"]
+    total = sum(least.values())
     terms = f"the task {size(least['task'])}"
     if least["gather"]:
         terms += f" + gathering its input {size(least['gather'])}"
     if least["held"]:
         terms += f" + chunks a worker holds for it {size(least['held'])}"
+    if least["factors"]:
+        terms += f" + factors the operator holds {size(least['factors'])}"
     needed = min_worker_memory(
         total,
         budget.threads_per_worker,
@@ -110,8 +112,7 @@ def _infeasible(
         pause_fraction=budget.pause_fraction,
     )
     advice = []
-    factors = any(v.held_per_chunk for v in problem.inputs)  # held by the operator, not input
-    if least["held"] > least["task"] and not factors:
+    if least["held"] > least["task"]:
         sources = "; ".join(
             f"{v.name} in chunks of "
             + ", ".join(f"{d}: {v.source_chunks[d]}" for d in v.dims if d in v.source_chunks)
@@ -192,7 +193,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     if not fits.any():
         smallest = int(np.argmin(peak))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
-        least = {k: float(getattr(terms, k)[smallest]) for k in ("task", "gather", "held")}
+        least = {k: float(getattr(terms, k)[smallest]) for k in Footprint.TERMS}
         raise InfeasiblePlanError(_infeasible(problem, budget, least, shape))
     ranked = order[fits[order]]
     fastest = int(ranked[0])
@@ -225,7 +226,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         problem,
         budget,
         dask_chunks,
-        {k: int(np.ceil(getattr(terms, k)[chosen])) for k in ("task", "gather", "held")},
+        {k: int(np.ceil(getattr(terms, k)[chosen])) for k in Footprint.TERMS},
         binding,
         float(seconds[chosen]),
         notes,
@@ -265,6 +266,7 @@ def _make_plan(
         predicted_task_bytes=terms["task"],
         gather_bytes=terms["gather"],
         held_bytes=terms["held"],
+        factors_bytes=terms["factors"],
         budget=budget,
         n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,
@@ -316,7 +318,7 @@ def plan_for_chunks(
         problem,
         budget,
         {d.name: tuple(dask_chunks[d.name]) for d in problem.dims},
-        {k: int(np.ceil(getattr(terms, k)[0])) for k in ("task", "gather", "held")},
+        {k: int(np.ceil(getattr(terms, k)[0])) for k in Footprint.TERMS},
         Binding.USER_CHUNKS,
         seconds,
         list(problem.notes),
