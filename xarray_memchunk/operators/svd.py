@@ -364,7 +364,8 @@ class SVD(Operator):
                 n_power_iter=kwargs["n_power_iter"],
                 n_oversamples=kwargs["n_oversamples"],
                 seed=_random_state(kwargs["seed"], xp),
-                compute=lazy and not _input_fits_in_workers(data),
+                # held only in host memory: a worker's memory limit says nothing of its GPU
+                compute=lazy and not (xp is np and _input_fits_in_workers(data)),
             )
         elif not lazy:
             u, s, v = xp.linalg.svd(xp.asarray(data), full_matrices=False)
