@@ -27,41 +27,19 @@ import statistics
 import time
 
 import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 
 import xarray_memchunk as xm
+from xarray_memchunk.experiments.device_data import noise, to_host
 from xarray_memchunk.operators.gst3d_kernels import gst3d_on_axes, halo_depth
 
 DIMS = ("inline", "crossline", "sample")
 
 
-def _block(block_id, shape, xp, seed):
-    rng = xp.random.default_rng(seed + sum(i * 1000**k for k, i in enumerate(block_id)))
-    return rng.random(shape, dtype=np.float32)
-
-
 def volume(n: int, chunks: tuple[int, int, int], device: str, seed: int = 0) -> xr.DataArray:
     """An N^3 float32 volume of uniform noise, made block by block inside the graph."""
-    if device == "gpu":
-        import cupy as xp
-    else:
-        xp = np
-    template = da.empty((n, n, n), chunks=chunks, dtype=np.float32)
-    data = da.map_blocks(
-        lambda x, block_id=None: _block(block_id, x.shape, xp, seed),
-        template,
-        dtype=np.float32,
-        meta=xp.empty((0, 0, 0), dtype=np.float32),
-    )
-    return xr.DataArray(data, dims=DIMS)
-
-
-def _to_host(array):
-    """Blocks copied to the host: a NumPy result, as when results are written out."""
-    meta = np.empty((0,) * array.ndim, dtype=array.dtype)
-    return array.map_blocks(lambda b: b.get() if hasattr(b, "get") else b, meta=meta)
+    return noise((n, n, n), chunks, DIMS, device, seed)
 
 
 def _pool():
@@ -90,7 +68,7 @@ def planned_run(n: int, device: str, chunks: tuple[int, int, int]) -> dict:
         pool = _pool()
         before = _in_use()
     start = time.perf_counter()
-    _to_host(dip.data).compute()
+    to_host(dip.data).compute()
     row["seconds"] = time.perf_counter() - start
     if device == "gpu":
         row["predicted"] = plan.budget.worker_baseline + (
@@ -158,7 +136,7 @@ def oom(args) -> list[str]:
         before = _in_use()
         start = time.perf_counter()
         try:
-            _to_host(dip).compute()
+            to_host(dip).compute()
             outcome = "completed"
         except cupy.cuda.memory.OutOfMemoryError as exc:
             outcome = f"CUDA out of memory: {str(exc)[:90]}"

@@ -23,11 +23,10 @@ import threading
 import time
 
 import dask
-import dask.array as da
-import numpy as np
 import xarray as xr
 
 import xarray_memchunk as xm
+from xarray_memchunk.experiments.device_data import noise, to_host
 
 #: (label, operator, kwargs, shape, source chunks, dims)
 CASES = [
@@ -70,23 +69,6 @@ CASES = [
 ]
 
 
-def _block(x, block_id=None):
-    import cupy
-
-    seed = sum(i * 1000**k for k, i in enumerate(block_id))
-    return cupy.random.default_rng(seed).random(x.shape, dtype=np.float32)
-
-
-def _device_data(shape, chunks, dims) -> xr.DataArray:
-    """float32 noise made on the GPU block by block, in float32 (no float64 block first)."""
-    import cupy
-
-    template = da.empty(shape, chunks=chunks, dtype=np.float32)
-    meta = cupy.empty((0,) * len(shape), dtype=np.float32)
-    data = da.map_blocks(_block, template, dtype=np.float32, meta=meta)
-    return xr.DataArray(data, dims=dims)
-
-
 class _PeakInUse:
     """Samples CuPy's pool's bytes in use on a thread of its own; ``peak`` is the most seen."""
 
@@ -113,10 +95,7 @@ class _PeakInUse:
 def _to_host(result):
     """Every variable's blocks copied to the host: what computing it hands back."""
     arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
-    return [
-        a.data.map_blocks(lambda b: b.get(), meta=np.empty((0,) * a.ndim, dtype=a.dtype))
-        for a in arrays
-    ]
+    return [to_host(a.data) for a in arrays]
 
 
 def run_case(case, memory_limit: str, threads: int) -> str:
@@ -124,7 +103,7 @@ def run_case(case, memory_limit: str, threads: int) -> str:
     import cupy
 
     label, op, kwargs, shape, chunks, dims = case
-    data = _device_data(shape, chunks, dims)
+    data = noise(shape, chunks, dims)
     pool = cupy.get_default_memory_pool()
     try:
         plan = data.memchunk.plan(op, memory_limit=memory_limit, **kwargs)

@@ -1,0 +1,53 @@
+"""Data made on the CPU or the GPU inside a Dask graph, and results copied back to the host.
+
+Shared by the GPU benchmarks (``benchmarks/gpu_gst3d.py``, ``benchmarks/gpu_plan_safety.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+__all__ = ["noise", "to_host"]
+
+
+def _block(x, block_id=None, xp=np, seed: int = 0):
+    rng = xp.random.default_rng(seed + sum(i * 1000**k for k, i in enumerate(block_id)))
+    return rng.random(x.shape, dtype=np.float32)
+
+
+def noise(
+    shape: Sequence[int],
+    chunks: Sequence[int],
+    dims: Sequence[str],
+    device: str = "gpu",
+    seed: int = 0,
+) -> xr.DataArray:
+    """Uniform float32 noise made block by block inside the graph, on ``device``.
+
+    Each block is generated in float32 on the device it lives on (CuPy for ``"gpu"``), from a
+    seed that depends on ``seed`` and the block's position only.
+    """
+    if device == "gpu":
+        import cupy as xp
+    else:
+        xp = np
+    template = da.empty(tuple(shape), chunks=tuple(chunks), dtype=np.float32)
+    data = da.map_blocks(
+        _block,
+        template,
+        xp=xp,
+        seed=seed,
+        dtype=np.float32,
+        meta=xp.empty((0,) * len(shape), dtype=np.float32),
+    )
+    return xr.DataArray(data, dims=tuple(dims))
+
+
+def to_host(array: da.Array) -> da.Array:
+    """``array`` with every block copied to the host: a NumPy result, as when written out."""
+    meta = np.empty((0,) * array.ndim, dtype=array.dtype)
+    return array.map_blocks(lambda b: b.get() if hasattr(b, "get") else b, meta=meta)
