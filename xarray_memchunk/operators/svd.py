@@ -364,8 +364,7 @@ class SVD(Operator):
                 n_power_iter=kwargs["n_power_iter"],
                 n_oversamples=kwargs["n_oversamples"],
                 seed=_random_state(kwargs["seed"], xp),
-                # held only in host memory: a worker's memory limit says nothing of its GPU
-                compute=lazy and not (xp is np and _input_fits_in_workers(data)),
+                compute=lazy and not _input_fits_in_workers(data),
             )
         elif not lazy:
             u, s, v = xp.linalg.svd(xp.asarray(data), full_matrices=False)
@@ -480,11 +479,12 @@ def _input_fits_in_workers(data) -> bool:
     Without a client (Dask's threaded scheduler), never: the scheduler would hold the whole
     input in this process (or on its GPU) between passes, beyond what the plan budgets. On an
     H100 a compressed SVD of a 4 GB input planned for 2 GiB of device memory held 4.5 GiB so.
+    Nor for CuPy data: the workers' memory limits describe host memory, not their GPUs'.
     """
     from ..clusters import active_client, cluster_facts, memory_threshold
 
     client = active_client()
-    if client is None:
+    if client is None or array_module(data._meta) is not np:
         return False
     line = memory_threshold("target", "spill", "pause", otherwise=1.0)
     block_bytes = data.dtype.itemsize * math.prod(max(c) for c in data.chunks)
