@@ -225,7 +225,7 @@ def test_chunks_shorter_than_the_halo_are_merged_and_the_plan_says_so(threaded):
     data = volume((60, 60, 60))
     plan = data.memchunk.plan("gst3d", chunks={"inline": 19}, memory_limit="1GB")
     assert min(plan.dask_chunks["inline"]) >= 9 and sum(plan.dask_chunks["inline"]) == 60
-    assert any("shorter than its halo of 9 merged" in n for n in plan.notes)
+    assert any("shorter than its halo of 9, merged" in n for n in plan.notes)
     out = data.memchunk.apply("gst3d", chunks={"inline": 19}, memory_limit="1GB")
     assert out.chunks[0] == plan.dask_chunks["inline"]  # what runs is what was planned
     np.testing.assert_array_equal(out.values, data.memchunk.apply("gst3d").values)

@@ -8,7 +8,7 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.experiments.diagnostics import run_watched
-from xarray_memchunk.operators.tsqr import HELD_SQUARES, two_pass_svd
+from xarray_memchunk.operators.tsqr import held_bytes_per_block, two_pass_svd
 
 
 def matrix(rows, cols, dtype, seed=0):
@@ -74,9 +74,11 @@ def test_auto_takes_two_passes_only_where_one_does_not_fit():
     tight = x.memchunk.plan("svd", sample_dims="time", memory_limit="1.45GB")
     assert any(n.startswith("exact SVD (two-pass tsqr) chosen") for n in tight.notes)
     assert "svd-two-pass" in " ".join(tight.notes)
-    # the tree's n x n factors, HELD_SQUARES per block, all on one worker, are in the footprint
-    blocks = len(tight.dask_chunks["time"])
-    assert tight.factors_bytes >= HELD_SQUARES * blocks * 2000 * 2000 * 4
+    # the tree's n x n factors, all on one worker, are in the footprint; blocks are >= n tall
+    blocks = tight.dask_chunks["time"]
+    assert min(blocks) >= 2000
+    held = held_bytes_per_block(2000, np.dtype("float32"), dense=False)
+    assert tight.factors_bytes >= len(blocks) * held > len(blocks) * 2000 * 2000 * 4
     with pytest.raises(xm.InfeasiblePlanError, match="two-pass tsqr") as refused:
         x.memchunk.plan("svd", sample_dims="time", memory_limit="700MB")
     two_pass = str(refused.value).split("two-pass tsqr")[1]
@@ -127,3 +129,65 @@ def test_two_pass_plan_completes_where_one_pass_is_refused(quiet_distributed, tm
     np.testing.assert_allclose(s.values, expected, rtol=1e-5)
     # columns agree up to sign
     np.testing.assert_allclose(np.abs(u_head.values[:, :5]), np.abs(u[:50, :5]), atol=1e-4)
+
+
+def test_two_pass_blocks_are_at_least_as_tall_as_the_matrix_is_wide():
+    # shorter blocks would give the tree dense QR nodes, whose factors the plan does not count
+    x = xr.DataArray(
+        da.zeros((40000, 4, 500), chunks=(100, 4, 500), dtype="float32"),
+        dims=("time", "y", "x"),
+    )
+    given = x.memchunk.plan(
+        "svd", sample_dims="time", tsqr="two-pass", chunks={"time": 300}, memory_limit="8GB"
+    )
+    assert min(given.dask_chunks["time"]) >= 2000
+    assert any("shortest chunk, 2000, merged" in n for n in given.notes), given.notes
+    stacked = x.stack(space=("y", "x"))  # rows of 2000 columns, (time) whole on the long side
+    for limit in ("1.5GB", "3GB", "8GB"):
+        plan = stacked.memchunk.plan("svd", sample_dims="time", tsqr="two-pass", memory_limit=limit)
+        assert min(plan.dask_chunks["time"]) >= 2000, (limit, plan.dask_chunks["time"])
+    wide = x.transpose("y", "x", "time")  # the long side stacks (time,): rows = time
+    plan = wide.memchunk.plan("svd", sample_dims=("y", "x"), tsqr="two-pass", memory_limit="3GB")
+    assert min(plan.dask_chunks["time"]) >= 2000
+
+
+def test_second_pass_produces_every_input_block_again(threaded):
+    # xarray's stack makes a reshape layer of Task objects, which dask's bind copied without
+    # renaming the keys inside (dask/dask#12455): both passes then shared the input blocks and
+    # Dask held the whole input between them
+    produced = []
+
+    def produce(block):
+        if block.size:  # not dask's meta inference
+            produced.append(block.shape)
+        return block
+
+    values = np.random.default_rng(0).standard_normal((1200, 4, 5))
+    data = da.from_array(values, chunks=(300, 4, 5)).map_blocks(produce, dtype=values.dtype)
+    x = xr.DataArray(data, dims=("time", "y", "x"))
+    result = x.memchunk.apply(
+        "svd", sample_dims="time", tsqr="two-pass", chunks={"time": 300}, memory_limit="2GB"
+    )
+    s, _ = dask.compute(result.S, result.U)
+    assert len(produced) == 2 * 4  # each of the 4 blocks, once per pass
+    np.testing.assert_allclose(s.values, np.linalg.svd(values.reshape(1200, 20))[1], rtol=1e-10)
+
+
+def test_copy_for_the_second_pass_shares_no_key_and_waits():
+    from dask.core import get_dependencies
+    from dask.utils import key_split
+
+    from xarray_memchunk.operators.tsqr import produced_again
+
+    x = xr.DataArray(da.ones((40, 2, 3), chunks=(10, 2, 3)), dims=("time", "y", "x"))
+    a = x.stack(space=("y", "x")).data  # its reshape is a layer of Task objects
+    after = da.zeros(5, chunks=1)
+    again = produced_again(a, after=after, seed="test")
+    original, copy = dict(a.__dask_graph__()), dict(again.__dask_graph__())
+    (blocker,) = (k for k in copy if key_split(k) == "checkpoint")
+    own = {k for k in copy if not key_split(k).startswith(("checkpoint", "zeros"))}
+    assert own and not own & set(original)
+    for key in own:  # nothing of the original graph; each task waits for `after`
+        deps = get_dependencies(copy, key)
+        assert blocker in deps and not deps & set(original), key
+    np.testing.assert_array_equal(again.compute(scheduler="sync"), a.compute(scheduler="sync"))

@@ -251,12 +251,18 @@ def _normalize_user_chunks(
             )
             result[spec.name] = (spec.size,)
         split = result[spec.name]
-        if spec.role is DimRole.HALO and len(split) > 1 and min(split) < spec.depth:
-            merged = ensure_minimum_chunksize(spec.depth, split) if spec.size >= spec.depth else ()
+        shortest = spec.shortest_chunk
+        if len(split) > 1 and min(split) < shortest:
+            merged = ensure_minimum_chunksize(shortest, split) if spec.size >= shortest else ()
             result[spec.name] = merged or (spec.size,)
+            halo = spec.role is DimRole.HALO and spec.depth == shortest
+            why = f"the operator's shortest chunk, {shortest}"
+            if halo:
+                why = f"its halo of {shortest}"
             notes.append(
-                f"chunks along {spec.name!r} shorter than its halo of {spec.depth} merged into "
-                f"their neighbours, as dask's map_overlap does: {result[spec.name]}"
+                f"chunks along {spec.name!r} shorter than {why}, merged into their neighbours"
+                + (", as dask's map_overlap does" if halo else "")
+                + f": {result[spec.name]}"
             )
     return result
 

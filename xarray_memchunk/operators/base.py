@@ -158,8 +158,9 @@ class Operator(abc.ABC):
     def cost_terms(self, **kwargs: Any) -> CostTerms:
         """What the operator's arguments change about its cost (see :class:`CostTerms`).
 
-        Takes the operator's arguments and, when planning a variable, its ``array_sizes`` and
-        ``array_dtype`` (for terms that depend on them, such as ``held_per_chunk``).
+        Takes the operator's arguments and, when planning a variable, its ``array_sizes``,
+        ``array_dtype`` and ``array_device`` (``"cpu"`` or ``"gpu"``), for terms that depend on
+        them, such as ``held_per_chunk``.
         """
         return CostTerms(self.name)
 

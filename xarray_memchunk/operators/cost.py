@@ -135,7 +135,7 @@ def resolve_cost(
     uses, features = bind_features(operator, da, kwargs)
     dtype = np.dtype(da.dtype)
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
-    terms = operator.cost_terms(**kwargs, array_sizes=sizes, array_dtype=dtype)
+    terms = operator.cost_terms(**kwargs, array_sizes=sizes, array_dtype=dtype, array_device=device)
     calibration = load_calibration(terms.calibration, device, dtype.name)
     if calibration is not None:
         model, seconds, source = (

@@ -55,7 +55,7 @@ from .arrays import array_module
 from .base import CostTerms, DimUse, Operator
 from .dims import resolve_dims
 from .slabs import slabs
-from .tsqr import HELD_SQUARES, two_pass_svd
+from .tsqr import held_bytes_per_block, two_pass_svd
 
 __all__ = ["SVD"]
 
@@ -79,7 +79,8 @@ TSQR_HELD_SHARE = 1.25
 COMPRESSED_TASK_BLOCKS = 2.0
 #: An ``n x n`` factor's task (the tree's QR, the SVD of the last R) in blocks of its size, for
 #: the two-pass tsqr: NumPy's SVD (LAPACK gesdd, float64) of a 2000 x 2000 float32 R peaked at
-#: 18.5 bytes per float32 element, a block's task at 5.0 (``svd-two-pass`` profiles).
+#: 18.5 times R's bytes, a block's task at 5.0 times the block's (``svd-two-pass`` profiles;
+#: the process's resident memory grew by 17.6 times R's bytes in a check on 2026-11-22).
 SQUARE_TASK_BLOCKS = 3.7
 #: Dask tasks per row block of the two-pass tsqr: both passes' block tasks, the fingerprint,
 #: the tree's up and down steps and their getters, the re-read input and its binding.
@@ -226,7 +227,10 @@ class SVD(Operator):
     def dim_uses(self, da: xr.DataArray, sample_dims, method, **kwargs):
         """Exact: the shorter side whole, the longer one chunked along its first dim.
 
-        Compressed: the first dim of each side chunked, the rest whole.
+        The two-pass tsqr's blocks are at least ``n`` rows tall (``min_length``): every node
+        of its tree then takes ``tpqrt``, whose held factors
+        :func:`~xarray_memchunk.operators.tsqr.held_bytes_per_block` counts. Compressed: the
+        first dim of each side chunked, the rest whole.
         """
         samples, features = _sides(da, sample_dims)
         n_samples = math.prod(da.sizes[d] for d in samples)
@@ -237,7 +241,11 @@ class SVD(Operator):
             uses[features[0]] = DimUse(DimRole.FREE)
         else:
             long_side = samples if n_samples >= n_features else features
-            uses[long_side[0]] = DimUse(DimRole.FREE)
+            shortest = 0
+            if kwargs.get("tsqr") == "two-pass":  # blocks of at least n rows: tpqrt nodes
+                rest = math.prod(da.sizes[d] for d in long_side[1:])
+                shortest = -(-min(n_samples, n_features) // rest)
+            uses[long_side[0]] = DimUse(DimRole.FREE, min_length=shortest)
         return uses
 
     def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
@@ -275,9 +283,9 @@ class SVD(Operator):
         """Exact, one pass: one task per block, calibration ``svd``, tsqr's Q factors held.
 
         Exact, two passes: each block read and factored twice, :data:`TWO_PASS_TASKS` tasks per
-        block, :data:`~xarray_memchunk.operators.tsqr.HELD_SQUARES` ``n x n`` factors of the
-        input's dtype held per block (with ``array_sizes`` and ``array_dtype``), calibration
-        ``svd-two-pass``.
+        block, :func:`~xarray_memchunk.operators.tsqr.held_bytes_per_block` of the tree's
+        factors held per block (with ``array_sizes`` and ``array_dtype``; a dense tree on the
+        GPU, ``array_device="gpu"``), calibration ``svd-two-pass``.
 
         Compressed: the sketch, two passes per power iteration and the projection
         (``2 n_power_iter + 2``); ``6 + 5 n_power_iter`` tasks per block, counted in Dask's
@@ -292,7 +300,8 @@ class SVD(Operator):
         held = 0.0
         if array_sizes is not None and array_dtype is not None:
             n = min(_matrix_shape(array_sizes, kwargs.get("sample_dims")))
-            held = HELD_SQUARES * n * n * np.dtype(array_dtype).itemsize
+            dense = kwargs.get("array_device") == "gpu"
+            held = held_bytes_per_block(n, np.dtype(array_dtype), dense)
         return CostTerms("svd-two-pass", 2, TWO_PASS_TASKS, held_per_chunk=held)
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:

@@ -31,8 +31,13 @@ raises :class:`~xarray_memchunk.MemchunkError` instead of returning a wrong ``U`
 
 Memory: a pass's task holds its block, its float64 copy and the product ``U_i`` in float64
 (20 bytes per float32 element); the tree's and the SVD's tasks a few ``n x n`` matrices.
-Between the passes the worker where the tree ends holds its reflectors and the leaves' ``M``:
-about :data:`HELD_SQUARES` ``n x n`` factors per block.
+Between the passes the tree's factors are held (:func:`held_bytes_per_block`): each node's
+``Q`` until the walk down uses it, then each leaf's ``M`` until the second pass does. A walk
+down step frees one ``Q`` and one ``M`` and makes two ``M``, so the count never grows past the
+nodes' ``Q`` factors plus one ``M``. ``R`` factors are not held: each node consumes its
+children's, and the fingerprints travel with them (they were held, one ``R`` per block until
+the second pass, when the fingerprints were a task of their own). Blocks are planned at least
+``n`` rows tall (``min_length``), so that every NumPy node takes ``tpqrt``.
 """
 
 from __future__ import annotations
@@ -46,19 +51,41 @@ import numpy as np
 from ..errors import MemchunkError
 from .arrays import array_module
 
-__all__ = ["HELD_SQUARES", "two_pass_svd"]
+__all__ = ["held_bytes_per_block", "two_pass_svd"]
 
-#: ``n x n`` factors per block held between the passes, on the worker where the tree ends:
-#: one ``tpqrt`` reflector triangle per node (just under one per block), and while the tree is
-#: walked down, the children's ``M`` beside their parents' reflectors (half as many again);
-#: 1.5 under-predicted a float64 plan's worker peak by 9% (``benchmarks/plan_safety.py``).
-HELD_SQUARES = 2.0
 #: Block size of LAPACK's ``tpqrt`` (its ``nb``): 64 was the fastest of 32, 64 and 128.
 TSQR_BLOCK = 64
 #: Largest relative difference between a block's two ``R`` fingerprints that is taken as
 #: rounding (the same QR run twice gives 0 on one machine).
 FINGERPRINT_RTOL = 1e-10
 _FINGERPRINT_SEED = 20261122
+
+
+def held_bytes_per_block(n: int, dtype: np.dtype, dense: bool) -> float:
+    """Bytes of the tree's factors held between the passes, per block of the input.
+
+    Parameters
+    ----------
+    n
+        Columns of the matrix (its shorter side).
+    dtype
+        The input's dtype, in which the factors are kept.
+    dense
+        Whether the tree's nodes take a dense QR (CuPy): their ``Q`` is ``2n x n``, against
+        ``tpqrt``'s ``n x n`` triangle and ``TSQR_BLOCK x n`` block factor (NumPy, blocks of
+        at least ``n`` rows).
+
+    Notes
+    -----
+    With ``B`` blocks the tree has ``B - 1`` nodes, and at most their ``Q`` factors and one
+    ``M`` (``n x n``) are held at once (see the module docstring), each block's fingerprint
+    (``n`` values in the compute dtype) beside them. This bounds ``B`` times the returned
+    bytes; measured with 8 and 16 blocks (60000 x 2000 float32 on 2 workers), the factors
+    held on one worker peaked at 0.64 to 0.77 ``n x n`` per block.
+    """
+    itemsize = np.dtype(dtype).itemsize
+    node = 2 * n * n if dense else n * n + min(TSQR_BLOCK, n) * n
+    return float(node * itemsize + n * compute_dtype(dtype).itemsize)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -77,8 +104,12 @@ def _fingerprint(r: Any) -> Any:
     return r @ _weights(r.shape[1], xp)
 
 
-def _r_factor(block: Any, work: np.dtype, store: np.dtype) -> Any:
-    """``R`` of a block's QR computed in ``work``, kept in ``store`` (``Q`` is not formed)."""
+def _r_factor(block: Any, work: np.dtype, store: np.dtype) -> tuple[Any, tuple[Any]]:
+    """``R`` of a block's QR computed in ``work``, kept in ``store`` (``Q`` is not formed).
+
+    Returns ``(R, (fingerprint,))``: the fingerprint travels up and down the tree with the
+    factors, so that no task keeps ``R`` for it until the second pass.
+    """
     xp = array_module(block)
     factored = xp.array(block, dtype=work, order="F", copy=True)  # LAPACK overwrites it
     if xp is np:
@@ -88,19 +119,28 @@ def _r_factor(block: Any, work: np.dtype, store: np.dtype) -> Any:
         (factored, _), _ = scipy.linalg.qr(
             factored, mode="raw", overwrite_a=True, check_finite=False
         )
-        return np.triu(factored[: min(factored.shape)]).astype(store)
-    return xp.linalg.qr(factored, mode="r").astype(store)
+        r = np.triu(factored[: min(factored.shape)]).astype(store)
+    else:
+        r = xp.linalg.qr(factored, mode="r").astype(store)
+    return r, (_fingerprint(r),)
 
 
-def _qr_node(work: np.dtype, upper: Any, lower: Any) -> tuple[tuple, Any]:
-    """QR of two stacked ``R`` factors, computed in ``work``: ``(Q, R)`` in their dtype.
+def _qr_node(work: np.dtype, upper_item: tuple, lower_item: tuple) -> tuple[tuple, tuple]:
+    """QR of two stacked ``R`` factors, computed in ``work``, in their dtype.
 
     Two square triangles (NumPy) take LAPACK's triangular-pentagonal QR (``tpqrt``), whose
     ``Q`` is an ``n x n`` triangle of reflectors and a ``TSQR_BLOCK x n`` matrix: half the
     memory of a dense ``2n x n`` ``Q`` and a ninth of the time (measured at n = 2000). Other
     pairs (a block shorter than ``n``, CuPy) get a dense QR. ``Q`` is ``("tp", V, T)`` or
     ``("dense", Q)``.
+
+    Each item is ``(R, fingerprints)`` (those of the blocks below it, in order). Returns
+    ``((Q, len(upper fingerprints)), (R, all fingerprints))``: the node's part for the walk
+    down and its item for the level above.
     """
+    (upper, upper_prints), (lower, lower_prints) = upper_item, lower_item
+    prints = upper_prints + lower_prints
+    split = len(upper_prints)
     xp = array_module(upper)
     store = upper.dtype
     n = upper.shape[1]
@@ -118,20 +158,28 @@ def _qr_node(work: np.dtype, upper: Any, lower: Any) -> tuple[tuple, Any]:
         )
         if info != 0:
             raise MemchunkError(f"LAPACK tpqrt failed (info={info}) in the two-pass tsqr")
-        return ("tp", v.astype(store), t.astype(store)), np.triu(r).astype(store)
+        q = ("tp", v.astype(store), t.astype(store))
+        return (q, split), (np.triu(r).astype(store), prints)
     q, r = xp.linalg.qr(xp.concatenate((upper, lower)).astype(work))
-    return ("dense", q.astype(store)), r.astype(store)
+    return (("dense", q.astype(store)), split), (r.astype(store), prints)
 
 
-def _svd_root(work: np.dtype, r: Any) -> tuple[Any, Any, Any]:
-    """SVD of the last ``R``, computed in ``work``: ``(U_R, S, V^H)`` in its dtype."""
+def _svd_root(work: np.dtype, item: tuple) -> tuple[tuple, Any, Any]:
+    """SVD of the last ``R``, computed in ``work``: ``((U_R, fingerprints), S, V^H)``."""
+    r, prints = item
     xp = array_module(r)
     u, s, vh = xp.linalg.svd(r.astype(work), full_matrices=False)
-    return u.astype(r.dtype), s.astype(r.real.dtype), vh.astype(r.dtype)
+    return (u.astype(r.dtype), prints), s.astype(r.real.dtype), vh.astype(r.dtype)
 
 
-def _down(work: np.dtype, q: tuple, m: Any, rows: tuple[int, ...]) -> list[Any]:
-    """Each child's ``M``: its rows of the node's ``Q`` times the node's ``M`` (in ``work``)."""
+def _down(work: np.dtype, node: tuple, item: tuple, rows: tuple[int, ...]) -> list[tuple]:
+    """Each child's ``(M, fingerprints)``: its rows of the node's ``Q`` times the node's ``M``.
+
+    Computed in ``work``; the fingerprints are split as the node's children hold them.
+    """
+    q, split = node
+    m, prints = item
+    children = (prints[:split], prints[split:])
     store = m.dtype
     if q[0] == "tp":  # Q [M; 0] from the reflectors, as tpqrt left them
         from scipy.linalg import get_lapack_funcs
@@ -149,18 +197,21 @@ def _down(work: np.dtype, q: tuple, m: Any, rows: tuple[int, ...]) -> list[Any]:
         )
         if info != 0:
             raise MemchunkError(f"LAPACK tpmqrt failed (info={info}) in the two-pass tsqr")
-        return [top.astype(store), bottom.astype(store)]
+        return list(zip((top.astype(store), bottom.astype(store)), children, strict=True))
     product = (q[1].astype(work) @ m.astype(work)).astype(store)
     edges = np.cumsum((0, *rows))
-    return [product[a:b] for a, b in itertools.pairwise(edges)]
+    parts = [product[a:b] for a, b in itertools.pairwise(edges)]
+    return list(zip(parts, children, strict=True))
 
 
-def _u_block(block: Any, m: Any, fingerprint: Any, work: np.dtype) -> Any:
+def _u_block(block: Any, item: tuple, work: np.dtype) -> Any:
     """``Q_i M_i`` from the block's QR, recomputed; refused when its ``R`` changed.
 
     Holds the block, its copy in ``work`` (overwritten by the QR) and the product in ``work``
     (20 bytes per float32 element); the copy is freed before the product is cast back.
+    ``item`` is the block's ``(M, (fingerprint,))`` from the walk down.
     """
+    m, (fingerprint,) = item
     xp = array_module(block)
     factored = xp.array(block, dtype=work, order="F", copy=True)  # LAPACK overwrites it
     if xp is np:
@@ -174,7 +225,7 @@ def _u_block(block: Any, m: Any, fingerprint: Any, work: np.dtype) -> Any:
         product = q @ m.astype(work)
         del q
     del factored
-    again = _fingerprint(r.astype(m.dtype))[:, None]  # as the first pass kept it
+    again = _fingerprint(r.astype(m.dtype))  # as the first pass kept it
     scale = float(xp.linalg.norm(r)) * float(xp.linalg.norm(_weights(r.shape[1], xp)))
     difference = float(xp.max(xp.abs(again - fingerprint))) if again.size else 0.0
     if difference > FINGERPRINT_RTOL * max(scale, np.finfo(np.float64).tiny):
@@ -203,7 +254,6 @@ def two_pass_svd(a: Any) -> tuple[Any, Any, Any]:
     """
     import dask.array as da
     from dask.base import tokenize
-    from dask.graph_manipulation import bind
     from dask.highlevelgraph import HighLevelGraph
 
     m, n = a.shape
@@ -238,19 +288,59 @@ def two_pass_svd(a: Any) -> tuple[Any, Any, Any]:
     m_leaves = part("m", {(i, 0): k for i, k in enumerate(leaves)}, (rows, (n,)), meta)
     s = part("s", {(0,): (operator.getitem, root, 1)}, ((n,),), meta.real.reshape(-1)[:0])
     vh = part("vh", {(0, 0): (operator.getitem, root, 2)}, ((n,), (n,)), meta)
-    fingerprints = r_factors.map_blocks(
-        _fingerprint_column, chunks=(rows, (1,)), dtype=work, meta=meta
-    )
     # the second pass reads the input again, after the tree: Dask must not hold it meanwhile
-    again = bind(a, m_leaves)
-    u = da.map_blocks(
-        _u_block, again, m_leaves, fingerprints, work, chunks=a.chunks, dtype=store, meta=meta
-    )
+    again = produced_again(a, after=m_leaves, seed=token)
+    u = da.map_blocks(_u_block, again, m_leaves, work, chunks=a.chunks, dtype=store, meta=meta)
     return u, s, vh
 
 
-def _fingerprint_column(r: Any) -> Any:
-    return _fingerprint(r)[:, None]
+def produced_again(a: Any, after: Any, seed: str) -> Any:
+    """A copy of ``a`` under new keys, every task of its graph run anew once ``after`` is done.
+
+    What ``dask.graph_manipulation.bind(a, after)`` is for. It cannot be used here: it copies
+    a layer of ``Task`` objects (e.g. the ``reshape`` of ``xarray``'s ``stack``) without
+    renaming the keys inside them (dask/dask#12455), so the copy's tasks still depend on the
+    original input blocks, and Dask holds them between the passes (measured: a worker held
+    320 MB of a 640 MB float64 input beside the tree). This copy renames every key, and
+    each task also waits on ``after``, so that none runs before it (an alias of one waits with
+    it). Literal data in the graph (blocks of an array given to ``from_array``) is in the copy
+    too, as ``bind`` copies it: the graph carries it twice, and no worker holds it between the
+    passes.
+
+    Parameters
+    ----------
+    a
+        Dask array whose graph is copied (materialized: one task per block per layer).
+    after
+        Dask collection that every copied task waits for.
+    seed
+        Makes the new keys (:func:`dask.base.clone_key`).
+    """
+    import dask.array as da
+    from dask._task_spec import Alias, Task, TaskRef, convert_legacy_graph
+    from dask.base import clone_key
+    from dask.core import flatten
+    from dask.graph_manipulation import checkpoint, chunks
+    from dask.highlevelgraph import HighLevelGraph
+
+    graph = convert_legacy_graph(dict(a.__dask_graph__()))
+    needed, stack = set(), list(flatten(a.__dask_keys__()))
+    while stack:  # the tasks that a's blocks need, and only those
+        key = stack.pop()
+        if key not in needed:
+            needed.add(key)
+            stack.extend(graph[key].dependencies)
+    blocker = checkpoint(after)
+    renamed = {key: clone_key(key, seed) for key in needed}
+    copied = {}
+    for key, new in renamed.items():
+        node = graph[key].substitute(renamed, key=new)
+        if not isinstance(node, Alias):  # an alias of a copied task waits with it
+            node = Task(new, chunks.bind, node, TaskRef(blocker.key))
+        copied[new] = node
+    name = clone_key(a.name, seed)
+    layers = HighLevelGraph.from_collections(name, copied, dependencies=[blocker])
+    return da.Array(layers, name, chunks=a.chunks, dtype=a.dtype, meta=a._meta)
 
 
 def _tree_tasks(first: str, rows: tuple[int, ...], n: int, token: str, work: np.dtype):

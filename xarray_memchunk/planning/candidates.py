@@ -75,9 +75,9 @@ def dim_candidates(dim: DimSpec, keep: int) -> DimCandidates:
     """List the chunkings of ``dim`` worth considering, at most about ``2 * keep`` of them.
 
     Whole dims have one candidate (one chunk). Other dims get element-wise balanced splits and,
-    when a storage chunk shorter than the dim is known, splits into whole storage chunks. Halo
-    dims keep only splits whose shortest chunk is at least the halo depth, as
-    ``dask.array.map_overlap`` requires.
+    when a storage chunk shorter than the dim is known, splits into whole storage chunks. Only
+    splits whose shortest chunk is at least :attr:`DimSpec.shortest_chunk` are kept: a halo's
+    depth, as ``dask.array.map_overlap`` requires, or the operator's ``min_length``.
     """
     size = dim.size
     storage = min(dim.storage_chunk, size) if dim.storage_chunk else None
@@ -95,7 +95,7 @@ def dim_candidates(dim: DimSpec, keep: int) -> DimCandidates:
         n_units = math.ceil(size / unit)
         for n in _split_counts(n_units, keep):
             n = int(n)
-            if dim.role is DimRole.HALO and n > 1 and min_chunk(size, n, unit) < max(dim.depth, 1):
+            if n > 1 and min_chunk(size, n, unit) < dim.shortest_chunk:
                 continue
             aligned = unit == storage or storage is None or n == 1
             rows.append((n, max_chunk(size, n, unit), unit, aligned))

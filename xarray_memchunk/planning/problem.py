@@ -49,10 +49,15 @@ class DimRole(StrEnum):
 
 @dataclass(frozen=True)
 class DimUse:
-    """How an operator uses one dim: its :class:`DimRole` and, for halo dims, the depth."""
+    """How an operator uses one dim.
+
+    Its :class:`DimRole`, for halo dims the depth, and the shortest chunk the operator accepts
+    along it (``min_length``, 0 for any).
+    """
 
     role: DimRole = DimRole.FREE
     depth: int = 0
+    min_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class DimSpec:
         Halo depth, elements per side (``HALO`` dims only).
     storage_chunk
         Length of a storage chunk along this dim (on-disk or current dask chunk), if any.
+    min_length
+        Shortest chunk the operator accepts along this dim, besides a halo's depth (the
+        two-pass tsqr's blocks are at least as tall as the matrix is wide).
     """
 
     name: str
@@ -78,6 +86,12 @@ class DimSpec:
     role: DimRole = DimRole.FREE
     depth: int = 0
     storage_chunk: int | None = None
+    min_length: int = 0
+
+    @property
+    def shortest_chunk(self) -> int:
+        """Shortest chunk allowed when the dim is split: the halo's depth or ``min_length``."""
+        return max(self.depth if self.role is DimRole.HALO else 0, self.min_length, 1)
 
 
 @dataclass(frozen=True)

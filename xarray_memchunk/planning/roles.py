@@ -28,7 +28,7 @@ def merge_dims(
     -------
     tuple of DimSpec
         The strictest role any variable gives a dim (whole over halo over free), the deepest
-        halo, and the first storage chunk length known.
+        halo, the longest ``min_length`` and the first storage chunk length known.
     """
     specs: dict[str, DimSpec] = {}
     for dims, sizes, uses, storage in variables:
@@ -39,6 +39,7 @@ def merge_dims(
             if old is not None and _STRICTNESS[old.role] > _STRICTNESS[role]:
                 role = old.role
             depth = max(use.depth, old.depth if old else 0)
+            shortest = max(use.min_length, old.min_length if old else 0)
             chunk = (old.storage_chunk if old else None) or storage.get(dim)
-            specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk)
+            specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk, shortest)
     return tuple(specs.values())
