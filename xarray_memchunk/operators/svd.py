@@ -82,9 +82,10 @@ COMPRESSED_TASK_BLOCKS = 2.0
 #: 18.5 times R's bytes, a block's task at 5.0 times the block's (``svd-two-pass`` profiles;
 #: the process's resident memory grew by 17.6 times R's bytes in a check on 2026-11-22).
 SQUARE_TASK_BLOCKS = 3.7
-#: Dask tasks per row block of the two-pass tsqr: both passes' block tasks, the fingerprint,
-#: the tree's up and down steps and their getters, the re-read input and its binding.
-TWO_PASS_TASKS = 8.0
+#: Dask tasks per row block of the two-pass tsqr: both passes' block tasks, the tree's up and
+#: down steps and their getters, the re-read input and its binding; 13.0 and 13.1 per block in
+#: Dask's optimized graph of ``U``, ``S`` and ``V`` (8 and 32 blocks, 2-D input).
+TWO_PASS_TASKS = 13.0
 #: Share of the workers' free room the held input of a compressed SVD may take: Dask does not
 #: place the input's blocks evenly.
 HOLD_MARGIN = 0.8

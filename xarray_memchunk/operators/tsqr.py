@@ -301,11 +301,10 @@ def produced_again(a: Any, after: Any, seed: str) -> Any:
     a layer of ``Task`` objects (e.g. the ``reshape`` of ``xarray``'s ``stack``) without
     renaming the keys inside them (dask/dask#12455), so the copy's tasks still depend on the
     original input blocks, and Dask holds them between the passes (measured: a worker held
-    320 MB of a 640 MB float64 input beside the tree). This copy renames every key, and
-    each task also waits on ``after``, so that none runs before it (an alias of one waits with
-    it). Literal data in the graph (blocks of an array given to ``from_array``) is in the copy
-    too, as ``bind`` copies it: the graph carries it twice, and no worker holds it between the
-    passes.
+    320 MB of a 640 MB float64 input beside the tree). This copy renames every key, and the
+    tasks without dependencies wait on ``after``, so that none runs before it. Literal data in
+    the graph (blocks of an array given to ``from_array``) is in the copy too, as ``bind``
+    copies it: the graph carries it twice, and no worker holds it between the passes.
 
     Parameters
     ----------
@@ -317,7 +316,7 @@ def produced_again(a: Any, after: Any, seed: str) -> Any:
         Makes the new keys (:func:`dask.base.clone_key`).
     """
     import dask.array as da
-    from dask._task_spec import Alias, Task, TaskRef, convert_legacy_graph
+    from dask._task_spec import Task, TaskRef, convert_legacy_graph
     from dask.base import clone_key
     from dask.core import flatten
     from dask.graph_manipulation import checkpoint, chunks
@@ -335,7 +334,7 @@ def produced_again(a: Any, after: Any, seed: str) -> Any:
     copied = {}
     for key, new in renamed.items():
         node = graph[key].substitute(renamed, key=new)
-        if not isinstance(node, Alias):  # an alias of a copied task waits with it
+        if not node.dependencies:  # the others wait through these (and fuse as they did)
             node = Task(new, chunks.bind, node, TaskRef(blocker.key))
         copied[new] = node
     name = clone_key(a.name, seed)
