@@ -207,24 +207,18 @@ def test_compressed_svd_holds_its_input_only_below_the_spill_line():
     assert not holds_input(1, block, unlimited, 0.6)
 
 
-def test_compressed_svd_on_the_threaded_scheduler_produces_its_input_per_pass(threaded):
+def test_compressed_svd_on_the_threaded_scheduler_produces_its_input_per_pass(threaded, produced):
     # held between passes, the whole input would stay in this process, beyond the plan
-    produced = []
-
-    def produce(block):
-        produced.append(block.shape)
-        return block
-
     rng = np.random.default_rng(0)
     modes = rng.standard_normal((2000, 3)) @ rng.standard_normal((3, 600)) * 10.0
     values = (modes + rng.standard_normal((2000, 600))).astype("float32")
-    source = da.from_array(values, chunks=(500, 600)).map_blocks(produce, dtype="float32")
+    source = da.from_array(values, chunks=(500, 600)).map_blocks(produced, dtype="float32")
     x = xr.DataArray(source, dims=("time", "space"))
     result = x.memchunk.apply(
         "svd", sample_dims="time", method="compressed", k=3, n_power_iter=0, memory_limit="1GB"
     )
     s = result.S.compute()
-    full_blocks = [shape for shape in produced if shape == (500, 600)]
+    full_blocks = [shape for shape in produced.shapes if shape == (500, 600)]
     assert len(full_blocks) >= 2 * 4  # both passes produced all 4 blocks
     expected = np.linalg.svd(values.astype("float64"), compute_uv=False)[:3]
     np.testing.assert_allclose(s.values, expected, rtol=1e-2)

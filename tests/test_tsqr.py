@@ -151,25 +151,18 @@ def test_two_pass_blocks_are_at_least_as_tall_as_the_matrix_is_wide():
     assert min(plan.dask_chunks["time"]) >= 2000
 
 
-def test_second_pass_produces_every_input_block_again(threaded):
+def test_second_pass_produces_every_input_block_again(threaded, produced):
     # xarray's stack makes a reshape layer of Task objects, which dask's bind copied without
     # renaming the keys inside (dask/dask#12455): both passes then shared the input blocks and
     # Dask held the whole input between them
-    produced = []
-
-    def produce(block):
-        if block.size:  # not dask's meta inference
-            produced.append(block.shape)
-        return block
-
     values = np.random.default_rng(0).standard_normal((1200, 4, 5))
-    data = da.from_array(values, chunks=(300, 4, 5)).map_blocks(produce, dtype=values.dtype)
+    data = da.from_array(values, chunks=(300, 4, 5)).map_blocks(produced, dtype=values.dtype)
     x = xr.DataArray(data, dims=("time", "y", "x"))
     result = x.memchunk.apply(
         "svd", sample_dims="time", tsqr="two-pass", chunks={"time": 300}, memory_limit="2GB"
     )
     s, _ = dask.compute(result.S, result.U)
-    assert len(produced) == 2 * 4  # each of the 4 blocks, once per pass
+    assert len(produced.shapes) == 2 * 4  # each of the 4 blocks, once per pass
     np.testing.assert_allclose(s.values, np.linalg.svd(values.reshape(1200, 20))[1], rtol=1e-10)
 
 

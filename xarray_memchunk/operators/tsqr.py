@@ -316,21 +316,16 @@ def produced_again(a: Any, after: Any, seed: str) -> Any:
         Makes the new keys (:func:`dask.base.clone_key`).
     """
     import dask.array as da
-    from dask._task_spec import Task, TaskRef, convert_legacy_graph
+    from dask._task_spec import Task, TaskRef, convert_legacy_graph, cull
     from dask.base import clone_key
     from dask.core import flatten
     from dask.graph_manipulation import checkpoint, chunks
     from dask.highlevelgraph import HighLevelGraph
 
-    graph = convert_legacy_graph(dict(a.__dask_graph__()))
-    needed, stack = set(), list(flatten(a.__dask_keys__()))
-    while stack:  # the tasks that a's blocks need, and only those
-        key = stack.pop()
-        if key not in needed:
-            needed.add(key)
-            stack.extend(graph[key].dependencies)
+    # the tasks that a's blocks need, and only those
+    graph = cull(convert_legacy_graph(dict(a.__dask_graph__())), list(flatten(a.__dask_keys__())))
     blocker = checkpoint(after)
-    renamed = {key: clone_key(key, seed) for key in needed}
+    renamed = {key: clone_key(key, seed) for key in graph}
     copied = {}
     for key, new in renamed.items():
         node = graph[key].substitute(renamed, key=new)
