@@ -4,6 +4,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py                    # the whole matrix (~30 min on 2 cores)
     python benchmarks/plan_safety.py --only std median  # some operators
     python benchmarks/plan_safety.py --issue            # issue 17's reproduction only
+    python benchmarks/plan_safety.py --learning         # issue 27: user functions, a kill
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``xarray_memchunk.experiments.plan_safety.LIMITS``) at which the plan's binding
@@ -15,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
+import xarray_memchunk as xm
 from xarray_memchunk.experiments.plan_safety import SafetyCase, format_table, run_case, summary
 
 CUBE = {"time": 2100, "lat": 500, "lon": 600}
@@ -84,14 +89,66 @@ def issue_cases() -> list[SafetyCase]:
     ]
 
 
+def stacked_copies(k: int):
+    """A closure: ``k`` copies of its block at once (``k`` is not in its source)."""
+
+    def stacked(block):
+        return np.stack([block] * k).sum(0)
+
+    return stacked
+
+
+def gram(block):
+    """Memory quadratic in the block's second dim: ``g = b.T @ b``."""
+    g = block.T @ block
+    return block + g[0, 0] * 0
+
+
+def learning_cases() -> list[SafetyCase]:
+    """Issue 27: self-calibrating functions, and a worker killed (not by memory) mid-run.
+
+    ``stacked-1`` runs before ``stacked-30``: the same source, another closure, so the second
+    must measure itself again rather than reuse the first one's model.
+    """
+    for name, func in (
+        ("stacked-1", stacked_copies(1)),
+        ("stacked-30", stacked_copies(30)),
+        ("gram", gram),
+    ):
+        xm.register_operator(xm.BlockwiseOperator(name, func), overwrite=True)
+    square = {"y": 6000, "x": 6000}
+    return [
+        SafetyCase("stacked-1", "float64", square, {"y": 500, "x": 6000}, "graph"),
+        SafetyCase("stacked-30", "float64", square, {"y": 500, "x": 6000}, "graph"),
+        SafetyCase("gram", "float64", {"y": 10000, "x": 8000}, {"y": 250, "x": 8000}, "graph"),
+        SafetyCase(
+            "std",
+            "float64",
+            {"time": 800, "y": 200, "x": 500},
+            {"time": 800, "y": 25, "x": 500},
+            "graph",
+            {"dim": "time"},
+            label="std, a worker SIGKILLed",
+            kill_after=2.0,
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="operator names (or labels) to run")
     parser.add_argument("--issue", action="store_true", help="issue 17's reproduction only")
     parser.add_argument("--no-issue", action="store_true", help="skip issue 17's reproduction")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "plan_safety.md"))
+    parser.add_argument("--learning", action="store_true", help="issue 27's learning cases only")
+    parser.add_argument("--out", help="the table's file (benchmarks/results/plan_safety*.md)")
     args = parser.parse_args()
-    cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
+    name = "plan_safety_learning.md" if args.learning else "plan_safety.md"
+    args.out = args.out or str(Path(__file__).parent / "results" / name)
+    if args.learning:
+        os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
+        cases = learning_cases()
+    else:
+        cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []
     with tempfile.TemporaryDirectory() as root:
         for i, case in enumerate(cases, 1):

@@ -50,3 +50,21 @@ def quiet_distributed():
     yield
     for lg, level in zip(loggers, levels, strict=True):
         lg.setLevel(level)
+
+
+@pytest.fixture
+def cluster_client(quiet_distributed):
+    """``(make, Client)``: ``make(memory_limit)`` is a LocalCluster of 2 x 1-thread processes."""
+    from distributed import Client, LocalCluster
+
+    def make(memory_limit):
+        return LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            memory_limit=memory_limit,
+            processes=True,
+            dashboard_address=":0",
+        )
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
+        yield make, Client

@@ -1,9 +1,13 @@
+import math
+from types import SimpleNamespace
+
 import dask
 import pytest
 
-from xarray_memchunk import Budget, BudgetError, resolve_budget
+from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
 from xarray_memchunk.budget import make_budget
-from xarray_memchunk.planning.budget import MEASURED_BASELINE, per_task_bytes
+from xarray_memchunk.clusters import WorkerLayout, spec_workers
+from xarray_memchunk.planning.budget import MEASURED_BASELINE, per_task_bytes, tightest_worker
 from xarray_memchunk.units import to_bytes
 
 
@@ -87,13 +91,19 @@ def test_budget_from_distributed_client():
         Client(cluster),
     ):
         budget = resolve_budget()
-        explicit = resolve_budget("2GB")
+        explicit = resolve_budget("500MB")
+        with pytest.warns(MemoryBudgetWarning, match=r"memory_limit='2GB' is more.*700\.00 MB"):
+            more = resolve_budget("2GB")
     assert budget.worker_memory == 700_000_000
     assert budget.threads_per_worker == 2
     assert budget.n_workers == 2 and budget.total_threads == 4
     assert budget.source.startswith("distributed client inproc://")
-    # an explicit budget keeps the cluster's thread layout
+    # a smaller explicit budget is honoured, with the cluster's thread layout
     assert explicit.source == "argument" and explicit.threads_per_worker == 2
+    assert explicit.worker_memory == 500_000_000
+    # a larger one would pause and kill the 700 MB workers: theirs is used
+    assert more.worker_memory == 700_000_000 and more.per_task == budget.per_task
+    assert "less than memory_limit='2GB'" in more.source
 
 
 @pytest.mark.parametrize("measured", [True, False])
@@ -110,3 +120,43 @@ def test_no_room_names_memory_left_from_earlier_work(measured):
         )
     assert "has no room for a task" in str(err.value)
     assert ("client.restart()" in str(err.value)) is measured
+
+
+def test_tightest_worker_is_not_always_the_smallest_memory():
+    """1 GB x 1 thread leaves a task 540 MB; 2 GB x 4 threads leaves one 315 MB."""
+    terms = {"worker_baseline": 200_000_000, "pause_fraction": 0.8}
+    small, wide = (1_000_000_000, 1), (2_000_000_000, 4)
+    assert tightest_worker([small, wide], **terms) == wide
+    assert tightest_worker([(2_000_000_000, 1), (1_000_000_000, 2)], **terms) == (
+        1_000_000_000,
+        2,
+    )
+
+
+def _spec_cluster(worker_spec=None, new_spec=None, maximum=None, minimum=0):
+    """An object shaped as a ``SpecCluster`` is, as far as :func:`spec_workers` reads one."""
+    adaptive = None if maximum is None else SimpleNamespace(maximum=maximum, minimum=minimum)
+    return SimpleNamespace(worker_spec=worker_spec or {}, new_spec=new_spec, _adaptive=adaptive)
+
+
+def test_spec_workers_of_an_adaptive_local_cluster():
+    spec = {"cls": "Nanny", "options": {"memory_limit": "1GB", "nthreads": 2}}
+    layouts, how = spec_workers(_spec_cluster(new_spec=spec, maximum=3))
+    assert layouts == [WorkerLayout(1_000_000_000, 2)] * 3
+    assert "the adaptive cluster's worker spec" in how and "3 worker(s)" in how
+    # no maximum: as many workers as its minimum, or one
+    layouts, how = spec_workers(_spec_cluster(new_spec=spec, maximum=math.inf))
+    assert len(layouts) == 1 and "no adaptive maximum" in how
+
+
+def test_spec_workers_of_a_job_queue():
+    """dask-jobqueue's spec: a job's cores and memory, shared by its processes (its group)."""
+    job = {"cls": "SLURMJob", "options": {"cores": 8, "memory": "16GB", "processes": 2}}
+    job["group"] = ["-0", "-1"]
+    layouts, _ = spec_workers(_spec_cluster(worker_spec={"job-0": job}))
+    assert layouts == [WorkerLayout(8_000_000_000, 4)] * 2
+
+
+def test_spec_workers_without_a_spec_cluster():
+    assert spec_workers(None) is None  # a client connected to a scheduler's address
+    assert spec_workers(_spec_cluster()) is None  # a spec that starts no worker

@@ -1,6 +1,5 @@
 """Memory behaviour on a real LocalCluster with a real memory_limit."""
 
-import dask
 import numpy as np
 import pytest
 
@@ -8,23 +7,6 @@ from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
 from xarray_memchunk.experiments.diagnostics import run_watched
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def cluster_client(quiet_distributed):
-    from distributed import Client, LocalCluster
-
-    def make(memory_limit):
-        return LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            memory_limit=memory_limit,
-            processes=True,
-            dashboard_address=":0",
-        )
-
-    with dask.config.set({"distributed.scheduler.allowed-failures": 1}):
-        yield make, Client
 
 
 def test_median_over_long_time_naive_dies_planned_completes(cluster_client):

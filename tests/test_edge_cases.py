@@ -179,6 +179,74 @@ REFUSED = [
         xm.MemchunkError,
         "convert the data first",
     ),
+    # issue 27 item 9
+    (
+        "quantile of bool",
+        lambda: (field() > 0.5).memchunk.plan("quantile", q=0.5, dim="time"),
+        xm.MemchunkError,
+        "quantile does not compute on dtype bool",
+    ),
+    (
+        "quantile of complex",
+        lambda: (field() + 1j).memchunk.plan("quantile", q=0.5, dim="time"),
+        xm.MemchunkError,
+        "quantile does not compute on dtype complex128",
+    ),
+    (
+        "duplicate dims",
+        lambda: xr.DataArray(np.zeros((4, 4)), dims=("x", "x")).chunk().memchunk.apply("mean"),
+        xm.DimensionError,
+        r"the DataArray has dims \('x', 'x'\), one name twice",
+    ),
+    (
+        "duplicate dims in a Dataset's variable",
+        lambda: xr.Dataset({"a": (("x", "x"), np.zeros((4, 4)))}).memchunk.apply("median", dim="x"),
+        xm.DimensionError,
+        r"variable 'a' has dims \('x', 'x'\), one name twice",
+    ),
+    (
+        "gst3d sigma=1e308",
+        lambda: volume((24, 20, 18)).memchunk.plan("gst3d", sigma=1e308),
+        xm.MemchunkError,
+        r"sigma=1e\+308.*infinite radius.*'inline' \(24 voxels\).*use sigma <= 8 with",
+    ),
+    (
+        "gst3d truncate=1e9",
+        lambda: volume((24, 20, 18)).memchunk.plan("gst3d", truncate=1e9),
+        xm.MemchunkError,
+        r"radius of 1,000,000,000 voxels.*'inline' \(24 voxels\).*use truncate <= 24 ",
+    ),
+    (
+        "gst3d truncate=1e6",
+        lambda: volume((24, 20, 18)).memchunk.plan("gst3d", truncate=1e6),
+        xm.MemchunkError,
+        r"radius of 1,000,000 voxels.*'inline' \(24 voxels\).*use truncate <= 24 ",
+    ),
+    (
+        "gst3d rho longer than the volume",
+        lambda: volume((24, 20, 18)).memchunk.plan("gst3d", rho=9.0),
+        xm.MemchunkError,
+        r"rho=9.*radius of 27 voxels.*use truncate <= 2.66 ",
+    ),
+    (
+        "gst3d of float128",
+        lambda: volume((24, 20, 18), np.longdouble).memchunk.plan("gst3d"),
+        xm.MemchunkError,
+        "float32 or float64 and SciPy's filters take no float128",
+    ),
+]
+
+OPERATORS = [
+    ("sum", {}),
+    ("mean", {}),
+    ("std", {}),
+    ("var", {}),
+    ("min", {}),
+    ("max", {}),
+    ("median", {}),
+    ("quantile", {"q": 0.5}),
+    ("gst3d", {}),
+    ("svd", {"sample_dims": "time"}),
 ]
 
 
@@ -189,6 +257,52 @@ def test_refused_before_compute(case, call, error, match):
         with pytest.raises(error, match=match):
             call()
     assert calls == []  # nothing was computed
+
+
+@pytest.mark.parametrize(("op", "kwargs"), OPERATORS, ids=[o for o, _ in OPERATORS])
+@pytest.mark.parametrize("kind", ["DataArray", "Dataset"])
+def test_0d_data_is_refused_by_every_operator(op, kwargs, kind):
+    data = xr.DataArray(3.5, name="t")
+    data = data.to_dataset() if kind == "Dataset" else data
+    for call in (data.memchunk.plan, data.memchunk.apply):
+        with pytest.raises(xm.DimensionError, match=f"0-d.*nothing to chunk for '{op}'"):
+            call(op, memory_limit="1GB", **kwargs)
+
+
+@pytest.mark.parametrize(("op", "kwargs"), OPERATORS[:8], ids=[o for o, _ in OPERATORS[:8]])
+def test_0d_variables_of_a_dataset_are_reduced_as_xarray_does(op, kwargs, threaded):
+    ds = xr.Dataset({"scalar": xr.DataArray(3.5), "series": ("time", np.arange(10.0))})
+    result = ds.chunk().memchunk.apply(op, memory_limit="1GB", **kwargs).compute()
+    xr.testing.assert_identical(result, getattr(ds, op)(*kwargs.values()))
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "d2geo"])
+def test_gst3d_of_float16_computes_in_float32(kernel, threaded):
+    data = volume((40, 36, 32)).astype("float16")
+    out = data.chunk({"inline": 20}).memchunk.apply(
+        "gst3d", chunks={"inline": 20}, memory_limit="1GB", kernel=kernel
+    )
+    assert out.dtype == np.float32
+    expected = data.astype("float32").memchunk.apply("gst3d", kernel=kernel)
+    np.testing.assert_array_equal(out.values, expected.values)
+
+
+@pytest.mark.parametrize("options", [{}, {"method": "compressed", "k": 3}, {"tsqr": "two-pass"}])
+def test_svd_along_a_multiindex_dim_keeps_the_index(options, threaded):
+    climate = synthetic_climate(40, 6, 8, chunks={"time": 10})
+    stacked = climate.tas.stack(space=("lat", "lon"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        result = stacked.memchunk.apply(
+            "svd", sample_dims="time", memory_limit="1GB", **options
+        ).compute()
+    plain = stacked.reset_index("space").drop_vars(["lat", "lon"])
+    expected = plain.memchunk.apply("svd", sample_dims="time", memory_limit="1GB", **options)
+    np.testing.assert_allclose(result.S, expected.S, rtol=1e-5)
+    np.testing.assert_allclose(np.abs(result.V), np.abs(expected.V), atol=1e-5)
+    assert result.V.dims == ("mode", "space") and result.U.dims == ("time", "mode")
+    assert result.indexes["space"].equals(stacked.indexes["space"])
+    xr.testing.assert_identical(result.lat, stacked.lat)
 
 
 def test_svd_of_nan_is_a_clear_error_when_computed(threaded):
@@ -469,7 +583,7 @@ def test_cli_interrupted_run_says_one_line_and_leaves_nothing(tmp_path, sig):
         time.sleep(0.05)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + sig, err  # 143 for SIGTERM, 130 for SIGINT, as shells say
     assert "interrupted" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.zarr"]

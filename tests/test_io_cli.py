@@ -1,5 +1,6 @@
 """Zarr / netCDF end to end, safe writes, and the memchunk command line through subprocess."""
 
+import json
 import os
 import signal
 import subprocess
@@ -7,19 +8,67 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
+from xarray_memchunk.io import check_target, is_dataset
 
 MEMCHUNK = [sys.executable, "-m", "xarray_memchunk.cli"]
+#: ``memchunk`` whose write first waits for a task that sleeps in a worker: the partial output
+#: exists, and a signal or a lost scheduler lands while the run waits for its cluster.
+SLOW_WRITE = [
+    sys.executable,
+    "-c",
+    """
+import sys, time
+import dask
+from xarray_memchunk import cli
+
+computer = cli._computer
+
+def slow_computer(client):
+    compute = computer(client)
+    def slow(delayed):
+        pause = dask.delayed(time.sleep, pure=False)(60)
+        return compute(dask.delayed(lambda write, _: write)(delayed, pause))
+    return slow
+
+cli._computer = slow_computer
+sys.exit(cli.main(sys.argv[1:]))
+""",
+]
 
 
 def memchunk(*args, timeout=300):
     return subprocess.run(
         [*MEMCHUNK, *map(str, args)], capture_output=True, text=True, timeout=timeout
     )
+
+
+def start(command, *args):
+    """Start a command line in its own process group, its output captured."""
+    return subprocess.Popen(
+        [*command, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(condition, timeout=120):
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def pieces(folder):
+    """What safe writes leave beside their targets while under way."""
+    return sorted(p.name for p in folder.iterdir() if "memchunk-" in p.name)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +105,19 @@ def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threa
     with pytest.raises(xm.MemchunkError, match="exists"):
         dip.memchunk.to_zarr(tmp_path / "dip.zarr")
     assert [p.name for p in tmp_path.iterdir() if "memchunk-" in p.name] == []
+
+
+def test_irregular_planned_chunks_are_said_and_written_by_the_accessor(tmp_path, threaded):
+    climate = synthetic_climate(400, 100, 103, chunks={"time": 10})
+    plan = climate.memchunk.plan("median", dim="time", memory_limit="400MB")
+    assert len(set(plan.dask_chunks["lon"][:-1])) > 1  # balanced: (35, 34, 34)
+    assert "result.memchunk.to_zarr(path)" in plan.explain()
+    assert "to_zarr" not in climate.memchunk.plan("mean", dim="time", chunks={"lat": 50}).explain()
+    result = climate.memchunk.apply("median", dim="time", memory_limit="400MB")
+    with pytest.raises(ValueError, match="uniform chunk sizes"):
+        result.to_zarr(tmp_path / "plain.zarr")
+    written = xr.open_zarr(result.memchunk.to_zarr(tmp_path / "median.zarr"))
+    np.testing.assert_allclose(written.tas.values, climate.tas.median("time").values, rtol=1e-6)
 
 
 def test_cli_plan_prints_the_plan(files):
@@ -106,6 +168,17 @@ def test_cli_run_writes_netcdf_and_refuses_to_overwrite(files, tmp_path):
         ),
         (["run", "gst3d", "{root}/volume.zarr", "{root}/tas.nc"], "exists"),
         (["plan", "gst3d", "{root}/volume.zarr", "-o", "sigma"], "KEY=VALUE"),
+        (["run", "mean", "{root}/tas.nc", "{root}/tas.nc", "--overwrite"], "is the input"),
+        (["run", "mean", "{root}/tas.nc", "{root}", "--overwrite"], "holds the input"),
+        (["run", "mean", "{root}/volume.zarr", "{root}/volume.zarr/m.zarr"], "inside the input"),
+        (["run", "mean", "{root}/tas.nc", "{root}/notes.txt", "--overwrite"], "replaces only"),
+        (
+            ["run", "mean", "{root}/tas.nc", "{root}/m.zarr", "--scheduler", "notanaddress"],
+            "tcp://",
+        ),
+        (["run", "mean", "{root}/tas.nc", "{root}/m.zarr", "--nworkers", "100000"], "per CPU"),
+        (["demo", "--plot", "{root}/missing/memory.png"], "does not exist"),
+        (["calibrate", "mean", "--output-dir", "{root}/notes.txt"], "not a directory"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(files, args, message):
@@ -114,6 +187,123 @@ def test_cli_bad_input_exits_2_with_one_line(files, args, message):
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_overwrite_replaces_a_dataset_never_the_users_other_files(files, tmp_path):
+    userdir = tmp_path / "userdir"
+    (userdir / "sub").mkdir(parents=True)
+    (userdir / "sub" / "thesis.txt").write_text("four years\n")
+    result = memchunk("run", "mean", files / "tas.nc", userdir, "--dim", "time", "--overwrite")
+    assert result.returncode == 2
+    assert "replaces only a dataset" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    mean = xr.open_dataset(files / "tas.nc", chunks={}).memchunk.apply("mean", dim="time")
+    with pytest.raises(xm.MemchunkError, match="replaces only a dataset"):
+        mean.memchunk.to_zarr(userdir, overwrite=True)
+    assert (userdir / "sub" / "thesis.txt").read_text() == "four years\n"
+    assert is_dataset(files / "volume.zarr") and is_dataset(files / "tas.nc")
+    assert not is_dataset(userdir) and not is_dataset(files / "notes.txt")
+    # a store opened from a file is not written over that file, nor through a symlink to it
+    store = xr.open_zarr(files / "volume.zarr")
+    with pytest.raises(xm.MemchunkError, match="is the input"):
+        store.memchunk.to_zarr(files / "volume.zarr", overwrite=True)
+    (tmp_path / "link.nc").symlink_to(files / "tas.nc")
+    with pytest.raises(xm.MemchunkError, match="is the input"):
+        check_target(tmp_path / "link.nc", True, sources=[files / "tas.nc"])
+    assert xr.open_zarr(files / "volume.zarr").amplitude.shape == (48, 40, 36)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("signum", "moment", "status"),
+    [
+        (signal.SIGTERM, "cluster start", 143),
+        (signal.SIGTERM, "write", 143),
+        (signal.SIGINT, "write", 130),
+    ],
+)
+def test_interrupted_run_is_one_line_and_keeps_the_old_output(
+    files, tmp_path, signum, moment, status
+):
+    target = tmp_path / "mean.zarr"
+    xr.Dataset({"tas": ("x", np.arange(5.0))}).to_zarr(target)
+    args = ["run", "mean", files / "tas.nc", target, "--dim", "time", "--overwrite"]
+    args += ["--nworkers", "1", "--memory-limit", "1GB"]
+    proc = start(SLOW_WRITE if moment == "write" else MEMCHUNK, *args)
+    if moment == "write":
+        wait_for(lambda: pieces(tmp_path))
+    else:  # the LocalCluster's first worker process is starting
+        wait_for(lambda: psutil.Process(proc.pid).children())
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == status, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert f"interrupted by {signal.Signals(signum).name}" in stderr
+    np.testing.assert_array_equal(xr.open_zarr(target).tas.values, np.arange(5.0))
+    assert pieces(tmp_path) == []
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_next_run_removes_what_a_killed_run_left(files, tmp_path):
+    target = tmp_path / "mean.zarr"
+    xr.Dataset({"tas": ("x", np.arange(5.0))}).to_zarr(target)
+    args = ["run", "mean", files / "tas.nc", target, "--dim", "time"]
+    args += ["--nworkers", "1", "--memory-limit", "1GB"]
+    proc = start(SLOW_WRITE, *args, "--overwrite")
+    wait_for(lambda: pieces(tmp_path))
+    os.killpg(proc.pid, signal.SIGKILL)  # the client, its LocalCluster and workers
+    proc.wait(timeout=30)
+    assert pieces(tmp_path)[0].startswith(".mean.zarr.memchunk-partial-")
+    refused = memchunk(*args)  # the old output stays: refused, but the leftover goes
+    assert refused.returncode == 2 and "exists" in refused.stderr
+    assert "a write interrupted before it ended" in refused.stdout
+    assert pieces(tmp_path) == []
+    again = memchunk(*args, "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert pieces(tmp_path) == []
+    expected = xr.open_dataset(files / "tas.nc").tas.mean("time")
+    np.testing.assert_allclose(xr.open_zarr(target).tas.values, expected.values, rtol=1e-6)
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_lost_scheduler_is_one_line(files, tmp_path):
+    scheduler_file = tmp_path / "scheduler.json"
+    dashboard = ["--dashboard-address", ":0"]
+    scheduler = start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
+        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0", *dashboard],
+    )
+    worker = None
+    try:
+        wait_for(scheduler_file.exists, timeout=60)
+        address = json.loads(scheduler_file.read_text())["address"]
+        worker = start(
+            [sys.executable, "-m", "distributed.cli.dask_worker"],
+            *[address, "--nthreads", "1", "--memory-limit", "1GB", *dashboard],
+        )
+        target = tmp_path / "mean.zarr"
+        run = start(
+            SLOW_WRITE,
+            *["run", "mean", files / "tas.nc", target, "--dim", "time", "--scheduler", address],
+        )
+        wait_for(lambda: pieces(tmp_path))
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        killed = time.time()
+        _, stderr = run.communicate(timeout=60)
+        ended_after_s = time.time() - killed
+    finally:
+        for proc in (scheduler, worker):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert run.returncode == 2, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert f"lost the connection to scheduler {address}" in stderr
+    assert ended_after_s < 20  # a 10 s connection timeout, not distributed's 30 s
+    assert not target.exists()
+    assert pieces(tmp_path) == []
 
 
 def test_killed_run_leaves_old_target_intact(files, tmp_path):

@@ -160,6 +160,20 @@ def test_duplicate_positions_and_bad_files_refused(volume, tmp_path):
         open_segy(path, endian="little")  # a big-endian file read as little-endian
 
 
+def test_segy_without_traces_is_one_line(volume_file, tmp_path):
+    empty = tmp_path / "empty.sgy"
+    empty.write_bytes(volume_file.read_bytes()[: segy.FILE_HEADER_BYTES])  # headers only
+    with pytest.raises(xm.MemchunkError, match="it has no traces"):
+        open_segy(empty)
+    for args in (["plan", "gst3d", empty], ["ingest", empty, tmp_path / "out.zarr"]):
+        result = memchunk(*args)
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines() == [
+            f"memchunk: error: cannot read {str(empty)!r} as SEG-Y: it has no traces (3600 "
+            f"bytes: the file headers take 3600, and each trace 240 more plus its samples)"
+        ]
+
+
 def test_write_segy_refuses_what_it_cannot_write(volume, tmp_path):
     with pytest.raises(xm.MemchunkError, match="do not fit format 8"):
         write_segy(volume * 1000, tmp_path / "v.sgy", sample_format=8)

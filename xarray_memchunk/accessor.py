@@ -68,8 +68,12 @@ class MemchunkAccessor:
         """Compute and write this (lazy) object to a Zarr store, atomically.
 
         Chunks are written as they are (the plan's, after :meth:`apply`), made uniform as Zarr
-        requires. The store appears only once complete; an existing one is replaced only with
-        ``overwrite=True``. See :func:`xarray_memchunk.io.safe_write`.
+        requires: balanced plans such as (17, 17, 17, 17, 16, 16), which plain ``.to_zarr()``
+        refuses, are written as (17, ..., 15). The store appears only once complete. An existing
+        one is replaced only with ``overwrite=True``, and only if it is a dataset (a Zarr store,
+        a netCDF or HDF5 file), never another directory or file; a store that is the file this
+        object was opened from, holds it, or lies inside it is refused. See
+        :func:`xarray_memchunk.io.safe_write`.
         """
         return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr")
 

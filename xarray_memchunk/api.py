@@ -16,7 +16,7 @@ from dask.array.overlap import ensure_minimum_chunksize
 
 from .budget import Budget, resolve_budget
 from .calibrate import self_calibrate
-from .clusters import task_overhead_seconds
+from .clusters import active_client, task_overhead_seconds
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -26,15 +26,18 @@ from .errors import (
     MemoryBudgetWarning,
 )
 from .models import load_calibration
-from .operators import Operator, get_operator
+from .models.learned import load_learned, settle_observations
+from .operators import BlockwiseOperator, Operator, get_operator
 from .operators.cost import TaskCost, resolve_cost
 from .operators.sources import device_of, read_chunked, storage_chunks
+from .operators.staging import WRITE_COPIES, StagingSite, stage, staging_site
+from .planning.budget import format_size
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
-from .runs import RunReport, report, track
+from .runs import RunReport, input_layers, report, track
 
 __all__ = ["Plan", "apply", "plan", "storage_chunks"]
 
@@ -67,6 +70,8 @@ class _Prepared:
     kwargs: dict[str, Any]
     costs: dict[str, TaskCost]  # variable name -> its resolved cost
     plan: ChunkPlan
+    staged: tuple[str, ...] = ()  # variables written to a temporary store before the run
+    staging: StagingSite | None = None
 
 
 def data_device(obj: xr.DataArray | xr.Dataset) -> str:
@@ -111,26 +116,38 @@ def _cost(
 ) -> TaskCost:
     """Resolve one variable's cost, measuring the operator first where nothing else is known.
 
-    A self-calibrating operator without a calibration, and any operator whose calibration is
-    only a floor (a worker was killed by its task: :attr:`Calibration.lower_bound`), is
-    measured in a worker (:func:`~xarray_memchunk.calibrate.self_calibrate`).
+    A self-calibrating operator without a calibration is measured in a worker
+    (:func:`~xarray_memchunk.calibrate.self_calibrate`), and so is a NumPy function whose
+    last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
+    worker running its task, or a task needed more than twice its prediction). The plan's
+    notes say so.
     """
     key = operator.cost_terms(**kwargs).calibration
-    known = load_calibration(key, device, np.dtype(da.dtype).name)
-    floor = known is not None and known.lower_bound
-    if floor or (known is None and getattr(operator, "self_calibrating", False)):
+    dtype = np.dtype(da.dtype).name
+    known = load_calibration(key, device, dtype)
+    learned = load_learned(key, device, dtype)
+    wrong = learned is not None and learned.asks_for_measuring
+    measurable = isinstance(operator, BlockwiseOperator)
+    doubt = getattr(operator, "unknown_identity", lambda **kw: "")(**kwargs)
+    if doubt:  # a cached model may belong to another function: never reused, measured now
+        notes.append(f"the identity of {operator.name!r} is not certain ({doubt}): measured now")
+    fresh = known is None or bool(doubt)
+    if (getattr(operator, "self_calibrating", False) and fresh) or (wrong and measurable):
         if device != "cpu":
             raise CalibrationError(
                 f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
                 f"memory_model for CuPy data"
             )
         operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
-        if floor:
+        if wrong:
             notes.append(
-                f"the last run of {operator.name!r} killed a worker, so its calibration "
-                f"({known.path}) is only a floor: measured again now"
+                f"the last run of {operator.name!r} found its model wrong (a worker killed by "
+                f"memory in its task, or a task over twice its prediction; {learned.path}): "
+                f"measured again now"
             )
         notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
+        if wrong:
+            settle_observations(key, device, dtype)
     return resolve_cost(operator, name, da, kwargs, device)
 
 
@@ -166,6 +183,8 @@ def _resolve(
         try:
             own = operator.bind(da, kwargs)
             costs[name] = _cost(operator, name, da, own, device, budget, notes)
+        except CalibrationError:  # a broken file or measurement: not this variable's fault
+            raise
         except MemchunkError as exc:
             errors.append(exc)
             left_out[name] = operator.skipped(da, str(exc), **kwargs)
@@ -180,13 +199,35 @@ def _resolve(
     return variables, costs, left_out, bound
 
 
-def _check_dims(obj: xr.DataArray | xr.Dataset) -> None:
-    """Refuse dim names that are not strings: every plan and chunk mapping is keyed by name."""
+def _check_dims(obj: xr.DataArray | xr.Dataset, operator: str) -> None:
+    """Refuse dims that cannot be planned: every plan and chunk mapping is keyed by dim name.
+
+    Raises
+    ------
+    DimensionError
+        Dims not named by strings, a variable naming one dim twice, or 0-d data (one value:
+        nothing to chunk).
+    """
     odd = [d for d in obj.dims if not isinstance(d, str)]
     if odd:
         raise DimensionError(
             f"memchunk needs dims named by strings; {odd!r} are not: rename them first, "
             f"e.g. obj.rename({{{odd[0]!r}: 'x'}})"
+        )
+    dataset = isinstance(obj, xr.Dataset)
+    arrays = obj.data_vars.items() if dataset else [("", obj)]
+    for name, da in arrays:
+        if len(set(da.dims)) < len(da.dims):
+            which = f"variable {name!r}" if dataset else "the DataArray"
+            raise DimensionError(
+                f"{which} has dims {da.dims}, one name twice: memchunk plans chunks by dim "
+                f"name; give each axis its own name first, e.g. xr.DataArray(da.data, "
+                f"dims=('x', 'x2'))"
+            )
+    if arrays and all(da.ndim == 0 for _, da in arrays):
+        raise DimensionError(
+            f"the data is 0-d (one value per variable): there is nothing to chunk for "
+            f"{operator!r}; compute it with xarray directly"
         )
 
 
@@ -309,39 +350,45 @@ def _prepare(
 
     With user ``chunks`` an alternative fits when those chunks are predicted to; when none
     does, the one with the smallest predicted peak is taken and a
-    :class:`MemoryBudgetWarning` says so. Warnings are issued for the chosen one only.
+    :class:`MemoryBudgetWarning` says so. Warnings are issued for the chosen one only. Staging
+    a graph's data on disk is the last resort: tried only where no alternative fits in memory.
     """
     operator = get_operator(op)
     if not isinstance(obj, xr.DataArray | xr.Dataset):
         raise MemchunkError(
             f"memchunk works on xarray Dataset and DataArray objects, not {type(obj).__name__}"
         )
-    _check_dims(obj)
+    _check_dims(obj, operator.name)
     device = _device(obj, operator)
     resolved = _budget(memory_limit, budget, device)
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
-    failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
-    over_budget: list[tuple[str, _Prepared, list[str]]] = []
     chosen = None
-    for label, kwargs, reason in alternatives:
-        if kwargs is None:
-            failures.append((label, reason))
-            continue
-        try:
-            prepared, cautions = _prepare_one(obj, operator, resolved, device, chunks, kwargs)
-        except InfeasiblePlanError as exc:
-            if len(alternatives) == 1:
-                raise
-            failures.append((label, str(exc)))
-            continue
-        if prepared.plan.fits:
-            chosen = (label, prepared, cautions)
+    for staging in (False, True):
+        failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
+        over_budget: list[tuple[str, _Prepared, list[str]]] = []
+        for label, kwargs, reason in alternatives:
+            if kwargs is None:
+                failures.append((label, reason))
+                continue
+            try:
+                prepared, cautions = _prepare_one(
+                    obj, operator, resolved, device, chunks, kwargs, staging=staging
+                )
+            except InfeasiblePlanError as exc:
+                failures.append((label, str(exc)))
+                continue
+            if prepared.plan.fits:
+                chosen = (label, prepared, cautions)
+                break
+            over_budget.append((label, prepared, cautions))
+            peak = resolved.format(prepared.plan.predicted_peak_bytes)
+            failures.append((label, f"the given chunks are predicted to need {peak} per task"))
+        if chosen is not None or over_budget:
             break
-        over_budget.append((label, prepared, cautions))
-        peak = resolved.format(prepared.plan.predicted_peak_bytes)
-        failures.append((label, f"the given chunks are predicted to need {peak} per task"))
     if chosen is None:
         if not over_budget:
+            if len(alternatives) == 1:
+                raise InfeasiblePlanError(failures[0][1])
             raise InfeasiblePlanError("; ".join(f"{what}: {why}" for what, why in failures))
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
     label, prepared, cautions = chosen
@@ -362,8 +409,13 @@ def _prepare_one(
     device: str,
     chunks: Chunks,
     kwargs: dict[str, Any],
+    *,
+    staging: bool = False,
 ) -> tuple[_Prepared, list[str]]:
-    """Plan one alternative; also return the warnings it would issue if chosen."""
+    """Plan one alternative; also return the warnings it would issue if chosen.
+
+    ``staging``: where no plan fits in memory, try staging the graph's data on disk.
+    """
     fresh: list[str] = []
     targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device, resolved, fresh)
     specs = merge_dims(
@@ -386,9 +438,15 @@ def _prepare_one(
         max_task_elements=min(
             (c.max_task_elements for c in costs.values() if c.max_task_elements), default=None
         ),
+        max_extents=_max_extents(costs),
     )
     if chunks is None:
-        return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
+        try:
+            return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
+        except InfeasiblePlanError as in_memory:
+            if not staging:
+                raise
+            return _staged(operator, kwargs, costs, problem, resolved, in_memory), []
     cautions: list[str] = []
     notes: list[str] = []
     user_chunks = _normalize_user_chunks(chunks, targets, specs, cautions, notes)
@@ -404,8 +462,76 @@ def _prepare_one(
     return _Prepared(operator, kwargs, costs, chunk_plan), cautions
 
 
+def _staged(
+    operator: Operator,
+    kwargs: dict[str, Any],
+    costs: dict[str, TaskCost],
+    problem: PlanProblem,
+    budget: Budget,
+    in_memory: InfeasiblePlanError,
+) -> _Prepared:
+    """Plan with the graph variables staged on disk, where rechunking them in memory cannot fit.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        ``in_memory``'s reason, and why staging cannot do it either (a write task over the
+        budget, no room on disk, no shared directory, or no plan even reading from disk).
+    """
+    graphs = {n: c for n, c in costs.items() if c.layout.kind is InputKind.GRAPH}
+    if not graphs:
+        raise in_memory
+    size = budget.format
+    write_task = max(
+        WRITE_COPIES * c.dtype.itemsize * float(np.prod(list(c.layout.source_chunks.values())))
+        + c.layout.produce_bytes
+        for c in graphs.values()
+    )
+    if write_task > budget.per_task:
+        raise InfeasiblePlanError(
+            f"{in_memory}. Nor can it be staged on disk: writing one of the data's chunks "
+            f"needs {size(write_task)}, over the per-task budget of {size(budget.per_task)}: "
+            f"give the data smaller chunks first (.chunk(...))"
+        ) from None
+    nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
+    site = staging_site(nbytes, active_client())
+    if site.refusal:
+        raise InfeasiblePlanError(
+            f"{in_memory}. Nor can it be staged on disk: {site.refusal}"
+        ) from None
+    inputs = tuple(
+        replace(c.layout, kind=InputKind.FILE) if n in graphs else c.layout
+        for n, c in costs.items()
+    )
+    note = (
+        f"the data's chunks cannot be rechunked in memory within the budget, so apply first "
+        f"writes {', '.join(graphs)} as it comes to a temporary Zarr store in {site.directory} "
+        f"({size(nbytes)}; each write task holds up to {size(write_task)}; disk measured at "
+        f"{site.bytes_per_second / 1e6:.0f} MB/s: about {site.seconds(nbytes):.0f} s written "
+        f"and read back), and each task reads its block from it"
+    )
+    staged_problem = replace(problem, inputs=inputs, notes=(*problem.notes, note))
+    try:
+        chunk_plan = plan_chunks(staged_problem, budget)
+    except InfeasiblePlanError as on_disk:
+        raise InfeasiblePlanError(
+            f"{in_memory}. Staged on disk, it does not fit either: {on_disk}"
+        ) from None
+    return _Prepared(operator, kwargs, costs, chunk_plan, tuple(graphs), site)
+
+
+def _max_extents(costs: Mapping[str, TaskCost]) -> dict[str, float]:
+    """The smallest measured extent per dim over the variables, where a model has one."""
+    caps: dict[str, float] = {}
+    for cost in costs.values():
+        for dim, cap in cost.max_extents.items():
+            caps[dim] = min(cap, caps.get(dim, cap))
+    return caps
+
+
 def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[str, ...]:
     notes = [f"memory model: {', '.join(sorted({c.model_source for c in costs.values()}))}"]
+    notes += sorted({c.production.explain(format_size) for c in costs.values() if c.production})
     kinds = {c.layout.kind for c in costs.values()}
     if InputKind.FILE in kinds:
         notes.append("input read straight from its file: each task reads its own block")
@@ -413,7 +539,14 @@ def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[s
     if ranges:
         notes.append(
             f"memory model measured on tasks of up to {min(ranges):,.0f} elements (by "
-            f"self-calibration, widened by runs): plans stay within them"
+            f"self-calibration): plans stay within them"
+        )
+    caps = _max_extents(costs)
+    if caps:
+        notes.append(
+            "memory grew faster than the block along "
+            + ", ".join(f"{d!r} (measured up to {n:,.0f})" for d, n in caps.items())
+            + ": the model is not extrapolated along them"
         )
     notes += [f"left out: {name} ({reason})" for name, reason in skipped.items()]
     return tuple(notes)
@@ -480,8 +613,11 @@ def apply(
     written file says how it was computed). Dataset in, Dataset out: the reductions keep or
     drop the variables they do not reduce as xarray's own do, the other operators leave them
     out. DataArray in, DataArray out, named after the operator when the input has no name.
-    Nothing is computed: call ``.compute()``, ``.to_zarr()`` or ``.memchunk.to_zarr()`` on the
-    result.
+    Nothing is computed: call ``.compute()`` on the result, or write it with
+    ``result.memchunk.to_zarr(path)`` (or ``.memchunk.to_netcdf(path)``). Those make the planned
+    chunks uniform, as Zarr requires, and write atomically. Plain ``result.to_zarr()`` fails on
+    balanced chunks such as (17, 17, 17, 17, 16, 16): Zarr wants every chunk of a dim but the
+    last equal, and the last no larger (``plan.explain()`` says when the planned ones are not).
     """
     prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs)
     rechunked = _rechunk(obj, prepared)
@@ -496,7 +632,7 @@ def apply(
         result = result.rename(operator.name)
     if record_plan:
         result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
-    track(prepared.plan, prepared)
+    track(prepared.plan, prepared, input_layers(rechunked))
     return result
 
 
@@ -505,6 +641,9 @@ def _rechunk(obj, prepared: _Prepared):
 
     - Read straight from a file: the tasks read the planned chunks from the file (halos are
       read by the operator itself), so no chunk waits in a worker for other tasks.
+    - Produced by a Dask graph that the plan stages on disk (a rechunk in memory would not
+      fit): written as it comes to a temporary Zarr store now
+      (:func:`~xarray_memchunk.operators.staging.stage`), then read as a file is.
     - Produced by a Dask graph: a task-based rechunk. Dask's P2P rechunk (chosen for large
       rechunks on a distributed cluster) buffers data outside tasks, beyond what the plan
       accounts for: it paused 600 MB workers in a test where the task-based one did not. Its
@@ -516,7 +655,9 @@ def _rechunk(obj, prepared: _Prepared):
     for name, cost in prepared.costs.items():
         da = obj if isinstance(obj, xr.DataArray) else obj[name]
         own = {d: chunks[d] for d in cost.dims}
-        if cost.layout.kind is InputKind.FILE:
+        if name in prepared.staged:
+            da = stage(da, prepared.staging)
+        if cost.layout.kind is InputKind.FILE or name in prepared.staged:
             planned[name] = read_chunked(da, own)
             continue
         chunk_bytes = cost.dtype.itemsize * int(np.prod([max(c) for c in own.values()]))

@@ -4,9 +4,11 @@ The arithmetic (pause threshold, worker baseline, reserve, threads) is
 :mod:`xarray_memchunk.planning.budget`; this module discovers its inputs:
 
 - ``worker_memory``: in order, an explicit ``memory_limit`` argument (bytes, or a size string
-  parsed like ``LocalCluster(memory_limit=...)``), the active ``distributed.Client``'s smallest
-  worker, the dask config key ``memchunk.worker-memory``, and the memory available on this
-  machine for the threaded scheduler.
+  parsed like ``LocalCluster(memory_limit=...)``; capped, with a warning, at the active
+  cluster's workers' own limits where those are smaller), the active ``distributed.Client``'s
+  tightest worker (the one whose task slots get the least memory; before any worker runs, the
+  workers the cluster's worker spec starts), the dask config key ``memchunk.worker-memory``,
+  and the memory available on this machine for the threaded scheduler.
 - ``pause_fraction``: ``distributed.worker.memory.pause`` (0.8), or the terminate threshold where
   pausing is disabled.
 - ``worker_baseline``: ``memchunk.worker-baseline`` (200 MB; an idle ``LocalCluster`` worker
@@ -24,24 +26,28 @@ pauses a GPU task: CUDA raises an out-of-memory error. An explicit argument or t
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import replace
 
 import dask
 
 from .clusters import (
     ClusterFacts,
+    WorkerLayout,
     active_client,
     cluster_facts,
     device_facts,
     memory_threshold,
     pool_cached_bytes,
 )
-from .errors import BudgetError
+from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
     MEASURED_BASELINE,
     Budget,
     format_size,
     held_memory_remedy,
     per_task_bytes,
+    tightest_worker,
 )
 from .units import to_bytes
 
@@ -129,6 +135,62 @@ def _cluster_terms(facts: ClusterFacts) -> dict:
     return {}
 
 
+def _cluster_budget(facts: ClusterFacts, source: str) -> Budget:
+    """The budget of the cluster's tightest worker with a memory limit.
+
+    Every task fits the worker whose task slots get the least memory
+    (:func:`~xarray_memchunk.planning.budget.tightest_worker`), and all the cluster's threads
+    run tasks at once.
+    """
+    terms = _cluster_terms(facts)
+    formula = _formula_terms() | terms
+    memory, threads = tightest_worker(
+        [w for w in facts.workers if w.memory_limit],
+        worker_baseline=int(formula["worker_baseline"]),
+        pause_fraction=float(formula["pause_fraction"]),
+    )
+    return make_budget(memory, threads, _n_workers(facts, threads), source, **terms)
+
+
+def _n_workers(facts: ClusterFacts, threads: int) -> int:
+    """Workers of ``threads`` threads that run as many tasks at once as the cluster."""
+    return max(1, facts.total_threads // threads)
+
+
+def _given_budget(memory_limit: int | float | str, facts: ClusterFacts | None) -> Budget:
+    """The budget for a given worker memory limit, on the active cluster's workers if any.
+
+    A worker given less memory than ``memory_limit`` pauses and dies at its own limit, so
+    each worker plans with the smaller of the two, and a :class:`MemoryBudgetWarning` says
+    so. A ``memory_limit`` at most the workers' is honoured, with their threads.
+    """
+    given = to_bytes(memory_limit, what="memory_limit")
+    decimal = is_decimal(memory_limit)
+    if facts is None:
+        return make_budget(given, 1, os.cpu_count() or 1, "argument", decimal=decimal)
+    smaller = [w.memory_limit for w in facts.workers if w.memory_limit and w.memory_limit < given]
+    if not smaller:
+        threads = facts.threads_per_worker
+        return make_budget(given, threads, _n_workers(facts, threads), "argument", decimal=decimal)
+    capped = [WorkerLayout(min(given, w.memory_limit or given), w.nthreads) for w in facts.workers]
+    budget = _cluster_budget(
+        replace(facts, workers=tuple(capped)),
+        f"{facts.source} (its workers have less than memory_limit={memory_limit!r})",
+    )
+    warnings.warn(
+        f"memory_limit={memory_limit!r} is more than the active Dask cluster's workers have: "
+        f"{len(smaller)} of its {facts.n_workers} worker(s) have less, the smallest "
+        f"{budget.format(min(smaller))} ({facts.address}). Planned with the workers' own "
+        f"limits instead: "
+        f"{budget.format(budget.worker_memory)} x {budget.threads_per_worker} thread(s), "
+        f"{budget.format(budget.per_task)} per task. Leave memory_limit out to use the "
+        f"cluster's, or give at most {budget.format(min(smaller))}",
+        MemoryBudgetWarning,
+        stacklevel=3,
+    )
+    return budget
+
+
 def resolve_budget(
     memory_limit: Budget | int | float | str | None = None, device: str = "cpu"
 ) -> Budget:
@@ -141,6 +203,8 @@ def resolve_budget(
         ``memchunk.worker-memory``, then this machine's available memory); the memory limit of
         one worker as bytes or a size string (``"1.5GB"``), meaning what
         ``LocalCluster(memory_limit=...)`` means; or a ready :class:`Budget`, used as is.
+        With an active client, a worker whose own limit is smaller plans with its own (see
+        Warns).
     device
         ``"gpu"`` for CuPy-backed data: discovered budgets come from ``memchunk.device-memory``
         or the GPU (:func:`device_budget`), and a given size means the device memory.
@@ -148,6 +212,9 @@ def resolve_budget(
     Returns
     -------
     Budget
+        On a cluster of unlike workers, the tightest worker's: the one whose task slots get
+        the least memory. Before any worker runs (an adaptive cluster at zero, jobs still
+        queued), the workers the cluster's worker spec starts, as ``source`` says.
 
     Raises
     ------
@@ -155,7 +222,13 @@ def resolve_budget(
         When ``memory_limit`` cannot be parsed, is not a positive finite size, or leaves no
         room for a task.
     MemchunkError
-        When the active client's cluster has no workers.
+        When the active client's cluster has no workers and no worker spec to start any.
+
+    Warns
+    -----
+    MemoryBudgetWarning
+        When ``memory_limit`` is more than the active cluster's workers have: the plan uses
+        the workers' own limits, and the warning states both.
     """
     if isinstance(memory_limit, Budget):
         return memory_limit
@@ -165,30 +238,17 @@ def resolve_budget(
         memory = None if memory_limit is None else to_bytes(memory_limit, what="memory_limit")
         return device_budget(memory, client)
     if memory_limit is not None:
-        worker_memory = to_bytes(memory_limit, what="memory_limit")
-        if facts is not None:
-            threads, n_workers = facts.threads_per_worker, facts.n_workers
-        else:
-            threads, n_workers = 1, os.cpu_count() or 1
-        return make_budget(
-            worker_memory, threads, n_workers, "argument", decimal=is_decimal(memory_limit)
-        )
+        return _given_budget(memory_limit, facts)
     if facts is not None and facts.memory_limit:
-        return make_budget(
-            facts.memory_limit,
-            facts.threads_per_worker,
-            facts.n_workers,
-            f"distributed client {facts.address}",
-            **_cluster_terms(facts),
-        )
+        return _cluster_budget(facts, facts.source)
     if facts is not None:  # workers without a memory limit: the machine's memory, shared
         budget = system_budget()
         return make_budget(
             budget.worker_memory // facts.n_workers,
             facts.threads_per_worker,
             facts.n_workers,
-            f"distributed client {facts.address} (workers without memory_limit: this "
-            f"machine's available memory, shared)",
+            f"{facts.source} (workers without memory_limit: this machine's available memory, "
+            f"shared)",
             decimal=False,
             **_cluster_terms(facts),
         )

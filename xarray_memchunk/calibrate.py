@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from .errors import MemchunkError
-from .models.calibration import save_calibration
-from .models.fitting import LinearFit, fit_linear
+from .models.calibration import save_calibration, writable_calibration_dir
+from .models.fitting import ABSOLUTE_SLACK, LinearFit, fit_linear
 from .models.profiling import (
     TaskProfile,
     measure_device_peak,
@@ -34,7 +34,7 @@ from .models.profiling import (
     profile_in_worker,
 )
 from .operators import Operator, get_operator
-from .operators.cost import bind_features
+from .operators.cost import bind_features, with_squared_extents
 from .planning.candidates import padded_extent
 from .planning.problem import DimRole
 
@@ -45,8 +45,10 @@ __all__ = [
     "fit_profiles",
     "fit_record",
     "growing_shapes",
+    "halved_shapes",
     "run_task",
     "self_calibrate",
+    "superlinear_dims",
 ]
 
 #: A calibration shape: chunk extents per dim, or (extents, sizes of the whole array) for a
@@ -102,6 +104,7 @@ def features_of(
     dtype: str,
     kwargs: Mapping[str, Any],
     sizes: Mapping[str, int] | None = None,
+    squared_dims: Sequence[str] = (),
 ) -> dict[str, float]:
     """The memory-model features of one task, as the planner computes them.
 
@@ -111,6 +114,9 @@ def features_of(
         Chunk extents per dim (without halo: it is added as the planner adds it).
     sizes
         Lengths of the whole array; ``extents`` (one chunk) when None.
+    squared_dims
+        Dims whose squared extent is a feature too
+        (:func:`~xarray_memchunk.operators.cost.with_squared_extents`).
     """
     import xarray as xr
 
@@ -120,6 +126,7 @@ def features_of(
         dims=list(extents),
     )
     uses, features = bind_features(operator, template, kwargs)
+    features = with_squared_extents(features, list(squared_dims), np.dtype(dtype).itemsize)
     padded = {
         d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
         for d, n in extents.items()
@@ -193,10 +200,15 @@ def _device_block(template, seed: int, block_id=None):
 
 
 def fit_profiles(
-    operator: Operator, profiles: Sequence[TaskProfile], kwargs: Mapping[str, Any]
+    operator: Operator,
+    profiles: Sequence[TaskProfile],
+    kwargs: Mapping[str, Any],
+    squared_dims: Sequence[str] = (),
 ) -> tuple[LinearFit, float]:
     """Fit the memory model and the time per element and pass to profiles of one dtype."""
-    rows = [features_of(operator, p.extents, p.dtype, kwargs, p.sizes) for p in profiles]
+    rows = [
+        features_of(operator, p.extents, p.dtype, kwargs, p.sizes, squared_dims) for p in profiles
+    ]
     features = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     fit = fit_linear(features, np.array([p.peak_bytes for p in profiles]))
     elements = np.array([np.prod(list(p.sizes.values()), dtype=float) for p in profiles])
@@ -233,7 +245,7 @@ def calibrate(
         Runs per shape (the median peak is fitted).
     client
         A ``distributed.Client`` whose first worker runs the profiles; by default a
-        ``LocalCluster`` of one single-threaded worker without a memory limit is started.
+        child process is started for them (:func:`_profiling_client`).
     save
         Write the calibration file.
     directory
@@ -256,6 +268,8 @@ def calibrate(
         raise MemchunkError(
             f"device must be one of {operator.devices} for {operator.name!r}, got {device!r}"
         )
+    if save:  # before measuring: a directory that cannot be written fails now, not after
+        writable_calibration_dir(directory)
     kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | op_kwargs))
     runner, measure = (
         (functools.partial(run_task, on_gpu=True), measure_device_peak)
@@ -296,13 +310,16 @@ def fit_record(
     kwargs: Mapping[str, Any],
     *,
     measured_range: bool = False,
+    squared_dims: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
 
     ``measured_range``: record the largest task plans may reach (``max_task_elements``, see
-    :func:`trusted_range`): self-calibration measures small tasks only.
+    :func:`trusted_range`): self-calibration measures small tasks only. ``squared_dims``: dims
+    along which memory grew faster than the block: their squared extents are features, and
+    plans stay within the largest extent measured along them (``max_extents``).
     """
-    fit, seconds = fit_profiles(operator, profiles, kwargs)
+    fit, seconds = fit_profiles(operator, profiles, kwargs, squared_dims)
     stats: dict[str, float] = {
         "lift_bytes": fit.lift,
         "median_abs_pct_error": fit.median_abs_pct_error,
@@ -312,6 +329,11 @@ def fit_record(
     }
     if measured_range:
         stats["max_task_elements"] = trusted_range(profiles)
+    if squared_dims:
+        stats["squared_dims"] = list(squared_dims)
+        stats["max_extents"] = {
+            d: max(p.extents[d] for p in profiles if d in p.extents) for d in squared_dims
+        }
     return {
         "coefficients": fit.coefficients,
         "intercept": fit.intercept,
@@ -384,6 +406,8 @@ class SelfCalibration:
         Wall time of the whole calibration (a profiling worker started included).
     median_abs_pct_error, worst_under_pct
         The fit's errors on the measured blocks, percent.
+    squared_dims
+        Dims along which memory grew faster than the block (see :func:`superlinear_dims`).
     """
 
     path: Path
@@ -393,15 +417,23 @@ class SelfCalibration:
     seconds: float
     median_abs_pct_error: float
     worst_under_pct: float
+    squared_dims: tuple[str, ...] = ()
 
     def explain(self) -> str:
         """One sentence for the plan's notes."""
-        return (
-            f"memory model calibrated now: {self.n_profiles} blocks measured in a worker, up to "
-            f"{self.largest_elements:,} elements, in {self.seconds:.1f} s; median |error| "
-            f"{self.median_abs_pct_error:.1f}%, worst under-prediction "
-            f"{self.worst_under_pct:.1f}%; trusted up to {self.trusted_elements:,} elements"
+        text = (
+            f"memory model calibrated now (the plan ran the operator): {self.n_profiles} "
+            f"blocks measured in a worker process, up to {self.largest_elements:,} elements, in "
+            f"{self.seconds:.1f} s; median |error| {self.median_abs_pct_error:.1f}%, worst "
+            f"under-prediction {self.worst_under_pct:.1f}%; trusted up to "
+            f"{self.trusted_elements:,} elements; saved as {self.path.name}"
         )
+        if self.squared_dims:
+            text += (
+                f"; memory grows faster than the block along {', '.join(self.squared_dims)}: "
+                f"modelled with their squared extents, not extrapolated along them"
+            )
+        return text
 
 
 def growing_shapes(
@@ -438,12 +470,17 @@ def self_calibrate(
     seconds: float | None = None,
     directory: str | os.PathLike | None = None,
 ) -> SelfCalibration:
-    """Measure ``operator`` on growing blocks of ``da``'s dims and dtype, fit, and save.
+    """Measure ``operator`` on blocks of ``da``'s dims and dtype, fit, and save.
 
-    Each block runs as one task in a worker (the active cluster's, else a one-thread
-    ``LocalCluster`` started for it), doubling in size until a time bound or until the next
-    block would need more than one task's budget (``per_task``, extrapolated from the blocks
-    before it). At least three blocks are measured. The fit is
+    Each block runs as one task, in the active cluster's worker or, without one, in a child
+    process started for it (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`: the
+    user's script is not imported again). Blocks of the array's proportions double in size
+    until a time bound or until the next would need more than one task's budget
+    (``per_task``, extrapolated from the blocks before it); at least three are measured. Then
+    the largest block is measured again halved along each dim the plan may cut: where memory
+    falls faster than the block along a dim (``b.T @ b`` keeps ``extent**2`` of it), the
+    linear form in the block's bytes cannot explain it, and the dim's squared extent becomes a
+    feature, not extrapolated past what was measured (:func:`superlinear_dims`). The fit is
     :func:`~xarray_memchunk.models.fitting.fit_linear`'s, and records how far plans may go
     (:func:`trusted_range`).
 
@@ -451,43 +488,111 @@ def self_calibrate(
     ----------
     seconds
         Time bound; the dask config key ``memchunk.self-calibration-seconds`` (10) by default.
+
+    Raises
+    ------
+    CalibrationError
+        When the calibration directory cannot be written (checked before measuring), or the
+        function fails on a block.
     """
     import dask
 
     from .clusters import active_client
 
     start = time.perf_counter()
+    target = writable_calibration_dir(directory)
     limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 10))
     dtype = np.dtype(da.dtype).name
     uses = operator.dim_uses(da, **kwargs)
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
+
+    def measure(extents: Mapping[str, int], repeats: int = 1) -> list[TaskProfile]:
+        case = (extents, extents, (operator, dict(kwargs), extents, extents, dtype))
+        return profile_in_worker(profiler, run_task, [case], dtype, repeats=repeats)
+
     profiles: list[TaskProfile] = []
     with _profiling_client(client or active_client()) as profiler:
         method = profiler.submit(peak_method, pure=False).result()
         for extents in growing_shapes(sizes, whole):
-            case = (extents, extents, (operator, dict(kwargs), extents, extents, dtype))
-            profiles += profile_in_worker(profiler, run_task, [case], dtype, repeats=1)
+            # the first, smallest block three times: a fresh process's first run pays extra
+            profiles += measure(extents, repeats=1 if profiles else 3)
             if not _grow(profiles, per_task, limit - (time.perf_counter() - start)):
                 break
-    record = fit_record(operator, profiles, kwargs, measured_range=True)
+        halved = {
+            d: measure(shape) for d, shape in halved_shapes(profiles[-1].extents, whole).items()
+        }
+    squared = superlinear_dims(operator, kwargs, profiles, halved)
+    everything = profiles + [p for found in halved.values() for p in found]
+    record = fit_record(operator, everything, kwargs, measured_range=True, squared_dims=squared)
     path = save_calibration(
         operator.cost_terms(**kwargs).calibration,
         "cpu",
         {dtype: record},
         _metadata(method, kwargs, self_calibrated=True),
-        Path(directory) if directory is not None else None,
+        target,
     )
     stats = record["fit"]
     return SelfCalibration(
         path=path,
-        n_profiles=len(profiles),
+        n_profiles=len(everything),
         largest_elements=max(math.prod(p.extents.values()) for p in profiles),
         trusted_elements=int(stats["max_task_elements"]),
         seconds=time.perf_counter() - start,
         median_abs_pct_error=stats["median_abs_pct_error"],
         worst_under_pct=stats["worst_under_pct"],
+        squared_dims=tuple(squared),
     )
+
+
+def halved_shapes(extents: Mapping[str, int], whole: Sequence[str]) -> dict[str, dict[str, int]]:
+    """``extents`` halved along each dim a plan may cut (not ``whole``, longer than 1)."""
+    return {
+        d: dict(extents) | {d: -(-n // 2)} for d, n in extents.items() if d not in whole and n > 1
+    }
+
+
+#: How much more than the linear form predicts a halved block may measure before the form is
+#: taken as unable to explain the function (beside the fit's own absolute slack).
+SUPERLINEAR_TOLERANCE = 0.10
+#: A halved block below half the whole block's memory by this fraction shows a cost that falls
+#: faster than the block along the halved dim.
+FALLING_TOLERANCE = 0.02
+
+
+def superlinear_dims(
+    operator: Operator,
+    kwargs: Mapping[str, Any],
+    grown: Sequence[TaskProfile],
+    halved: Mapping[str, Sequence[TaskProfile]],
+) -> list[str]:
+    """Dims along which memory grows faster than the block, from blocks halved along each.
+
+    The blocks grown in the array's proportions are fitted; a halved block measured above that
+    fit (by :data:`SUPERLINEAR_TOLERANCE` and the fit's absolute slack) shows a cost the linear
+    form cannot explain. The dims to blame are those whose halving removed more than half of
+    the block's memory (the cost falls faster than the block along them); where none did, every
+    halved dim is.
+    """
+    probes = {d: found[0] for d, found in halved.items() if found}
+    if not probes:
+        return []
+    fit, _ = fit_profiles(operator, grown, kwargs)
+    largest = grown[-1]
+
+    def predicted(profile: TaskProfile) -> float:  # the slope's, without the small blocks' lift
+        row = features_of(operator, profile.extents, profile.dtype, kwargs, profile.sizes)
+        return float(fit.predict({k: np.array([v]) for k, v in row.items()})[0]) - fit.lift
+
+    unexplained = any(
+        p.peak_bytes > predicted(p) * (1 + SUPERLINEAR_TOLERANCE) + ABSOLUTE_SLACK
+        for p in probes.values()
+    )
+    if not unexplained:
+        return []
+    half = largest.peak_bytes / 2
+    falling = [d for d, p in probes.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
+    return falling or list(probes)
 
 
 def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -> bool:
@@ -507,20 +612,16 @@ def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -
 
 @contextlib.contextmanager
 def _profiling_client(client):
-    """Use ``client``, or start a one-worker, one-thread LocalCluster for the profiles."""
+    """Use ``client``, or a child process started for the profiles (one task at a time).
+
+    The child (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`) does not import
+    the caller's ``__main__`` again, as the workers of a process-based ``LocalCluster`` would:
+    a plain script without a ``__main__`` guard can measure its functions.
+    """
     if client is not None:
         yield client
         return
-    from distributed import Client, LocalCluster
+    from .models.probe_process import ProbeProcess
 
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=1,
-            memory_limit=0,
-            processes=True,
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as own,
-    ):
+    with ProbeProcess() as own:
         yield own

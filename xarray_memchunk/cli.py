@@ -1,10 +1,12 @@
 """The ``memchunk`` command line: plan, run, ingest, demo, calibrate, operators.
 
 Bad input (missing file, not a dataset, unknown variable or operator, missing dims, an operator
-option of the wrong type, unparsable sizes, counts below one, output that exists or whose
-directory is not one) exits with status 2 and one line on stderr, no traceback; ``run``
-checks all of it, and plans, before it starts a cluster. Ctrl-C and SIGTERM end a run with
-status 130 and one line, after removing its partial output.
+option of the wrong type, unparsable sizes, counts out of range, an output that exists, is not a
+dataset ``--overwrite`` may replace, overlaps the input, or whose directory is not one, a
+scheduler address that is not one or a scheduler lost) exits with status 2 and one line on
+stderr, no traceback; ``run`` checks all of it, and plans, before it starts a cluster. Ctrl-C
+and SIGTERM end any command with status 130 or 143 (128 + the signal's number) and one line,
+after removing its partial output.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .errors import MemchunkError
@@ -24,6 +28,13 @@ DEMO_MIN_SIZE = 20
 DEMO_MEMORY_LIMIT = "1.5GB"
 #: Seconds between progress lines when stdout is not a terminal (a log file, CI).
 PROGRESS_PERIOD_S = 10.0
+#: LocalCluster workers per CPU of this machine, at most: each is a process with its own memory
+#: limit and baseline, and more only take turns on the same cores.
+MAX_WORKERS_PER_CPU = 4
+#: Seconds to wait for a ``--scheduler`` to answer, when connecting and when reconnecting.
+SCHEDULER_TIMEOUT_S = 10
+#: Signals that end a command cleanly: partial output removed, one line, 128 + the number.
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -56,6 +67,38 @@ def _at_least_one(value: int, flag: str) -> int:
     if value < 1:
         raise MemchunkError(f"{flag} must be at least 1, got {value}")
     return value
+
+
+def _local_workers(value: int) -> int:
+    """``--nworkers`` for a LocalCluster: at least one, at most a few per CPU of this machine."""
+    _at_least_one(value, "--nworkers")
+    cpus = os.cpu_count() or 1
+    limit = MAX_WORKERS_PER_CPU * cpus
+    if value > limit:
+        raise MemchunkError(
+            f"--nworkers {value} is more than {limit} ({MAX_WORKERS_PER_CPU} per CPU, this "
+            f"machine has {cpus}): every LocalCluster worker is a process here, with its own "
+            f"memory limit and baseline; use fewer, or --scheduler for a larger cluster"
+        )
+    return value
+
+
+def _scheduler_address(address: str) -> str:
+    """``address`` if it names a Dask scheduler (``tcp://HOST:PORT``, ``HOST:PORT``...)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
+
+    try:
+        scheme, location = parse_address(address)
+        get_backend(scheme)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except ValueError as exc:
+        raise MemchunkError(
+            f"--scheduler {address!r} is not a scheduler address ({exc}); give it as "
+            f"tcp://HOST:PORT, e.g. tcp://127.0.0.1:8786"
+        ) from exc
+    return address
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -177,6 +220,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     cal.add_argument("--repeats", type=int, default=3, help="runs per shape (default 3)")
     cal.add_argument(
+        "--forget",
+        action="store_true",
+        help="measure nothing: delete what runs taught about OP (its .learned.json files)",
+    )
+    cal.add_argument(
         "--device",
         choices=("cpu", "gpu"),
         default="cpu",
@@ -220,17 +268,45 @@ def _worker_memory(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _client(args: argparse.Namespace):
+def _scheduler_client(address: str) -> Iterator[Any]:
+    """A client of the scheduler at ``address``; losing that scheduler is a MemchunkError.
+
+    Every connection to it (the client's, its reconnection, the progress bar's) gives up after
+    :data:`SCHEDULER_TIMEOUT_S`, not distributed's default 30 s.
+    """
+    import dask
+    from distributed import Client
+
+    timeout = f"{SCHEDULER_TIMEOUT_S}s"
+    with dask.config.set({"distributed.comm.timeouts.connect": timeout}):
+        try:
+            client = Client(address, timeout=timeout)
+        except OSError as exc:  # a refused or timed-out connection
+            raise MemchunkError(f"cannot connect to scheduler {address}: {exc}") from exc
+        with client:
+            try:
+                yield client
+            except Exception as exc:  # futures cancelled, "no workers": the scheduler is gone
+                if client.status == "running":
+                    raise
+                raise MemchunkError(
+                    f"lost the connection to scheduler {address} (was it stopped?): "
+                    f"{type(exc).__name__}: {_first_line(exc)}"
+                ) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
+
+
+@contextlib.contextmanager
+def _client(args: argparse.Namespace) -> Iterator[Any]:
     import logging
 
     from distributed import Client, LocalCluster
 
     if args.scheduler:
-        try:
-            client = Client(args.scheduler, timeout="10s")
-        except OSError as exc:
-            raise MemchunkError(f"cannot connect to scheduler {args.scheduler}: {exc}") from exc
-        with client:
+        with _scheduler_client(args.scheduler) as client:
             yield client
         return
     with (
@@ -271,12 +347,21 @@ def _progress(future) -> None:
     LineProgress([future], interval="1s")
 
 
+def _prepare_output(args: argparse.Namespace) -> None:
+    """Finish or undo what dead runs left at ``args.output``, then check it may be written."""
+    from .io import check_target, recover
+
+    for message in recover(args.output):
+        print(f"memchunk: {message}", flush=True)
+    check_target(args.output, args.overwrite, sources=[args.input])
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .io import check_target, open_input, safe_write
+    from .io import open_input, safe_write
 
     obj = open_input(args.input, args.var)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
-    check_target(args.output, args.overwrite)
+    _prepare_output(args)
     budget = _local_budget(args)
     if budget is not None:  # plan for the cluster about to start, before starting it
         obj.memchunk.plan(args.op, budget=budget, **kwargs)
@@ -285,7 +370,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         plan = obj.memchunk.plan(args.op, **kwargs)  # budget from the cluster's workers
         print(plan.explain(), flush=True)
         result = obj.memchunk.apply(args.op, record_plan=True, **kwargs)
-        safe_write(result, args.output, overwrite=args.overwrite, compute=_computer(client))
+        safe_write(
+            result,
+            args.output,
+            overwrite=args.overwrite,
+            compute=_computer(client),
+            sources=[args.input],
+        )
         print("\npredicted against measured:\n" + plan.report().explain(), flush=True)
 
     return _on_cluster(args, work)
@@ -293,7 +384,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
     from .ingest import check_source, ingest, storage_chunks_for
-    from .io import check_target
     from .segy import open_segy
 
     kwargs = {}
@@ -304,7 +394,7 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     segy = {"fill": args.fill, "iline": args.iline, "xline": args.xline}
     check_source(args.input)
     volume = open_segy(args.input, **segy)
-    check_target(args.output, args.overwrite)
+    _prepare_output(args)
     budget = _local_budget(args)
     if budget is not None:  # check the plan before starting the cluster
         storage_chunks_for(volume, args.op, memory_limit=budget, **kwargs)
@@ -326,12 +416,16 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def _local_budget(args: argparse.Namespace):
-    """The budget of the LocalCluster ``args`` describe; None with ``--scheduler``."""
+    """The budget of the LocalCluster ``args`` describe; None with ``--scheduler``.
+
+    Checks the cluster's options first: the scheduler's address, or the LocalCluster's counts.
+    """
     from .budget import make_budget
 
     if args.scheduler:
+        _scheduler_address(args.scheduler)
         return None
-    _at_least_one(args.nworkers, "--nworkers")
+    _local_workers(args.nworkers)
     _at_least_one(args.nthreads, "--nthreads")
     return make_budget(
         _worker_memory(args), args.nthreads, args.nworkers, "the LocalCluster to start"
@@ -355,32 +449,62 @@ def _on_cluster(args: argparse.Namespace, work) -> int:
     A failed computation (a worker's error, KilledWorker) is one line and status 1; any
     failure or interrupt removes the partial output.
     """
-    import logging
-    import os
-
     from .io import recover
 
-    for message in recover(args.output):
-        print(f"memchunk: {message}", flush=True)
-    # the run reports its own progress and errors; distributed's logs of its shutdown are noise,
-    # here and in the workers it starts (which read the level from the environment)
-    logging.getLogger("distributed").setLevel(logging.CRITICAL)
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    _quiet_distributed()
     try:
         with _client(args) as client:
             work(client)
-    except MemchunkError:
-        raise
-    except KeyboardInterrupt:
+    except (MemchunkError, KeyboardInterrupt):
         recover(args.output)  # the workers have stopped: remove what they wrote meanwhile
         raise
     except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
         recover(args.output)
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        print(f"memchunk: the computation failed: {type(exc).__name__}: {first}", file=sys.stderr)
+        print(
+            f"memchunk: the computation failed: {type(exc).__name__}: {_first_line(exc)}",
+            file=sys.stderr,
+        )
         return 1
     print(f"wrote {args.output}")
     return 0
+
+
+def _quiet_distributed() -> None:
+    """Silence distributed's logs: the run reports its own progress and errors in one line.
+
+    Its logs of a shutdown or a lost scheduler are noise, here (where its configuration gives
+    some loggers, such as ``distributed.client``, their own level) and in the workers a
+    LocalCluster starts (which read the level from the environment).
+    """
+    import logging
+
+    import distributed  # noqa: F401  (configures its loggers)
+
+    names = [n for n in logging.root.manager.loggerDict if n.startswith("distributed.")]
+    for name in ["distributed", *names]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+
+
+def _check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` path the demo could not save to, before the demo runs."""
+    target = Path(path)
+    folder = target.parent
+    if not folder.is_dir():
+        state = "does not exist" if not folder.exists() else "is not a directory"
+        raise MemchunkError(f"--plot {path!r}: directory {str(folder)!r} {state}")
+    if target.is_dir() or not os.access(folder, os.W_OK):
+        raise MemchunkError(f"--plot {path!r} cannot be written: give a writable file path")
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:  # the demo says it makes no plot
+        return
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if target.suffix and target.suffix[1:].lower() not in kinds:
+        raise MemchunkError(
+            f"--plot {path!r}: matplotlib cannot save {target.suffix!r} files; use one of "
+            f"{', '.join('.' + k for k in sorted(kinds))}"
+        )
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -391,6 +515,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     to_bytes(args.memory_limit, what="--memory-limit")
     if args.size < DEMO_MIN_SIZE:
         raise MemchunkError(f"--size must be at least {DEMO_MIN_SIZE}, got {args.size}")
+    _check_plot_path(args.plot)
     shape = (args.size,) * 3
     cluster = f"LocalCluster(n_workers=2, threads_per_worker=1, memory_limit={args.memory_limit!r})"
     print(f"GST3D dip on a synthetic {shape} float32 volume, {cluster}, fresh for each run.\n")
@@ -435,6 +560,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .operators.arguments import float_dtype
 
     kwargs = _op_kwargs(args.op, args.option)
+    if args.forget:
+        return _forget(args.op, kwargs)
     dtypes = tuple(args.dtype or ("float32", "float64"))
     for dtype in dtypes:
         float_dtype(dtype, "--dtype")
@@ -457,6 +584,21 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _forget(op: str, kwargs: dict[str, Any]) -> int:
+    """Delete what runs taught about ``op`` (with these options); say what was removed."""
+    from .models.learned import forget_learned
+    from .operators import get_operator
+
+    operator = get_operator(op)
+    key = operator.cost_terms(**operator.normalize_kwargs(**kwargs)).calibration
+    removed = forget_learned(key)
+    if not removed:
+        print(f"nothing learned about {op} to forget")
+    for path in removed:
+        print(f"forgot {path}")
+    return 0
+
+
 def _cmd_operators(args: argparse.Namespace) -> int:
     from .operators import get_operator, operator_names
 
@@ -465,8 +607,62 @@ def _cmd_operators(args: argparse.Namespace) -> int:
     return 0
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM received: the command ends, its partial output removed.
+
+    Parameters
+    ----------
+    signum
+        The signal's number.
+    stderr
+        A file descriptor of the command's stderr, kept for the one line that says so: fd 2
+        itself is silenced, so that the shutdown of a cluster cut short prints nothing more.
+    """
+
+    def __init__(self, signum: int, stderr: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.stderr = stderr
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """End the command as Ctrl-C does; ignore further interrupts while it cleans up."""
+    for interrupt in INTERRUPTS:
+        signal.signal(interrupt, signal.SIG_IGN)
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    raise Interrupted(signum, stderr)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say in one line that the command was interrupted; its exit status, 128 + the signal."""
+    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+    line = (
+        f"memchunk: interrupted by {signal.Signals(signum).name}: nothing more written, "
+        f"partial output removed\n"
+    )
+    if isinstance(exc, Interrupted):
+        os.write(exc.stderr, line.encode())
+    else:
+        sys.stderr.write(line)
+    return 128 + signum
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memchunk`` console script."""
+    for interrupt in INTERRUPTS:  # first: an interrupt at any later moment ends cleanly
+        signal.signal(interrupt, _interrupt)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc)
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its command; bad input is one line on stderr and status 2."""
     import warnings
 
     import xarray_memchunk  # noqa: F401  (registers the accessor)
@@ -483,20 +679,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "calibrate": _cmd_calibrate,
         "operators": _cmd_operators,
     }
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return commands[args.command](args)
     except MemchunkError as exc:
         print(f"memchunk: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("memchunk: interrupted; partial output removed", file=sys.stderr)
-        return 130
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM ends a run as Ctrl-C does: partial output removed, one line, status 130."""
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

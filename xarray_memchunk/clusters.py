@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import sys
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import MemchunkError
 
@@ -11,12 +14,17 @@ __all__ = [
     "DISTRIBUTED_MEMORY_DEFAULTS",
     "ClusterFacts",
     "DeviceFacts",
+    "WorkerLayout",
     "active_client",
     "cluster_facts",
     "device_facts",
     "memory_threshold",
+    "no_workers_error",
+    "spec_workers",
     "task_overhead_seconds",
 ]
+
+_logger = logging.getLogger(__name__)
 
 
 #: ``distributed.worker.memory`` thresholds (fractions of a worker's memory limit) where
@@ -70,45 +78,172 @@ def active_client():
         return None
 
 
+class WorkerLayout(NamedTuple):
+    """One worker's memory limit (bytes, None without one) and threads."""
+
+    memory_limit: int | None
+    nthreads: int
+
+
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What the scheduler says of its workers: enough to budget a plan."""
+    """What the scheduler, or the cluster's worker spec, says of its workers.
+
+    Attributes
+    ----------
+    memory_limit
+        The smallest worker memory limit, bytes; None where no worker has one.
+    threads_per_worker
+        The most threads one worker has.
+    n_workers
+        Workers running, or, before any runs, the workers the cluster's spec starts.
+    address
+        The scheduler's address.
+    largest_process_memory
+        The largest worker process memory at the scheduler's last heartbeat (0 before any
+        worker runs).
+    workers
+        Every worker's :class:`WorkerLayout`, from which the budget takes the tightest; empty
+        where not known.
+    source
+        Where these facts came from, as :attr:`~xarray_memchunk.Budget.source` states it.
+    """
 
     memory_limit: int | None
     threads_per_worker: int
     n_workers: int
     address: str
     largest_process_memory: int
+    workers: tuple[WorkerLayout, ...] = ()
+    source: str = ""
+
+    @property
+    def total_threads(self) -> int:
+        """Threads of all workers: the tasks that run at once."""
+        return sum(w.nthreads for w in self.workers)
+
+
+def no_workers_error(address: str) -> MemchunkError:
+    """The error for a cluster that has no workers and none on the way."""
+    return MemchunkError(
+        f"the Dask cluster at {address} has no workers: nothing could run a plan. Start "
+        f"workers (cluster.scale(n) or cluster.adapt(maximum=n)), or close the client to plan "
+        f"for this machine"
+    )
 
 
 def cluster_facts(client) -> ClusterFacts:
-    """Smallest worker's memory limit and threads, worker count, and the largest worker RSS.
+    """The workers of ``client``'s cluster: running ones, else those its worker spec starts.
+
+    Running workers are read from the scheduler. Before any runs (an adaptive cluster scaled
+    to zero, a job queue still waiting), a ``SpecCluster`` (``LocalCluster``,
+    dask-jobqueue's clusters) says what it starts: see :func:`spec_workers`.
 
     Raises
     ------
     MemchunkError
-        When the cluster has no workers: a plan made then would wait for ever.
+        When the cluster has no workers and no worker spec to start them: a plan made then
+        would wait for ever.
     """
     info = client.scheduler_info(n_workers=-1)
-    workers = list(info.get("workers", {}).values())
     address = info.get("address", "?")
-    if not workers:
-        raise MemchunkError(
-            f"the Dask cluster at {address} has no workers: nothing could run a plan. Start "
-            f"workers (cluster.scale(n)), or close the client to plan for this machine"
-        )
-    limited = [w for w in workers if w.get("memory_limit")]
-    smallest = min(limited, key=lambda w: w["memory_limit"]) if limited else workers[0]
-    threads = int(smallest.get("nthreads", 1))
-    total_threads = sum(int(w.get("nthreads", 1)) for w in workers)
-    rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers)
+    running = list(info.get("workers", {}).values())
+    if running:
+        layouts = [
+            WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))) for w in running
+        ]
+        rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in running)
+        return _facts(layouts, address, rss, f"distributed client {address}")
+    planned = spec_workers(getattr(client, "cluster", None))
+    if planned is None:
+        raise no_workers_error(address)
+    layouts, how = planned
+    return _facts(layouts, address, 0, f"distributed client {address}: {how}")
+
+
+def _facts(layouts: list[WorkerLayout], address: str, rss: int, source: str) -> ClusterFacts:
+    """:class:`ClusterFacts` of these workers: the smallest limit, the most threads."""
+    limits = [w.memory_limit for w in layouts if w.memory_limit]
     return ClusterFacts(
-        memory_limit=smallest.get("memory_limit") or None,
-        threads_per_worker=threads,
-        n_workers=max(1, total_threads // max(1, threads)),
+        memory_limit=min(limits) if limits else None,
+        threads_per_worker=max(w.nthreads for w in layouts),
+        n_workers=len(layouts),
         address=address,
         largest_process_memory=rss,
+        workers=tuple(layouts),
+        source=source,
     )
+
+
+def spec_workers(cluster) -> tuple[list[WorkerLayout], str] | None:
+    """The workers a ``SpecCluster`` starts, and how they were found; None where none.
+
+    Parameters
+    ----------
+    cluster
+        ``client.cluster``: a ``SpecCluster`` (``LocalCluster``, dask-jobqueue's clusters),
+        or None for a client connected to a scheduler's address.
+
+    Returns
+    -------
+    tuple of (list of WorkerLayout, str) or None
+        The workers of ``cluster.worker_spec`` (asked for, not yet running), and, for an
+        adaptive cluster, as many more of ``cluster.new_spec`` as its adaptive maximum allows
+        (its minimum, or one, where it has no maximum). None where ``cluster`` starts no
+        worker.
+    """
+    specs = getattr(cluster, "worker_spec", None)
+    if specs is None:
+        return None
+    layouts = [layout for spec in specs.values() for layout in _spec_layouts(spec)]
+    adaptive = getattr(cluster, "_adaptive", None)  # distributed keeps no public handle
+    new_spec = getattr(cluster, "new_spec", None)
+    if adaptive is not None and getattr(adaptive, "state", "") != "stopped" and new_spec:
+        finite = math.isfinite(adaptive.maximum)
+        target = int(adaptive.maximum) if finite else max(1, int(adaptive.minimum))
+        layouts += [_spec_layouts(new_spec)[0]] * max(0, target - len(layouts))
+        bound = "its adaptive maximum" if finite else "no adaptive maximum: its minimum, or 1"
+        how = f"the adaptive cluster's worker spec, no worker running yet ({bound})"
+    else:
+        how = "the cluster's worker spec, no worker running yet"
+    if not layouts:
+        return None
+    return layouts, f"{how}: {len(layouts)} worker(s)"
+
+
+def _spec_layouts(spec: dict) -> list[WorkerLayout]:
+    """The workers one worker spec entry starts: one, or one per process of a job.
+
+    ``LocalCluster``'s entries hold a worker's ``memory_limit`` and ``nthreads``;
+    dask-jobqueue's hold a job's ``memory`` and ``cores``, shared by its ``processes`` (its
+    ``group`` names them).
+    """
+    options = spec.get("options", {})
+    processes = len(spec.get("group", ())) or int(options.get("processes") or 1)
+    threads = _spec_threads(options, processes)
+    return [WorkerLayout(_spec_memory(options, threads, processes), threads)] * processes
+
+
+def _spec_threads(options: dict, processes: int) -> int:
+    """Threads of one worker of a spec: its own, its job's cores shared, or dask's default."""
+    from dask.system import CPU_COUNT
+
+    for name in ("nthreads", "threads_per_worker", "ncores", "threads"):
+        if options.get(name):
+            return int(options[name])
+    if options.get("cores"):
+        return max(1, int(options["cores"]) // processes)
+    return CPU_COUNT
+
+
+def _spec_memory(options: dict, threads: int, processes: int) -> int | None:
+    """Memory limit of one worker of a spec, read as the worker will read it (None: no limit)."""
+    from dask.utils import parse_bytes
+    from distributed.worker_memory import parse_memory_limit
+
+    if "memory_limit" not in options and options.get("memory"):
+        return parse_bytes(options["memory"]) // processes  # a job's memory, on another host
+    return parse_memory_limit(options.get("memory_limit", "auto"), threads, logger=_logger)
 
 
 @dataclass(frozen=True)
@@ -177,7 +312,9 @@ def device_facts(client) -> DeviceFacts:
     MemchunkError
         When the cluster has no workers, or its workers cannot use CuPy or a GPU.
     """
-    cluster_facts(client)  # no workers: the same clear error
+    info = client.scheduler_info(n_workers=-1)
+    if not info.get("workers"):  # a GPU is read by a running worker, never from a spec
+        raise no_workers_error(info.get("address", "?"))
     try:
         reports = list(client.run(_worker_device).values())
     except Exception as exc:
@@ -196,5 +333,5 @@ def device_facts(client) -> DeviceFacts:
         threads_per_gpu=max(sum(r["threads"] for r in g) for g in by_gpu.values()),
         n_gpus=len(by_gpu),
         device_memory_limit=min(limits) if limits else None,
-        address=client.scheduler_info().get("address", "?"),
+        address=info.get("address", "?"),
     )

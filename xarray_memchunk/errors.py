@@ -35,4 +35,8 @@ class CalibrationError(MemchunkError):
 
 
 class MemoryBudgetWarning(UserWarning):
-    """User-given chunks whose predicted peak per task exceeds the per-task budget."""
+    """A plan made other than asked, for memory.
+
+    User-given chunks whose predicted peak per task exceeds the per-task budget, or a
+    ``memory_limit`` above what the active cluster's workers have (theirs is used).
+    """

@@ -189,7 +189,7 @@ def ingest(
     check_source(source)
     segy_options = dict(segy_options or {})
     da = open_segy(source, **segy_options)
-    check_target(target, overwrite)
+    check_target(target, overwrite, sources=[source])
     budget = resolve_budget(memory_limit)
     storage, reason = storage_chunks_for(da, operator, memory_limit=budget, **operator_kwargs)
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
@@ -197,6 +197,11 @@ def ingest(
     result = open_segy(source, **segy_options, chunks=chunks)  # each task reads its block
     result.encoding = {}
     written = safe_write(
-        result, target, overwrite=overwrite, compute=compute, storage_chunks=storage
+        result,
+        target,
+        overwrite=overwrite,
+        compute=compute,
+        storage_chunks=storage,
+        sources=[source],
     )
     return written, storage, reason

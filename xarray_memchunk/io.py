@@ -9,8 +9,11 @@ is, and moved into place only once complete. With one id per write:
 4. the complete result is renamed to the target;
 5. the old target is removed.
 
-An existing target is never touched without ``overwrite=True``. If the run fails (a killed
-worker, Ctrl-C, SIGTERM, a full disk) the partial write is removed and the target is untouched.
+An existing target is never touched without ``overwrite=True``, and ``overwrite=True`` replaces
+only a dataset (a Zarr store, a netCDF or HDF5 file), never another file or directory. A target
+that is an input of the write, holds one, or lies inside one is refused (paths compared with
+symlinks resolved). If the run fails (a killed worker, Ctrl-C, SIGTERM, a full disk) the partial
+write is removed and the target is untouched.
 A hard kill (SIGKILL, a power cut) can stop the sequence anywhere; the next write to the same
 target (:func:`recover`) reads the names left behind, finishes or undoes what was under way,
 and reports it: a partial write is removed; a complete one whose target is missing is moved into
@@ -25,7 +28,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,8 @@ from .segy import SEGY_SUFFIXES, open_segy
 
 __all__ = [
     "RecoveredWriteWarning",
+    "check_target",
+    "is_dataset",
     "open_input",
     "open_segy",
     "output_format",
@@ -49,6 +54,10 @@ class RecoveredWriteWarning(UserWarning):
 
 
 _NETCDF_SUFFIXES = {".nc", ".nc4", ".netcdf", ".cdf", ".h5", ".hdf5"}
+#: Metadata files, one of which is at the top of every Zarr store (v2 group or array, v3).
+_ZARR_METADATA = (".zgroup", ".zarray", "zarr.json")
+#: First bytes of netCDF classic, 64-bit offset and CDF-5 files, and of HDF5 (netCDF4) files.
+_DATASET_MAGIC = (b"CDF\x01", b"CDF\x02", b"CDF\x05", b"\x89HDF")
 
 
 def output_format(path: str | os.PathLike) -> str:
@@ -100,9 +109,12 @@ def _piece(target: Path, stage: str, write_id: str) -> Path:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir():
+    """Remove a file or directory tree; a symlink itself, never what it points to."""
+    if path.is_symlink():
+        path.unlink()
+    elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
+    elif path.exists():
         path.unlink()
 
 
@@ -147,21 +159,92 @@ def recover(target: str | os.PathLike) -> list[str]:
     return done
 
 
-def check_target(target: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail before any computation if ``target`` exists and ``overwrite`` is False.
+def is_dataset(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a Zarr store (its metadata file on top) or a netCDF / HDF5 file."""
+    path = Path(path)
+    if path.is_dir():
+        return any((path / name).is_file() for name in _ZARR_METADATA)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return head.startswith(_DATASET_MAGIC)
 
-    Also fails when the target's directory does not exist or is not a directory.
+
+def _check_not_a_source(target: Path, sources: Iterable[str | os.PathLike]) -> None:
+    """Refuse a ``target`` that is one of ``sources``, holds one, or lies inside one."""
+    resolved = target.resolve()
+    for source in sources:
+        source_path = Path(source).resolve()
+        if resolved == source_path:
+            relation = "is the input"
+        elif resolved in source_path.parents:
+            relation = "holds the input"
+        elif source_path in resolved.parents:
+            relation = "lies inside the input"
+        else:
+            continue
+        raise MemchunkError(
+            f"output {str(target)!r} {relation} {str(source)!r}: writing there would replace "
+            f"or change the data being read; choose an output path outside the input"
+        )
+
+
+def check_target(
+    target: str | os.PathLike,
+    overwrite: bool,
+    sources: Iterable[str | os.PathLike] = (),
+) -> Path:
+    """Fail before any computation unless writing ``target`` loses nothing the user has.
+
+    Parameters
+    ----------
+    target
+        The output path.
+    overwrite
+        Whether an existing ``target`` may be replaced; it must then be a dataset
+        (:func:`is_dataset`).
+    sources
+        Paths of the inputs: the target may not be one, hold one, or lie inside one (compared
+        with symlinks resolved).
+
+    Returns
+    -------
+    Path
+        ``target``.
+
+    Raises
+    ------
+    MemchunkError
+        When the target's directory does not exist or is not a directory, the target overlaps
+        an input, or it exists and either ``overwrite`` is False or it is not a dataset.
     """
     target = Path(target)
     if not target.parent.exists():
         raise MemchunkError(f"output directory {str(target.parent)!r} does not exist")
     if not target.parent.is_dir():
         raise MemchunkError(f"output directory {str(target.parent)!r} is not a directory")
-    if target.exists() and not overwrite:
+    _check_not_a_source(target, sources)
+    if not (target.exists() or target.is_symlink()):
+        return target
+    if not overwrite:
         raise MemchunkError(
             f"output {str(target)!r} exists; pass overwrite=True (--overwrite) to replace it"
         )
+    if not is_dataset(target):
+        raise MemchunkError(
+            f"output {str(target)!r} exists and is not a Zarr store or a netCDF/HDF5 file: "
+            f"overwrite=True (--overwrite) replaces only a dataset, never other files or "
+            f"directories; choose another output path, or move {str(target)!r} away yourself"
+        )
     return target
+
+
+def _encoded_sources(ds: xr.Dataset) -> set[str]:
+    """The files ``ds`` and its variables say they were opened from (``encoding["source"]``)."""
+    encodings = [ds.encoding, *(v.encoding for v in ds.variables.values())]
+    return {str(e["source"]) for e in encodings if e.get("source")}
 
 
 def uniform_chunks(obj: xr.Dataset | xr.DataArray) -> dict[str, int]:
@@ -177,6 +260,7 @@ def safe_write(
     compute: Callable[[Any], None] | None = None,
     fmt: str | None = None,
     storage_chunks: Mapping[str, int] | None = None,
+    sources: Iterable[str | os.PathLike] = (),
 ) -> Path:
     """Write ``obj`` to a Zarr store or netCDF file (by suffix), atomically.
 
@@ -197,23 +281,32 @@ def safe_write(
         Chunk length per dim in the file. Each Dask chunk must then be a whole number of them
         (the last of a dim excepted), so that no two tasks write one storage chunk. None: the
         longest Dask chunk per dim (the Dask chunks are made uniform first).
+    sources
+        Paths of the inputs, which ``target`` may not be, hold, or lie inside; the files
+        ``obj`` was opened from (its ``encoding["source"]``) are added.
 
     Returns
     -------
     Path
         The target.
+
+    Raises
+    ------
+    MemchunkError
+        Before anything is computed, when :func:`check_target` refuses the target or a
+        DataArray has no name.
     """
     import dask
 
     for message in recover(target):
         warnings.warn(message, RecoveredWriteWarning, stacklevel=2)
-    target = check_target(target, overwrite)
     if isinstance(obj, xr.DataArray) and obj.name is None:
         raise MemchunkError(
             "the DataArray has no name, and a file needs one for its variable: name it first, "
             "e.g. result.rename('dip')"
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
+    target = check_target(target, overwrite, {*map(str, sources), *_encoded_sources(ds)})
     if storage_chunks is None:
         chunks = uniform_chunks(ds)
         if chunks:
@@ -242,13 +335,22 @@ def safe_write(
     except BaseException:
         _remove(tmp)
         raise
+    try:
+        _move_into_place(tmp, target, write_id)
+    except BaseException:  # Ctrl-C, SIGTERM between two renames: finish or undo them
+        recover(target)
+        raise
+    return target
+
+
+def _move_into_place(tmp: Path, target: Path, write_id: str) -> None:
+    """Steps 2 to 5 of the module docstring: the written ``tmp`` replaces ``target``."""
     complete = _piece(target, "complete", write_id)
     os.replace(tmp, complete)
-    if target.exists():
+    if target.exists() or target.is_symlink():
         old = _piece(target, "old", write_id)
         os.replace(target, old)
         os.replace(complete, target)
         _remove(old)
     else:
         os.replace(complete, target)
-    return target

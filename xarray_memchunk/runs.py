@@ -1,59 +1,84 @@
 """Measure the tasks of a planned run on a Dask cluster, report them, and learn from them.
 
 ``apply`` on a ``distributed`` cluster registers
-:class:`~xarray_memchunk.task_peaks.TaskPeaks` on the workers (once) and remembers the plan and
-when its graph was built. Each single-threaded worker then records every task's peak as the
-profiler measures it (the kernel's high-water mark, reset when the task starts: every
-allocation counts, C libraries' included). After the computation, :func:`report`
-(``plan.report()``) gathers the tasks that ran since and the scheduler's events (pauses, worker
-deaths), and compares them with the plan's prediction.
+:class:`~xarray_memchunk.task_peaks.TaskPeaks` on the workers (once) and remembers the plan, when
+its graph was built, and the layers of its input (the data as rechunked for the plan). The
+workers then record every task's peak (:class:`~xarray_memchunk.task_peaks.TaskRecord`). After
+the computation, :func:`report` (``plan.report()``) gathers the operator's tasks that ran since,
+and the scheduler's events (pauses, worker deaths and why), and compares them with the plan's
+prediction.
 
-Tasks are attributed by time, not by name: Dask fuses the plan's tasks with what follows them
-(``apply(...).sum()`` runs each sum in the operator's task, named after the sum), and tagging
-them would stop that fusion, which is part of what a task holds. Other computations on the
-cluster between ``apply`` and ``report`` are counted too: report before starting another.
+- Tasks of the input's layers (a random generator, preprocessing, decoding a file, the
+  rechunk) are not the operator's and are not counted, nor is the task that gathers a computed
+  result into one array (``finalize-``). Where Dask fuses producing a block into
+  the operator's first task, it is part of that task, as it is in calibration; and a task that
+  fuses the operator's last step with what follows (``apply(...).sum()``) is named after what
+  follows and counted: it is what the worker ran. Other computations on the cluster between
+  ``apply`` and ``report`` would be counted too: report before starting another.
+- On a worker with several threads, tasks overlap: the worker's growth while its threads were
+  busy is compared with the plan's prediction for that many tasks at once.
+- A worker death counts against the plan only where memory caused it (the nanny's
+  ``worker-restart-memory`` event) and the worker was running one of the operator's tasks.
+
+Learning: where an operator task was measured above its prediction (or memory killed a worker
+running one), the observation is kept beside the operator's calibration
+(:mod:`xarray_memchunk.models.learned`), which is never rewritten; the next plan raises the
+model by the observed ratio, at most x2 per observation. A killed task left no record: its peak
+is taken as at least what killed the worker (the terminate threshold, less the baseline), a
+floor: the next plan of a self-calibrating operator measures it again first. Nothing is
+learned from a run that held.
 
 Measuring is on by default; the dask config key ``memchunk.measure-tasks`` (False) turns it
 off. Its cost is two reads of ``/proc/self/status`` and one write to ``/proc/self/clear_refs``
 per task (``benchmarks/task_measurement_overhead.py``).
-
-Learning: where the measured task peak exceeds the prediction, or a worker was paused or
-killed, the operator's user calibration is updated with the measured task so that the next
-plan on the same data is safe: refitted with every profile it has, and never below the model
-it had (coefficients and intercept only grow). A killed worker's task left no record: its peak
-is taken as at least what killed the worker (the terminate threshold, less the baseline), and
-that is a floor, not a measurement: the calibration is marked ``lower_bound`` and the next plan
-measures the operator in a worker first (:func:`~xarray_memchunk.calibrate.self_calibrate`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .clusters import active_client
-from .models.calibration import load_calibration, save_calibration
-from .models.fitting import ABSOLUTE_SLACK, fit_linear
+from .clusters import active_client, memory_threshold
+from .models.fitting import ABSOLUTE_SLACK
+from .models.learned import Observation, record_observation
 from .planning.candidates import padded_extent
 from .planning.plan import ChunkPlan
 
-__all__ = ["PLUGIN_NAME", "RunReport", "report", "signature", "track"]
-
-#: Name of the worker plugin that measures tasks (:class:`~.task_peaks.TaskPeaks`).
-PLUGIN_NAME = "memchunk-task-peaks"
+__all__ = ["RunReport", "input_layers", "report", "signature", "track"]
 
 #: A measured task peak counts as above the prediction past this fraction (and
 #: :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK` bytes: allocator noise).
 TOLERANCE = 0.05
+#: Dask's task that gathers a computed collection into one result (``finalize-...``): the
+#: caller's, not the operator's.
+FINALIZE_PREFIX = "finalize-"
+#: The nanny's event when it restarts a worker for its memory (distributed's worker_memory).
+MEMORY_RESTART_TOPIC = "worker-restart-memory"
 
 
 def _worker_records(moment: float, dask_worker: Any = None) -> list:
+    from .task_peaks import PLUGIN_NAME
+
     plugin = getattr(dask_worker, "plugins", {}).get(PLUGIN_NAME)
-    return plugin.since(moment) if plugin is not None else []
+    return [tuple(r) for r in plugin.since(moment)] if plugin is not None else []
+
+
+def input_layers(source: Any) -> frozenset[str]:
+    """Names of the graph layers that produce ``source``: tasks that are not the operator's.
+
+    ``source`` is an xarray object (or a Dask collection); NumPy-backed data has none.
+    """
+    arrays = source.data_vars.values() if hasattr(source, "data_vars") else [source]
+    names: set[str] = set()
+    for array in arrays:
+        data = getattr(array, "data", array)
+        graph = getattr(data, "__dask_graph__", lambda: None)()
+        names |= {str(k) for k in getattr(graph, "layers", {})}
+    return frozenset(names)
 
 
 @dataclass
@@ -64,6 +89,7 @@ class _Tracked:
     prepared: Any
     started: float
     client: Any
+    input_layers: frozenset[str]
 
 
 _TRACKED: dict[tuple, _Tracked] = {}
@@ -75,17 +101,19 @@ def signature(plan: ChunkPlan) -> tuple:
     return (plan.operator, chunks, plan.predicted_task_bytes)
 
 
-def track(plan: ChunkPlan, prepared: Any) -> None:
-    """Remember when ``apply`` built ``plan``'s graph, and measure tasks on the active cluster."""
+def track(plan: ChunkPlan, prepared: Any, source_layers: Iterable[str] = ()) -> None:
+    """Remember when ``apply`` built ``plan``'s graph and its input's layers; measure tasks."""
     import dask
 
     client = active_client()
     if client is None:
         return
-    _TRACKED[signature(plan)] = _Tracked(plan, prepared, time.time(), client)
+    _TRACKED[signature(plan)] = _Tracked(
+        plan, prepared, time.time(), client, frozenset(source_layers)
+    )
     if not dask.config.get("memchunk.measure-tasks", True):
         return
-    from .task_peaks import TaskPeaks
+    from .task_peaks import PLUGIN_NAME, TaskPeaks
 
     client.register_plugin(TaskPeaks(), name=PLUGIN_NAME)
 
@@ -99,15 +127,20 @@ class RunReport:
     operator
         The operator.
     n_tasks
-        Tasks measured since ``apply`` built the graph (single-threaded workers only).
+        The operator's tasks measured since ``apply`` built the graph.
     measured_task_bytes
-        Largest measured task peak; None when nothing was measured.
+        Largest measured peak of one operator task (on workers with several threads, the
+        worker's growth shared among its busy threads); None when nothing was measured.
     predicted_task_bytes, predicted_peak_bytes, per_task
-        The plan's task prediction, its task slot (with gathered and held chunks) and budget.
+        What the plan predicted one task runs with (the operator's work and getting its input:
+        a read from a file, a halo concatenated, both inside the task), its task slot (with
+        held chunks) and the budget.
     pauses, worker_deaths
         Seen by the scheduler since the graph was built.
+    memory_deaths
+        Of the deaths, those memory caused while the worker ran an operator task.
     learned
-        What the run changed in the calibration, or why it changed nothing.
+        What the run taught (and where it is kept), or why it taught nothing.
     """
 
     operator: str
@@ -118,6 +151,7 @@ class RunReport:
     per_task: int
     pauses: int
     worker_deaths: int
+    memory_deaths: int = 0
     learned: str = ""
     format: Any = field(default=str, repr=False)
 
@@ -133,9 +167,12 @@ class RunReport:
         size = self.format
         measured = (
             f"{size(self.measured_task_bytes)} (x{self.ratio:.2f} the prediction)"
-            if self.measured_task_bytes is not None
-            else "not measured (no single-threaded worker ran its tasks)"
+            if self.measured_task_bytes is not None and self.ratio is not None
+            else "not measured (no task of the operator was recorded)"
         )
+        deaths = f"{self.worker_deaths}"
+        if self.worker_deaths:
+            deaths += f" ({self.memory_deaths} from memory in an operator task)"
         rows = [
             ("operator", self.operator),
             ("tasks measured", str(self.n_tasks)),
@@ -145,7 +182,7 @@ class RunReport:
                 "task slot",
                 f"{size(self.predicted_peak_bytes)} predicted of {size(self.per_task)} budget",
             ),
-            ("pauses, worker deaths", f"{self.pauses}, {self.worker_deaths}"),
+            ("pauses, worker deaths", f"{self.pauses}, {deaths}"),
             ("learned", self.learned),
         ]
         width = max(len(k) for k, _ in rows)
@@ -155,18 +192,72 @@ class RunReport:
         return self.explain()
 
 
-def _events(client: Any, moment: float) -> tuple[int, int]:
-    """Pauses and worker removals the scheduler logged since ``moment``."""
-    pauses, deaths = set(), set()
+@dataclass(frozen=True)
+class _Events:
+    pauses: int
+    deaths: int
+    memory_deaths: int
+
+
+def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
+    """Pauses and worker removals since ``moment``; the removals memory caused in our tasks."""
+    pauses, deaths, memory_killed, in_operator = set(), set(), set(), set()
     for topic, entries in client.get_events().items():
         for stamp, msg in entries:
             if stamp < moment or not isinstance(msg, dict):
                 continue
             if msg.get("action") == "worker-status-change" and msg.get("status") == "paused":
                 pauses.add((topic, stamp))
+            if topic == MEMORY_RESTART_TOPIC and msg.get("worker"):
+                memory_killed.add(str(msg["worker"]))
             if topic == "all" and msg.get("action") == "remove-worker":
-                deaths.add((str(msg.get("worker")), stamp))
-    return len(pauses), len(deaths)
+                worker = str(msg.get("worker"))
+                deaths.add((worker, stamp))
+                keys = msg.get("processing-tasks") or ()
+                if not keys or any(_key_name(k) not in inputs for k in keys):
+                    in_operator.add(worker)
+    memory = {(w, s) for w, s in deaths if w in memory_killed and w in in_operator}
+    return _Events(len(pauses), len(deaths), len(memory))
+
+
+def _key_name(key: Any) -> str:
+    if isinstance(key, list | tuple) and key:
+        return str(key[0])
+    text = str(key)
+    if text.startswith("('") and "'," in text:  # a tuple key sent as its string
+        return text[2 : text.index("',")]
+    return text
+
+
+def _warm(records: list[tuple]) -> list[tuple]:
+    """A worker's records without its first task per thread, where it ran more than those.
+
+    The first task a worker runs pays for what it imports and sets up once (a random
+    generator, BLAS threads, an import inside the function: 30 MB measured for a task of
+    0.8 MB); it says nothing of the operator's model.
+    """
+    ordered = sorted(records, key=lambda r: r[3])
+    threads = ordered[0][4] if ordered else 1
+    return ordered[threads:] if len(ordered) > threads else ordered
+
+
+def _in_task(plan: ChunkPlan) -> int:
+    """What runs inside one task: the operator's work and getting its input (read, gathered)."""
+    return plan.predicted_task_bytes + plan.gather_bytes
+
+
+def _measured_task(records: list[tuple], plan: ChunkPlan) -> int | None:
+    """The largest peak of one operator task, from single- and multi-threaded workers.
+
+    A multi-threaded worker's record is its growth while its threads were busy: shared among
+    the threads, less the held and gathered chunks the plan counts beside each task, it is what
+    one task needed at least, on average.
+    """
+    single = [r[1] for r in records if r[4] == 1]
+    slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
+    shared = [max(0, r[1] / r[4] - slot_extra) for r in records if r[4] > 1]
+    values = [*single, *shared]
+    return int(max(values)) if values else None
 
 
 def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
@@ -188,117 +279,76 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     records = [
         r
         for worker in tracked.client.run(_worker_records, tracked.started).values()
-        for r in worker
+        for r in _warm(worker)
+        if r[0] not in tracked.input_layers and not r[0].startswith(FINALIZE_PREFIX)
     ]
-    pauses, deaths = _events(tracked.client, tracked.started)
-    measured = max((r[1] for r in records), default=None)
+    events = _events(tracked.client, tracked.started, tracked.input_layers)
+    measured = _measured_task(records, plan)
     result = RunReport(
         operator=plan.operator,
         n_tasks=len(records),
         measured_task_bytes=measured,
-        predicted_task_bytes=plan.predicted_task_bytes,
+        predicted_task_bytes=_in_task(plan),
         predicted_peak_bytes=plan.predicted_peak_bytes,
         per_task=plan.budget.per_task,
-        pauses=pauses,
-        worker_deaths=deaths,
+        pauses=events.pauses,
+        worker_deaths=events.deaths,
+        memory_deaths=events.memory_deaths,
         format=plan.budget.format,
     )
     floor = False
-    if deaths:  # the task that killed a worker left no record: at least what killed it
-        killed = int(0.95 * plan.budget.worker_memory - plan.budget.worker_baseline)
+    if events.memory_deaths:  # the task that killed a worker left no record: at least that
+        terminate = memory_threshold("terminate", otherwise=0.95)
+        killed = int(terminate * plan.budget.worker_memory - plan.budget.worker_baseline)
         floor = killed > (measured or 0)
         measured = max(measured or 0, killed)
-    seconds = float(np.median([r[2] for r in records])) if records else 0.0
-    limit = plan.predicted_task_bytes * (1 + TOLERANCE) + ABSOLUTE_SLACK
+    limit = _in_task(plan) * (1 + TOLERANCE) + ABSOLUTE_SLACK
     over = measured is not None and measured > limit
     if not over:
-        result.learned = "nothing: the model held" if measured else "nothing: no measurement"
+        result.learned = (
+            "nothing: every operator task within its prediction"
+            if measured
+            else "nothing: no operator task measured"
+        )
+        if events.deaths > events.memory_deaths:
+            result.learned += "; deaths not caused by memory in an operator task are not evidence"
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(tracked, measured, seconds, len(records), floor)
+        result.learned = _learn(tracked, measured, floor)
     return result
 
 
-def _learn(tracked: _Tracked, measured: int, seconds: float, runs: int, floor: bool) -> str:
-    """Grow each planned variable's calibration so that it covers the measured task.
+def _learn(tracked: _Tracked, measured: int, floor: bool) -> str:
+    """Keep the measured task beside each planned variable's calibration.
 
-    ``floor``: ``measured`` is only what killed a worker, a floor under the task's peak. The
-    calibration is grown to it and marked ``lower_bound``, so that the next plan measures the
-    operator (:func:`~xarray_memchunk.calibrate.self_calibrate`) instead of trusting it.
+    ``floor``: ``measured`` is only what killed a worker, a floor under the task's peak; a
+    self-calibrating operator is then measured again on its next plan.
     """
-    prepared = tracked.prepared
-    operator, kwargs, plan = prepared.operator, prepared.kwargs, tracked.plan
-    written = []
+    prepared, plan = tracked.prepared, tracked.plan
+    written = set()
     for cost in prepared.costs.values():
         padded = {
-            d: padded_extent(plan.chunks[d], len(plan.dask_chunks[d]), plan.halo.get(d, 0))
+            d: np.array(
+                [padded_extent(plan.chunks[d], len(plan.dask_chunks[d]), plan.halo.get(d, 0))]
+            )
             for d in cost.dims
         }
-        features = cost.features({d: np.array([padded[d]]) for d in cost.dims})
-        run = {
-            "extents": {d: int(plan.chunks[d]) for d in cost.dims},
-            "sizes": dict(cost.sizes),
-            "features": {k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
-            "peak_bytes": int(measured),
-            "seconds": seconds,
-            "runs": runs,
-            "method": "run, a worker killed: at least this" if floor else "run",
-        }
-        key = operator.cost_terms(**kwargs).calibration
-        known = load_calibration(key, cost.device, cost.dtype.name)
-        profiles = [*(known.profiles if known else ()), run]
-        if len(profiles) >= 2:  # refit on everything measured
-            rows = [_features(operator, known, cost.dtype.name, p) for p in profiles]
-            fit = fit_linear(
-                {k: np.array([r.get(k, 0.0) for r in rows]) for k in rows[-1]},
-                np.array([p["peak_bytes"] for p in profiles]),
-            )
-            model = {"coefficients": fit.coefficients, "intercept": fit.intercept}
-            stats = {"n_profiles": fit.n_profiles, "median_abs_pct_error": fit.median_abs_pct_error}
-        else:  # a model measured on nothing before: scaled up to this run
-            scale = measured / max(1, plan.predicted_task_bytes)
-            model = {
-                "coefficients": {k: v * scale for k, v in cost.model.coefficients.items()},
-                "intercept": cost.model.intercept * scale,
-            }
-            stats = {"n_profiles": 1}
-        record = model | {
-            "seconds_per_element": known.seconds_per_element if known else cost.seconds_per_element,
-            "fit": stats,
-            "profiles": profiles,
-        }
-        record = _never_below(record, cost.model)
-        record["fit"]["lower_bound"] = floor
-        if cost.max_task_elements:
-            elements = float(np.prod(list(padded.values()), dtype=float))
-            record["fit"]["max_task_elements"] = max(cost.max_task_elements, elements)
-        path = save_calibration(key, cost.device, {cost.dtype.name: record}, {"learned": True})
-        written.append(str(path))
+        features = cost.features(padded)
+        observation = Observation(
+            features={k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
+            measured_bytes=float(max(0, measured - plan.gather_bytes)),  # the operator's part
+            predicted_bytes=float(np.asarray(cost.peak_bytes(padded)).reshape(-1)[0]),
+            floor=floor,
+        )
+        key = cost.calibration_key
+        written.add(str(record_observation(key, cost.device, cost.dtype.name, observation)))
     what = "at least" if floor else "the measured"
     return (
-        f"calibration grown to cover {what} {plan.budget.format(measured)} task"
-        + (" (a worker was killed: the next plan measures the operator first)" if floor else "")
+        f"kept {what} {plan.budget.format(measured)} task beside the calibration "
+        f"(the next plan raises its prediction, at most x2; forget it with `memchunk calibrate "
+        f"{plan.operator} --forget`)"
+        + (": a worker was killed, the next plan measures the operator first" if floor else "")
         + ": "
-        + ", ".join(written)
+        + ", ".join(sorted(written))
     )
-
-
-def _features(operator: Any, known: Any, dtype: str, profile: Mapping[str, Any]) -> dict:
-    """A profile's features: recorded with it (a run's), or computed as calibration did."""
-    if "features" in profile:
-        return dict(profile["features"])
-    from .calibrate import features_of
-
-    stored = dict(known.metadata.get("operator_kwargs", {})) if known else {}
-    kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | stored))
-    return features_of(operator, profile["extents"], dtype, kwargs, profile.get("sizes"))
-
-
-def _never_below(record: Mapping[str, Any], model: Any) -> dict[str, Any]:
-    """``record`` with each coefficient and the intercept at least the current model's."""
-    coefficients = dict(record["coefficients"])
-    for name, value in model.coefficients.items():
-        coefficients[name] = max(float(value), float(coefficients.get(name, 0.0)))
-    intercept = max(float(model.intercept), float(record["intercept"]))
-    return dict(record) | {"coefficients": coefficients, "intercept": intercept}

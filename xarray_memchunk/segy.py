@@ -26,6 +26,7 @@ the tutorials' input).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ DIMS = ("inline", "crossline", "sample")
 FORMAT_DTYPES = {1: "float32", 2: "int32", 3: "int16", 5: "float32", 6: "float64", 8: "int8"}
 #: Trace-header byte positions of the inline and crossline numbers (SEG-Y rev 1).
 INLINE_BYTE, CROSSLINE_BYTE = 189, 193
+#: Bytes of a SEG-Y file's textual and binary headers, and of one trace header.
+FILE_HEADER_BYTES, TRACE_HEADER_BYTES = 3600, 240
 
 
 @dataclass(frozen=True)
@@ -132,21 +135,34 @@ def read_geometry(
 ) -> SegyGeometry:
     """Read a SEG-Y file's headers: its grid, samples, format and byte order.
 
+    segyio's warnings about a byte order that turns out wrong are dropped; those of the one
+    that reads the file are passed on.
+
     Raises
     ------
     MemchunkError
-        When the file is missing, is not SEG-Y (in either byte order), or has two traces at
-        one (inline, crossline).
+        When the file is missing, is not SEG-Y (in either byte order), has no traces, or has
+        two traces at one (inline, crossline).
     """
     _segyio()
     path = str(path)
     if not Path(path).is_file():
         raise MemchunkError(f"input {path!r} does not exist")
+    size = Path(path).stat().st_size
+    if size <= FILE_HEADER_BYTES + TRACE_HEADER_BYTES:
+        raise _fail(
+            path,
+            f"it has no traces ({size} bytes: the file headers take {FILE_HEADER_BYTES}, and "
+            f"each trace {TRACE_HEADER_BYTES} more plus its samples)",
+        )
     orders = ("big", "little") if endian == "auto" else (endian,)
     errors = []
     for order in orders:
         try:
-            with _open(path, order, iline, xline) as f:
+            with (
+                warnings.catch_warnings(record=True) as caught,
+                _open(path, order, iline, xline) as f,
+            ):
                 if f.tracecount == 0 or len(f.samples) == 0:
                     raise RuntimeError("no traces")
                 if str(f.format).startswith("Unknown") or f.dtype is None:
@@ -158,6 +174,10 @@ def read_geometry(
         except (RuntimeError, ValueError, OSError, IndexError, KeyError) as exc:
             errors.append(f"{order}-endian: {exc}")
             continue
+        for warning in caught:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
         return _grid(path, order, iline, xline, inl, xl, samples, dtype, sample_format)
     raise _fail(path, "; ".join(errors))
 

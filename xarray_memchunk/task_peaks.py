@@ -1,4 +1,4 @@
-"""The worker plugin that measures every task's peak memory (see :mod:`xarray_memchunk.runs`).
+"""The worker plugin that measures the memory of every task (see :mod:`xarray_memchunk.runs`).
 
 Imported only where a ``distributed`` cluster is in use, so that importing the package does not
 import ``distributed``.
@@ -8,48 +8,94 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .models.profiling import reset_high_water_mark, status_bytes
-from .runs import PLUGIN_NAME
 
-__all__ = ["KEPT_RECORDS", "TaskPeaks"]
+__all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord"]
 
+#: Name of the worker plugin that measures tasks.
+PLUGIN_NAME = "memchunk-task-peaks"
 #: Task records a worker keeps (the oldest are dropped).
 KEPT_RECORDS = 100_000
 
 
-class TaskPeaks(WorkerPlugin):
-    """Worker plugin: the peak memory and duration of every task a single-threaded worker runs.
+class TaskRecord(NamedTuple):
+    """What a worker measured of one task.
 
-    On a worker with several threads, tasks overlap and a process-wide high-water mark cannot
-    be split among them: nothing is recorded there.
+    Attributes
+    ----------
+    name
+        The task's key name (its layer, for an array task).
+    peak_bytes
+        On a single-threaded worker, the task's own peak above the memory at its start. On a
+        worker with several threads, the worker's growth since its threads were last all idle
+        (tasks overlap there, and a process-wide high-water mark cannot be split among them).
+    seconds
+        The task's duration.
+    ended
+        When it ended (``time.time()``).
+    threads
+        The worker's threads: 1 when ``peak_bytes`` is the task's own.
+    period
+        On a worker with several threads, which busy period (threads not all idle) it ran in.
+    """
+
+    name: str
+    peak_bytes: int
+    seconds: float
+    ended: float
+    threads: int
+    period: int
+
+
+class TaskPeaks(WorkerPlugin):
+    """Worker plugin: the peak memory and duration of every task a worker runs.
+
+    On a single-threaded worker each task's own peak (the high-water mark is reset when it
+    starts). On a worker with several threads, the high-water mark is reset when a task starts
+    on an idle worker, and each task's record holds the worker's growth since then: what all
+    the tasks running together needed, which :func:`xarray_memchunk.runs.report` compares with
+    the plan's prediction for that many tasks.
     """
 
     name = PLUGIN_NAME
     idempotent = True
 
     def setup(self, worker: Any) -> None:
-        """Start with no records; measure only where one task runs at a time."""
-        self.records: deque[tuple[str, int, float, float]] = deque(maxlen=KEPT_RECORDS)
+        """Start with no records."""
+        self.records: deque[TaskRecord] = deque(maxlen=KEPT_RECORDS)
         self.started: dict[Any, tuple[int, float]] = {}
-        self.single = getattr(worker.state, "nthreads", 1) == 1
+        self.threads = int(getattr(worker.state, "nthreads", 1) or 1)
+        self.period = 0
+        self.period_base = 0
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """Reset the high-water mark when a task starts; read it when it ends."""
-        if not self.single:
-            return
+        """Reset the high-water mark when a task starts (alone); read it when it ends."""
         if finish == "executing":
-            reset_high_water_mark()
+            if self.threads == 1 or not self.started:
+                reset_high_water_mark()
+                self.period += 1
+                self.period_base = status_bytes("VmRSS")
             self.started[key] = (status_bytes("VmRSS"), time.perf_counter())
         elif start == "executing" and key in self.started:
             rss, began = self.started.pop(key)
-            peak = max(0, status_bytes("VmHWM") - rss)
+            base = rss if self.threads == 1 else self.period_base
+            peak = max(0, status_bytes("VmHWM") - base)
             name = key[0] if isinstance(key, tuple) else key
-            self.records.append((str(name), peak, time.perf_counter() - began, time.time()))
+            self.records.append(
+                TaskRecord(
+                    str(name),
+                    peak,
+                    time.perf_counter() - began,
+                    time.time(),
+                    self.threads,
+                    self.period,
+                )
+            )
 
-    def since(self, moment: float) -> list[tuple[str, int, float, float]]:
+    def since(self, moment: float) -> list[TaskRecord]:
         """The records of tasks that ended after ``moment`` (a ``time.time()``)."""
-        return [r for r in self.records if r[3] >= moment]
+        return [r for r in self.records if r.ended >= moment]

@@ -14,7 +14,10 @@ runs a few cases of it.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -59,6 +62,9 @@ class SafetyCase:
         memory.
     label
         Name shown in the table.
+    kill_after
+        Seconds into the run after which one worker is killed with SIGKILL (not for memory):
+        the run must still complete, and the next plan must be the same.
     """
 
     op: str
@@ -69,6 +75,7 @@ class SafetyCase:
     kwargs: dict[str, Any] = field(default_factory=dict)
     memory_limit: str | None = None
     label: str = ""
+    kill_after: float | None = None
 
     @property
     def name(self) -> str:
@@ -99,6 +106,8 @@ class SafetyResult:
     seconds: float = 0.0
     completed: bool = False
     error: str = ""
+    learned: str = ""
+    replanned_same: bool | None = None
 
     @property
     def predicted_worker(self) -> int:
@@ -107,8 +116,9 @@ class SafetyResult:
 
     @property
     def safe(self) -> bool:
-        """Completed with no pause and no worker death."""
-        return self.completed and self.pauses == 0 and self.deaths == 0
+        """Completed with no pause and no worker death (but the one killed on purpose)."""
+        on_purpose = 1 if self.case.kill_after is not None else 0
+        return self.completed and self.pauses == 0 and self.deaths <= on_purpose
 
 
 def _input(case: SafetyCase, root: Path) -> xr.DataArray:
@@ -204,6 +214,7 @@ def run_case(
         data = _input(case, root)
         limit = case.memory_limit or choose_limit(case, data)
         result = SafetyResult(case, limit)
+        before = _plan(case, data, limit)  # away from the cluster: what learning may change
         with (
             dask.config.set({"distributed.scheduler.allowed-failures": 1}),
             LocalCluster(
@@ -230,10 +241,18 @@ def run_case(
             result.predicted_slot = plan.predicted_peak_bytes
             result.per_task_budget = plan.budget.per_task
             result.worker_baseline = plan.budget.worker_baseline
-            outcome = run_watched(
-                client,
-                case.name,
-                lambda: _consume(data.memchunk.apply(case.op, **case.kwargs)),
+            result_lazy = _consume(data.memchunk.apply(case.op, **case.kwargs))
+            killer = _killer(client, case.kill_after)
+            outcome = run_watched(client, case.name, lambda: result_lazy)
+            if killer is not None:
+                killer.cancel()
+            if outcome.completed:
+                result.learned = plan.report().learned
+        if outcome.completed:
+            after = _plan(case, data, limit)
+            result.replanned_same = (
+                after.predicted_task_bytes == before.predicted_task_bytes
+                and after.dask_chunks == before.dask_chunks
             )
         result.peak_worker = outcome.peak_bytes
         result.pauses, result.deaths = outcome.pauses, outcome.worker_deaths
@@ -245,6 +264,16 @@ def run_case(
     return result
 
 
+def _killer(client: Any, seconds: float | None) -> threading.Timer | None:
+    """A timer that SIGKILLs the first worker's process ``seconds`` from now, or None."""
+    if seconds is None:
+        return None
+    pid = next(iter(client.run(os.getpid).values()))
+    timer = threading.Timer(seconds, os.kill, (pid, signal.SIGKILL))
+    timer.start()
+    return timer
+
+
 def _mb(n: float) -> str:
     return f"{n / 1e6:.0f}"
 
@@ -254,7 +283,7 @@ def format_table(results: Sequence[SafetyResult]) -> str:
     header = (
         "| operator | dtype | input | shape | limit | binding | chunks | tasks | predicted "
         "task MB | predicted slot MB | worker baseline MB | predicted worker MB | measured "
-        "worker peak MB | pause at MB | pauses | deaths | wall s | outcome |"
+        "worker peak MB | pause at MB | pauses | deaths | wall s | outcome | next plan |"
     )
     rows = [header, "| " + " | ".join(["---"] * (header.count("|") - 1)) + " |"]
     for r in results:
@@ -267,9 +296,16 @@ def format_table(results: Sequence[SafetyResult]) -> str:
             f"| {c.name} | {c.dtype} | {c.source} | {shape} | {r.memory_limit} | {r.binding} | "
             f"{chunks} | {r.n_chunks} | {_mb(r.predicted_task)} | {_mb(r.predicted_slot)} | "
             f"{_mb(r.worker_baseline)} | {_mb(r.predicted_worker)} | {_mb(r.peak_worker)} | "
-            f"{_mb(pause)} | {r.pauses} | {r.deaths} | {r.seconds:.1f} | {outcome} |"
+            f"{_mb(pause)} | {r.pauses} | {r.deaths} | {r.seconds:.1f} | {outcome} | "
+            f"{_replanned(r)} |"
         )
     return "\n".join(rows)
+
+
+def _replanned(result: SafetyResult) -> str:
+    if result.replanned_same is None:
+        return ""
+    return "same" if result.replanned_same else "changed: " + result.learned[:60]
 
 
 def summary(results: Sequence[SafetyResult]) -> str:
@@ -279,7 +315,11 @@ def summary(results: Sequence[SafetyResult]) -> str:
     ratios = [r.peak_worker / r.predicted_worker for r in ran if r.completed and r.predicted_worker]
     worst = f"{max(ratios):.2f}" if ratios else "n/a"
     memory_bound = sum(r.binding == "memory" for r in ran)
+    replanned = [r for r in ran if r.replanned_same is not None]
+    same = sum(bool(r.replanned_same) for r in replanned)
     return (
-        f"{safe} of {len(ran)} planned runs completed with 0 pauses and 0 deaths "
-        f"({memory_bound} memory-bound); largest measured / predicted worker peak: {worst}"
+        f"{safe} of {len(ran)} planned runs completed with 0 pauses and 0 deaths (a worker "
+        f"killed on purpose not counted) "
+        f"({memory_bound} memory-bound); largest measured / predicted worker peak: {worst}; "
+        f"the next plan after the run was the same in {same} of {len(replanned)}"
     )

@@ -7,6 +7,11 @@ One file per operator and device, ``{operator}-{device}.json``, holding one fit 
                           "fit": {...}, "profiles": [...]}},
      "created": "...", "versions": {...}, "machine": {...}}
 
+An operator name that is not a plain file name (characters other than ``A-Z a-z 0-9 . _ -``,
+a leading dot, or longer than 100 characters, e.g. ``"smooth/3x3"``) is stored under a safe
+name: those characters replaced by ``_`` and a short hash of the name appended, so distinct
+names keep distinct files and every file stays inside its directory.
+
 A user calibration (made by :func:`xarray_memchunk.calibrate`) takes precedence over the one
 shipped with the package. User calibrations live in, first found:
 
@@ -15,14 +20,31 @@ shipped with the package. User calibrations live in, first found:
 3. the platform's user data directory: ``$XDG_DATA_HOME/xarray-memchunk/calibrations``
    (``~/.local/share/...`` on Linux), ``~/Library/Application Support/xarray-memchunk/
    calibrations`` on macOS, ``%LOCALAPPDATA%\\xarray-memchunk\\calibrations`` on Windows.
+
+Every file is validated against the schema above before it is used: the format, the operator
+and device it was looked up as, coefficients (by feature name), intercept and
+``seconds_per_element`` finite and non-negative numbers, ``fit`` an object, ``profiles`` a
+list of measured tasks. Loading only parses JSON; it never runs code.
+
+A file that fails is an error, never skipped: :class:`~xarray_memchunk.errors.CalibrationError`
+names the file and what is wrong in it, before anything is computed. Planning without it
+silently could plan with a different model than the user made, so the user decides: delete
+the file (the shipped calibration, or a new measurement, takes its place) or run
+``memchunk calibrate`` again, which replaces an invalid file instead of merging into it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
+import numbers
 import os
+import re
+import reprlib
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -37,12 +59,23 @@ __all__ = [
     "FORMAT",
     "Calibration",
     "calibration_dir",
+    "calibration_file_name",
     "load_calibration",
     "save_calibration",
     "shipped_dir",
+    "write_json_atomically",
+    "writable_calibration_dir",
 ]
 
 FORMAT = "xarray-memchunk-calibration/1"
+
+#: A file name stem used as it is: safe characters, no leading dot, not too long.
+_PLAIN_STEM = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+_UNSAFE_CHARACTER = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class _Invalid(ValueError):
+    """What is wrong in a calibration document (wrapped into a CalibrationError by callers)."""
 
 
 @dataclass(frozen=True)
@@ -74,16 +107,6 @@ class Calibration:
     metadata: dict[str, Any] = field(default_factory=dict)
     profiles: tuple[dict[str, Any], ...] = ()
 
-    @property
-    def lower_bound(self) -> bool:
-        """Whether the model was grown to a killed task's floor, not to a measured peak.
-
-        A task that killed its worker left no record; the run only shows it needed at least
-        what killed the worker (:mod:`xarray_memchunk.runs`). Such a model is not to be planned
-        with: the operator is measured again first.
-        """
-        return bool(self.metadata.get("fit", {}).get("lower_bound", False))
-
 
 def shipped_dir() -> Path:
     """Directory of the calibrations shipped with the package."""
@@ -107,49 +130,205 @@ def calibration_dir() -> Path:
     return base / "xarray-memchunk" / "calibrations"
 
 
-def _file_name(operator: str, device: str) -> str:
-    return f"{operator}-{device}.json"
+def writable_calibration_dir(directory: str | os.PathLike | None = None) -> Path:
+    """Create ``directory`` if needed and check that a file can be written in it.
+
+    Call it before measuring anything, so that a calibration is never measured for nothing.
+    The check writes (and removes) a small file: permission bits alone do not say whether a
+    write succeeds (root, read-only file systems, ``/sys``).
+
+    Parameters
+    ----------
+    directory
+        Where calibrations are to be written; the user calibration directory
+        (:func:`calibration_dir`) by default.
+
+    Returns
+    -------
+    Path
+        The directory, created.
+
+    Raises
+    ------
+    CalibrationError
+        When the directory cannot be created or written, naming it and what to do.
+    """
+    target = Path(directory) if directory is not None else calibration_dir()
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=".memchunk-probe-", dir=target):
+            pass
+    except OSError as exc:
+        where = (
+            "pass a writable directory instead"
+            if directory is not None
+            else "set the environment variable MEMCHUNK_CALIBRATION_DIR or the dask config "
+            "key memchunk.calibration-dir to a writable directory"
+        )
+        reason = "it is a file, not a directory" if target.is_file() else exc.strerror or exc
+        raise CalibrationError(f"cannot write calibrations in {target}: {reason}; {where}") from exc
+    return target
+
+
+def calibration_file_name(operator: str, device: str) -> str:
+    """File name of the calibration of ``operator`` on ``device``, always a plain file name.
+
+    ``{operator}-{device}.json`` where that is a plain file name; otherwise the unsafe
+    characters are replaced by ``_`` and a hash of ``(operator, device)`` is appended, so that
+    the name has no directory part and distinct operators keep distinct files.
+    """
+    stem = f"{operator}-{device}"
+    if _PLAIN_STEM.fullmatch(stem):
+        return f"{stem}.json"
+    digest = hashlib.sha256(json.dumps([operator, device]).encode()).hexdigest()[:12]
+    safe = _UNSAFE_CHARACTER.sub("_", stem).lstrip(".")[:80]
+    return f"{safe}-{digest}.json"
+
+
+def _how_to_fix(path: str | os.PathLike) -> str:
+    """What the user can do about an invalid calibration file."""
+    if Path(path).parent == shipped_dir():
+        return "the installed package is damaged: reinstall xarray-memchunk"
+    return (
+        f"delete {path} (the operator is then planned with its shipped calibration, or "
+        f"measured again) or calibrate it again (`memchunk calibrate`)"
+    )
+
+
+def _describe(value: Any) -> str:
+    """A short text of a JSON value for an error message."""
+    return f"{type(value).__name__} {reprlib.repr(value)}"
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object with string keys."""
+    if not isinstance(value, Mapping):
+        raise _Invalid(f"{where} must be an object, not {_describe(value)}")
+    for key in value:
+        if not isinstance(key, str):
+            raise _Invalid(f"{where} has a name that is not a string: {_describe(key)}")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    """``value`` as a float, if it is a finite, non-negative JSON number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _Invalid(f"{where} must be a number, not {_describe(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond float's range
+        number = math.inf
+    if not (math.isfinite(number) and number >= 0):
+        raise _Invalid(f"{where} must be a finite number >= 0, not {reprlib.repr(value)}")
+    return number
+
+
+def _numbers(value: Any, where: str) -> dict[str, float]:
+    """An object of finite, non-negative numbers, by name."""
+    return {k: _number(v, f"{where}[{k!r}]") for k, v in _object(value, where).items()}
+
+
+def _check_profiles(value: Any, where: str) -> None:
+    """The measured tasks of a fit: a list of objects with ``extents`` and ``peak_bytes``."""
+    if not isinstance(value, list):
+        raise _Invalid(f"{where} must be a list, not {_describe(value)}")
+    for i, profile in enumerate(value):
+        _object(profile, f"{where}[{i}]")
+        for key in ("extents", "peak_bytes"):
+            if key not in profile:
+                raise _Invalid(f"{where}[{i}] lacks {key!r}")
+        _numbers(profile["extents"], f"{where}[{i}]['extents']")
+        _number(profile["peak_bytes"], f"{where}[{i}]['peak_bytes']")
+        for key in ("sizes", "features"):
+            if key in profile:
+                _numbers(profile[key], f"{where}[{i}][{key!r}]")
+
+
+def _check_fit(fit: Any, where: str) -> None:
+    """One dtype's fit: coefficients, intercept, time per element, fit figures, profiles."""
+    _object(fit, where)
+    for key in ("coefficients", "intercept", "seconds_per_element"):
+        if key not in fit:
+            raise _Invalid(f"{where} lacks {key!r}")
+    _numbers(fit["coefficients"], f"{where}['coefficients']")
+    _number(fit["intercept"], f"{where}['intercept']")
+    _number(fit["seconds_per_element"], f"{where}['seconds_per_element']")
+    figures = _object(fit.get("fit", {}), f"{where}['fit']")
+    if figures.get("max_task_elements") is not None:
+        _number(figures["max_task_elements"], f"{where}['fit']['max_task_elements']")
+    _check_profiles(fit.get("profiles", []), f"{where}['profiles']")
+
+
+def _check_document(document: Any) -> None:
+    """Validate a whole calibration document against the schema (module docstring).
+
+    Raises
+    ------
+    _Invalid
+        Saying what is wrong and where.
+    """
+    _object(document, "the document")
+    if document.get("format") != FORMAT:
+        raise _Invalid(f"it is not an xarray-memchunk calibration (expected format {FORMAT!r})")
+    for key in ("operator", "device"):
+        if key not in document:
+            raise _Invalid(f"it lacks {key!r}")
+        if not isinstance(document[key], str):
+            raise _Invalid(f"{key!r} must be a string, not {_describe(document[key])}")
+    fits = _object(document.get("fits"), "'fits'")
+    for dtype, fit in fits.items():
+        _check_fit(fit, f"fits[{dtype!r}]")
 
 
 @lru_cache(maxsize=64)
 def _read(path: str, mtime: float) -> dict[str, Any]:
+    """The calibration document in ``path``, parsed and validated (cached per mtime)."""
     try:
         with open(path, encoding="utf-8") as f:
             document = json.load(f)
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CalibrationError(f"cannot read calibration {path}: {exc}") from exc
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
+    except (OSError, ValueError, RecursionError) as exc:
+        # ValueError: not JSON, not UTF-8, or an integer too long; RecursionError: nested
+        # too deeply
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise CalibrationError(
-            f"{path} is not an xarray-memchunk calibration (expected format {FORMAT!r}); "
-            f"delete it or run `memchunk calibrate` again"
-        )
+            f"cannot read calibration {path}: {reason}; {_how_to_fix(path)}"
+        ) from None
+    try:
+        _check_document(document)
+    except _Invalid as exc:
+        raise CalibrationError(f"invalid calibration {path}: {exc}; {_how_to_fix(path)}") from None
     return document
 
 
 def _parse_fit(document: dict[str, Any], dtype: str, path: str) -> Calibration | None:
-    fit = document.get("fits", {}).get(dtype)
+    """The ``dtype`` fit of a validated document, or None when it has none."""
+    fit = document["fits"].get(dtype)
     if fit is None:
         return None
-    try:
-        coefficients = {str(k): float(v) for k, v in fit["coefficients"].items()}
-        model = LinearMemoryModel(
-            coefficients=coefficients,
-            intercept=float(fit["intercept"]),
-            source=f"calibration {path}",
-        )
-        seconds = float(fit["seconds_per_element"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CalibrationError(f"malformed {dtype} fit in calibration {path}: {exc!r}") from exc
     return Calibration(
         operator=document["operator"],
-        device=document.get("device", "cpu"),
+        device=document["device"],
         dtype=dtype,
-        model=model,
-        seconds_per_element=seconds,
+        model=LinearMemoryModel(
+            coefficients=dict(fit["coefficients"]),
+            intercept=float(fit["intercept"]),
+            source=f"calibration {path}",
+        ),
+        seconds_per_element=float(fit["seconds_per_element"]),
         path=path,
         metadata={k: v for k, v in document.items() if k != "fits"} | {"fit": fit.get("fit", {})},
         profiles=tuple(fit.get("profiles", [])),
     )
+
+
+def _check_identity(document: Mapping[str, Any], operator: str, device: str, path: str) -> None:
+    """Refuse a file that holds another operator's or device's calibration."""
+    for key, expected in (("operator", operator), ("device", device)):
+        if document[key] != expected:
+            raise CalibrationError(
+                f"calibration {path} is for {key} {document[key]!r}, not {expected!r}; "
+                f"{_how_to_fix(path)}"
+            )
 
 
 def load_calibration(operator: str, device: str, dtype: str) -> Calibration | None:
@@ -163,15 +342,45 @@ def load_calibration(operator: str, device: str, dtype: str) -> Calibration | No
     Raises
     ------
     CalibrationError
-        When a calibration file exists but is not valid.
+        When a calibration file exists but is not valid (see the module docstring).
     """
     for directory in (calibration_dir(), shipped_dir()):
-        path = directory / _file_name(operator, device)
+        path = directory / calibration_file_name(operator, device)
         if path.is_file():
-            found = _parse_fit(_read(str(path), path.stat().st_mtime), dtype, str(path))
+            document = _read(str(path), path.stat().st_mtime)
+            _check_identity(document, operator, device, str(path))
+            found = _parse_fit(document, dtype, str(path))
             if found is not None:
                 return found
     return None
+
+
+def _existing(path: Path, operator: str, device: str) -> dict[str, Any]:
+    """The valid document of ``operator`` on ``device`` in ``path`` to update, or nothing.
+
+    A file that is not a valid calibration of them is replaced, not merged into.
+    """
+    if not path.is_file():
+        return {}
+    try:
+        document = _read(str(path), path.stat().st_mtime)
+        _check_identity(document, operator, device, str(path))
+    except CalibrationError:
+        return {}
+    return document
+
+
+def write_json_atomically(document: Mapping[str, Any], path: Path) -> None:
+    """Write ``document`` as JSON to ``path`` through a temporary file, removed on failure."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def save_calibration(
@@ -186,11 +395,11 @@ def save_calibration(
     Parameters
     ----------
     operator, device
-        Which calibration file.
+        Which calibration file (:func:`calibration_file_name`).
     fits
         One entry per dtype: ``coefficients``, ``intercept``, ``seconds_per_element``,
         ``fit`` (error figures) and optionally ``profiles``. Dtypes already in the file and
-        not in ``fits`` are kept.
+        not in ``fits`` are kept; a file that is not a valid calibration is replaced.
     metadata
         Top-level facts: ``created``, ``versions``, ``machine``.
     directory
@@ -200,18 +409,23 @@ def save_calibration(
     -------
     Path
         The file written.
+
+    Raises
+    ------
+    CalibrationError
+        When the directory cannot be written, or ``fits`` do not pass the schema (nothing is
+        written then).
     """
-    directory = Path(directory) if directory is not None else calibration_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / _file_name(operator, device)
-    document: dict[str, Any] = {"format": FORMAT, "operator": operator, "device": device}
-    if path.is_file():
-        document = _read(str(path), path.stat().st_mtime) | document
-    document = document | metadata
+    path = writable_calibration_dir(directory) / calibration_file_name(operator, device)
+    identity = {"format": FORMAT, "operator": operator, "device": device}
+    document = _existing(path, operator, device) | metadata | identity
     document["fits"] = dict(document.get("fits", {})) | fits
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        _check_document(document)
+    except _Invalid as exc:
+        raise CalibrationError(f"not writing calibration {path}: {exc}") from None
+    try:
+        write_json_atomically(document, path)
+    except OSError as exc:
+        raise CalibrationError(f"cannot write calibration {path}: {exc}") from exc
     return path

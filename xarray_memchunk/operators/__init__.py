@@ -4,7 +4,7 @@ from .base import DimUse, Operator
 from .blockwise import BlockwiseOperator, operator
 from .gst3d import GST3D
 from .reductions import REDUCTIONS, Reduction
-from .registry import get_operator, operator_names, register_operator
+from .registry import get_operator, operator_names, register_builtins, register_operator
 from .svd import SVD
 
 __all__ = [
@@ -20,5 +20,4 @@ __all__ = [
     "register_operator",
 ]
 
-for _op in (*REDUCTIONS, GST3D(), SVD()):
-    register_operator(_op)
+register_builtins((*REDUCTIONS, GST3D(), SVD()))

@@ -3,16 +3,26 @@
 Without a memory model, the operator calibrates itself on its first plan
 (:func:`xarray_memchunk.calibrate.self_calibrate`): its tasks are measured in a Dask worker on a
 few growing blocks of the data's dtype, and the fit is saved as a user calibration named after
-the function's identity and source, so a changed function is measured again.
+the function's identity (:mod:`~xarray_memchunk.operators.identity`: its code, what it closes
+over, its bound object and its keyword arguments), so a changed function is measured again.
+
+Before anything runs, the function is called once on a small block of ones (a probe): a
+function that does not return an array of the expected shape is refused, and the lazy result
+takes the dtype the probe returned. Each block's result is checked the same way at compute.
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import inspect
+import uuid
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import dask
+import dask.base
+import dask.utils
 import numpy as np
 import xarray as xr
 
@@ -20,33 +30,156 @@ from ..errors import CalibrationError, DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import CostTerms, DimUse, Operator
+from .identity import Identity, identify, module_of
 from .sources import map_blocks_with_halo
 
-__all__ = ["BlockwiseOperator", "function_identity"]
+__all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "operator"]
+
+#: Arguments planning adds to :meth:`~Operator.cost_terms`; not the function's.
+PLANNING_ARGUMENTS = frozenset({"array_sizes", "array_dtype", "array_device"})
+#: Elements of the probe block per dim, beyond twice the halo depth.
+PROBE_LENGTH = 8
 
 
 def function_identity(func: Callable[..., Any], *details: Any) -> str:
-    """A short, stable digest of ``func`` (module, name and source) and ``details``.
+    """A short, stable digest of ``func`` (code, closure, defaults, bound state) and ``details``.
 
-    Functions whose source cannot be read (built in, or defined where ``inspect`` finds no
-    file) are identified by their compiled code and constants.
+    See :func:`~xarray_memchunk.operators.identity.identify`, which also says whether the digest
+    can be trusted.
     """
-    target = getattr(func, "func", func)  # functools.partial
-    try:
-        body = inspect.getsource(target)
-    except (OSError, TypeError):
-        code = getattr(target, "__code__", None)
-        body = repr((code.co_code, code.co_consts)) if code is not None else repr(target)
-    text = "|".join(
-        [
-            getattr(target, "__module__", "") or "",
-            getattr(target, "__qualname__", "") or "",
-            body,
-            repr(getattr(func, "keywords", None)),
-            *map(repr, details),
-        ]
+    return identify(func, *details).digest[:12]
+
+
+def function_name(func: Callable[..., Any]) -> str | None:
+    """``func.__name__``, looking through ``functools.partial``; None for a nameless callable."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    name = getattr(func, "__name__", None)
+    return name if isinstance(name, str) else None
+
+
+def _returned(value: Any) -> str:
+    """What a user function returned, in words."""
+    if value is None:
+        return "None (does it lack a return statement?)"
+    if _is_array(value):
+        return f"a {np.dtype(value.dtype)} array of shape {tuple(value.shape)}"
+    if isinstance(value, np.generic):
+        return f"a scalar ({type(value).__name__})"
+    return f"a {type(value).__name__}"
+
+
+def _is_array(value: Any) -> bool:
+    """Whether ``value`` is an array a Dask block may hold (NumPy, CuPy, ...), not a scalar."""
+    return not isinstance(value, np.generic) and all(
+        hasattr(value, a) for a in ("shape", "dtype", "__array_function__")
     )
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+class CheckedBlockFunction:
+    """``func`` applied to one block, its result checked, and cast to the declared dtype.
+
+    A result that is not an array of the expected shape (the block's, less ``drop_axes``, plus
+    ``new_lengths`` at the end), or, with no dtype declared, not of the lazy result's dtype,
+    raises a :class:`MemchunkError` that names the function and what it returned.
+
+    Parameters
+    ----------
+    operator
+        Name of the operator, for messages.
+    func
+        The user's block function.
+    dtype
+        dtype of the lazy result; None checks the shape only.
+    declared
+        Whether the user declared ``dtype``: blocks of another dtype are then cast to it.
+    drop_axes
+        Axes of the block that ``func`` removes.
+    new_lengths
+        Lengths of the axes that ``func`` adds after the others.
+    """
+
+    def __init__(
+        self,
+        operator: str,
+        func: Callable[..., Any],
+        dtype: np.dtype | None,
+        *,
+        declared: bool = False,
+        drop_axes: Sequence[int] = (),
+        new_lengths: Sequence[int] = (),
+    ) -> None:
+        self.operator = operator
+        self.func = func
+        self.dtype = np.dtype(dtype) if dtype is not None else None
+        self.declared = declared
+        self.drop_axes = tuple(drop_axes)
+        self.new_lengths = tuple(new_lengths)
+        self.__name__ = dask.utils.funcname(func)  # the graph's layers are named as before
+
+    def __call__(self, block: Any, **kwargs: Any) -> Any:
+        """``func(block, **kwargs)``, checked (and cast to a declared dtype)."""
+        out = self.check(block, self.func(block, **kwargs))
+        if self.dtype is None or out.dtype == self.dtype:
+            return out
+        if not self.declared:
+            raise MemchunkError(
+                f"operator {self.operator!r}: {self._function} returned a {out.dtype} block "
+                f"where its result was planned as {self.dtype}: declare the result's dtype "
+                f"with dtype=..."
+            )
+        return out.astype(self.dtype, copy=False)
+
+    def check(self, block: Any, out: Any) -> Any:
+        """``out`` when it is an array of the shape expected for ``block``.
+
+        Raises
+        ------
+        MemchunkError
+            Naming the function, what it returned and what was expected.
+        """
+        kept = [n for axis, n in enumerate(block.shape) if axis not in self.drop_axes]
+        expected = (*kept, *self.new_lengths)
+        if _is_array(out) and tuple(out.shape) == expected:
+            return out
+        raise MemchunkError(
+            f"operator {self.operator!r}: {self._function} returned {_returned(out)} for a "
+            f"{np.dtype(block.dtype)} block of shape {tuple(block.shape)}; it must return an "
+            f"array of shape {expected} (the block's shape, less drop_dims, plus new_dims at "
+            f"the end)"
+        )
+
+    @property
+    def _function(self) -> str:
+        name = function_name(self.func)
+        return f"function {name!r}" if name else "its function"
+
+    def __dask_tokenize__(self) -> tuple:
+        dtype = self.dtype.str if self.dtype is not None else None
+        func = dask.base.tokenize(self.func)
+        return (type(self).__name__, func, dtype, self.declared, self.drop_axes, self.new_lengths)
+
+
+def probe_dtype(
+    checked: CheckedBlockFunction, block: np.ndarray, kwargs: Mapping[str, Any]
+) -> np.dtype | None:
+    """The dtype ``checked.func`` returns for ``block``; None when the function raised.
+
+    A function that raises on a small block of ones may still work on real blocks: it is then
+    checked at compute only.
+
+    Raises
+    ------
+    MemchunkError
+        When the function returns something other than an array of the expected shape.
+    """
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = checked.func(block, **kwargs)
+    except Exception:  # the user's function failed on the probe: checked at compute instead
+        return None
+    return np.dtype(checked.check(block, out).dtype)
 
 
 class BlockwiseOperator(Operator):
@@ -68,7 +201,8 @@ class BlockwiseOperator(Operator):
     whole
         Dims that must be one chunk.
     dtype
-        dtype of the result (the input's by default).
+        dtype of the result: each block is cast to it. Left out, the dtype the function
+        returns for a small probe block (the input's when the probe raised).
     drop_dims
         Dims ``func`` removes (reduces over); they are kept whole.
     new_dims
@@ -78,6 +212,18 @@ class BlockwiseOperator(Operator):
     devices
         Where ``func`` runs: ``("cpu",)`` for NumPy blocks; add ``"gpu"`` when it also takes
         CuPy blocks (the plan is then budgeted against the GPU's memory for CuPy data).
+
+    Attributes
+    ----------
+    calibration
+        Name its self-calibration is saved under: the name and the function's identity
+        (:mod:`~xarray_memchunk.operators.identity`); unique to this object where the
+        identity is unknown, so that no other function's calibration is used.
+    identity_known
+        False when a value the function depends on (closed over, bound, a default, a global of
+        its module) could not be hashed stably: its calibration is then never shared.
+    identity_reason
+        Which value, and why; empty when the identity is known.
 
     Examples
     --------
@@ -120,9 +266,13 @@ class BlockwiseOperator(Operator):
             )
         if any(k < 0 for k in self.depth.values()):
             raise MemchunkError(f"operator {name!r}: halo depths must be >= 0, got {depth!r}")
-        #: Calibration file of this function (its identity and declared shape).
-        shape = (self.depth, self.whole, dtype, self.drop_dims, self.new_dims)
-        self.calibration = f"{name}-{function_identity(func, *shape)}"
+        result = (self.output_dtype.str if self.output_dtype is not None else None, self.new_dims)
+        identity = identify(func, self.depth, self.whole, self.drop_dims, *result)
+        self.identity_known = identity.known
+        self.identity_reason = identity.reason
+        digest = identity.digest if identity.known else uuid.uuid4().hex
+        self.calibration = f"{name}-{digest[:12]}"
+        self._probed: dict[tuple, np.dtype | None] = {}
 
     @property
     def self_calibrating(self) -> bool:
@@ -157,9 +307,107 @@ class BlockwiseOperator(Operator):
         """Bytes per output element."""
         return self.output_dtype.itemsize if self.output_dtype is not None else itemsize
 
+    def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
+        """Check that ``func(block, **kwargs)`` matches the function's signature.
+
+        Raises
+        ------
+        MemchunkError
+            When the function does not take these keyword arguments (or needs others).
+        """
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):  # no signature to check (some built-in functions)
+            return kwargs
+        try:
+            signature.bind(None, **kwargs)
+        except TypeError as exc:
+            call = ", ".join(["block", *(f"{k}=..." for k in kwargs)])
+            raise MemchunkError(
+                f"operator {self.name!r} calls its function as "
+                f"{function_name(self.func) or 'func'}({call}), which fails: {exc}; the "
+                f"function's signature is {signature}: pass only the keyword arguments it takes"
+            ) from None
+        return kwargs
+
+    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Check the dims of ``da`` and probe the function on a small block of its dtype.
+
+        Raises
+        ------
+        DimensionError
+            When ``da`` lacks a dim the operator needs.
+        MemchunkError
+            When the function returns something other than an array of the expected shape.
+        """
+        self.dim_uses(da)
+        self.result_dtype(da, kwargs)
+        return kwargs
+
+    def result_dtype(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> np.dtype:
+        """The result's dtype: declared, else the probe's, else the input's."""
+        probed = self._probe(da, kwargs)
+        if self.output_dtype is not None:
+            return self.output_dtype
+        return probed if probed is not None else np.dtype(da.dtype)
+
+    def _probe(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> np.dtype | None:
+        """The dtype ``func`` returns for a small block of ones (halo included), remembered."""
+        shape = tuple(
+            min(n, 2 * self.depth.get(str(d), 0) + PROBE_LENGTH) for d, n in da.sizes.items()
+        )
+        arguments = self.argument_identity(**kwargs)
+        key = (np.dtype(da.dtype).str, shape, arguments.digest)
+        if key in self._probed:
+            return self._probed[key]
+        if 0 in shape:
+            return None
+        block = np.ones(shape, dtype=da.dtype)
+        probed = probe_dtype(self._checked(da, None), block, kwargs)
+        if arguments.known:
+            self._probed[key] = probed
+        return probed
+
+    def _checked(self, da: xr.DataArray, dtype: np.dtype | None) -> CheckedBlockFunction:
+        return CheckedBlockFunction(
+            self.name,
+            self.func,
+            dtype,
+            declared=self.output_dtype is not None,
+            drop_axes=[da.get_axis_num(d) for d in self.drop_dims],
+            new_lengths=list(self.new_dims.values()),
+        )
+
+    def argument_identity(self, **kwargs: Any) -> Identity:
+        """Identity of the function's keyword arguments (the planner's own are left out).
+
+        Where they cannot be hashed stably, the digest is of the objects themselves (their
+        ``id``): other objects are calibrated apart, and the reason says why.
+        """
+        arguments = {k: v for k, v in kwargs.items() if k not in PLANNING_ARGUMENTS}
+        if not arguments:
+            return Identity("")
+        identity = identify(arguments, home=module_of(self.func))
+        if identity.known:
+            return identity
+        objects = sorted((k, id(v)) for k, v in arguments.items())
+        return Identity(dask.base.tokenize(objects), identity.reason)
+
+    def unknown_identity(self, **kwargs: Any) -> str:
+        """Why the calibration of these arguments may not be this function's; ``""`` if sure.
+
+        A self-calibrating operator whose identity is unknown is measured again rather than
+        planned with a saved calibration.
+        """
+        reasons = [self.identity_reason, self.argument_identity(**kwargs).reason]
+        return "; ".join(r for r in reasons if r)
+
     def cost_terms(self, **kwargs: Any) -> CostTerms:
-        """Calibrated under the function's own identity (a changed function, a new file)."""
-        return CostTerms(self.calibration)
+        """Calibrated under the function's identity and its keyword arguments' content."""
+        arguments = self.argument_identity(**kwargs)
+        if not arguments.digest:
+            return CostTerms(self.calibration)
+        return CostTerms(f"{self.calibration}-{arguments.digest[:8]}")
 
     def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
         """The model given at construction.
@@ -177,34 +425,35 @@ class BlockwiseOperator(Operator):
         return self.memory_model
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
-        """Apply ``func`` block by block (with halos where declared), lazily."""
-        dtype = self.output_dtype or da.dtype
+        """Apply ``func`` block by block (with halos where declared), lazily, checked."""
+        checked = self._checked(da, self.result_dtype(da, kwargs))
         if self.drop_dims or self.new_dims:
-            return self._reshaping(da, dtype, **kwargs)
+            return self._reshaping(da, checked, **kwargs)
         depth = {da.get_axis_num(d): u.depth for d, u in uses.items() if u.role is DimRole.HALO}
-        data = map_blocks_with_halo(da.data, self.func, depth, dtype, **kwargs)
+        data = map_blocks_with_halo(da.data, checked, depth, checked.dtype, **kwargs)
         if not hasattr(data, "dask"):  # NumPy data: computed now
-            data = np.asarray(data).astype(dtype, copy=False)
+            data = np.asarray(data)
         return da.copy(data=data)
 
-    def _reshaping(self, da: xr.DataArray, dtype: np.dtype, **kwargs: Any) -> xr.DataArray:
+    def _reshaping(
+        self, da: xr.DataArray, checked: CheckedBlockFunction, **kwargs: Any
+    ) -> xr.DataArray:
         """``func`` that drops or adds dims: one task per chunk, the dropped dims whole."""
         kept = [d for d in da.dims if d not in self.drop_dims]
         dims = [*kept, *self.new_dims]
         coords = {k: v for k, v in da.coords.items() if set(v.dims) <= set(kept)}
         if not hasattr(da.data, "dask"):
-            data = np.asarray(self.func(np.asarray(da.data), **kwargs)).astype(dtype, copy=False)
+            data = np.asarray(checked(np.asarray(da.data), **kwargs))
             return xr.DataArray(data, dims=dims, coords=coords, name=da.name)
-        axes = [da.get_axis_num(d) for d in self.drop_dims]
         chunks = [c for d, c in zip(da.dims, da.data.chunks, strict=True) if d in kept]
         chunks += [(n,) for n in self.new_dims.values()]
         data = da.data.map_blocks(
-            self.func,
-            dtype=dtype,
-            drop_axis=axes,
+            checked,
+            dtype=checked.dtype,
+            drop_axis=list(checked.drop_axes),
             new_axis=list(range(len(kept), len(dims))) if self.new_dims else None,
             chunks=tuple(chunks),
-            meta=np.empty((0,) * len(dims), dtype=dtype),
+            meta=np.empty((0,) * len(dims), dtype=checked.dtype),
             **kwargs,
         )
         return xr.DataArray(data, dims=dims, coords=coords, name=da.name)
@@ -224,9 +473,10 @@ def operator(
 ) -> Callable[[Callable[..., np.ndarray]], BlockwiseOperator]:
     """Decorate a NumPy block function to make it a (self-calibrating) operator.
 
-    Takes :class:`BlockwiseOperator`'s arguments; the name defaults to the function's. The
-    operator is registered (replacing one of the same name, so a notebook cell can be run
-    again) unless ``register=False``.
+    Takes :class:`BlockwiseOperator`'s arguments; the name defaults to the function's (a
+    ``functools.partial``'s function's). The operator is registered (replacing a user operator
+    of the same name, so a notebook cell can be run again; never a built-in one) unless
+    ``register=False``.
 
     Examples
     --------
@@ -240,7 +490,7 @@ def operator(
         from .registry import register_operator
 
         op = BlockwiseOperator(
-            name or func.__name__,
+            name or _decorated_name(func),
             func,
             memory_model=memory_model,
             depth=depth,
@@ -255,3 +505,14 @@ def operator(
         return op
 
     return wrap
+
+
+def _decorated_name(func: Callable[..., Any]) -> str:
+    """The name :func:`operator` gives ``func``'s operator: the function's name."""
+    name = function_name(func)
+    if name is None:
+        raise MemchunkError(
+            f"@xarray_memchunk.operator cannot name an operator after {func!r}, which has no "
+            f"function name: give one with @xarray_memchunk.operator(name=...)"
+        )
+    return name

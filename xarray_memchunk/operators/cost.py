@@ -18,12 +18,48 @@ import xarray as xr
 
 from ..errors import MemchunkError
 from ..models import Calibration, LinearMemoryModel, load_calibration
-from ..planning.footprint import InputLayout
+from ..models.learned import Learned, load_learned
+from ..planning.footprint import InputKind, InputLayout
 from ..planning.problem import DimUse
 from .base import Operator
-from .sources import input_kind, source_chunks
+from .production import InputProduction, input_production
+from .sources import contiguous_storage, input_kind, source_chunks
 
-__all__ = ["TaskCost", "bind_features", "resolve_cost"]
+__all__ = [
+    "TaskCost",
+    "bind_features",
+    "resolve_cost",
+    "squared_extent_feature",
+    "with_squared_extents",
+]
+
+
+def squared_extent_feature(dim: str) -> str:
+    """Name of the feature ``extent(dim)**2 x itemsize``: a cost quadratic in one dim."""
+    return f"{dim}_extent_squared_bytes"
+
+
+def with_squared_extents(
+    features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+    dims: tuple[str, ...] | list[str],
+    itemsize: int,
+) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+    """``features`` plus :func:`squared_extent_feature` of each of ``dims``.
+
+    Self-calibration adds them where a function's memory grows faster than its block along a
+    dim (``g = b.T @ b`` holds ``extent**2`` elements of the dim it keeps).
+    """
+    if not dims:
+        return features
+
+    def extended(padded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = features(padded)
+        for dim in dims:
+            extent = np.asarray(padded[dim], dtype=np.float64)
+            values[squared_extent_feature(dim)] = extent * extent * itemsize
+        return values
+
+    return extended
 
 
 @dataclass(frozen=True)
@@ -56,6 +92,12 @@ class TaskCost:
         The operator's task features for padded extents (already bound to this variable).
     calibration
         The calibration the model comes from, or None for an analytic or given model.
+    calibration_key
+        The operator's calibration name for these arguments (its files are named after it).
+    learned
+        What runs taught about the model (already applied to ``model``), or None.
+    production
+        What producing one block of the input measured (a graph's data), or None.
     """
 
     variable: str
@@ -71,6 +113,18 @@ class TaskCost:
     layout: InputLayout
     features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
     calibration: Calibration | None = None
+    calibration_key: str = ""
+    learned: Learned | None = None
+    production: InputProduction | None = None
+
+    @property
+    def max_extents(self) -> dict[str, float]:
+        """Largest padded extent per dim the model was measured on, where it must not go past.
+
+        Set by self-calibration for dims along which memory grew faster than the block.
+        """
+        fit = self.calibration.metadata.get("fit", {}) if self.calibration else {}
+        return {str(d): float(n) for d, n in (fit.get("max_extents") or {}).items()}
 
     @property
     def max_task_elements(self) -> float | None:
@@ -138,6 +192,8 @@ def resolve_cost(
     terms = operator.cost_terms(**kwargs, array_sizes=sizes, array_dtype=dtype, array_device=device)
     calibration = load_calibration(terms.calibration, device, dtype.name)
     if calibration is not None:
+        squared = calibration.metadata.get("fit", {}).get("squared_dims") or []
+        features = with_squared_extents(features, [str(d) for d in squared], dtype.itemsize)
         model, seconds, source = (
             calibration.model,
             calibration.seconds_per_element,
@@ -146,7 +202,12 @@ def resolve_cost(
     else:
         model = operator.default_model(dtype, **kwargs)
         seconds, source = operator.default_seconds_per_element, "analytic (not calibrated)"
+    learned = load_learned(terms.calibration, device, dtype.name)
+    if learned is not None and learned.scale(model) > 1.0:
+        source = f"{source}, x{learned.scale(model):.2f} learned from runs ({learned.path})"
+        model = learned.applied_to(model)
     dims = tuple(str(d) for d in da.dims)
+    production = input_production(da) if input_kind(da) is InputKind.GRAPH else None
     return TaskCost(
         variable=name,
         dims=dims,
@@ -166,7 +227,12 @@ def resolve_cost(
             source_chunks(da),
             terms.held_share,
             terms.held_per_chunk,
+            contiguous_storage(da),
+            production.extra_bytes if production else 0.0,
         ),
+        production=production,
         features=features,
         calibration=calibration,
+        calibration_key=terms.calibration,
+        learned=learned,
     )

@@ -15,6 +15,7 @@ deviations: a halo of 3 + 6 = 9 voxels per side.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,6 +90,40 @@ def spatial_dims(da: xr.DataArray, dims: Sequence[str] | None = None) -> tuple[s
     return found  # type: ignore[return-value]
 
 
+def _check_radius(label: str, scale: float, truncate: float, dim: str, length: int) -> None:
+    """Refuse a Gaussian kernel whose radius is longer than the volume's longest dim.
+
+    Such a halo cannot be what was meant, and it would be planned and run at any cost
+    (``truncate=1e6`` on a 24 x 20 x 18 volume: a halo of 3 million voxels per side, planned
+    as one 2.6 MB task).
+
+    Raises
+    ------
+    MemchunkError
+        Stating the radius, the dim's length and a value of ``truncate`` or ``label`` that fits.
+    """
+    radius = truncate * scale + 0.5  # scipy's radius is int() of this; inf where it overflows
+    if radius < length + 1:
+        return
+    shown = f"a radius of {int(radius):,} voxels" if math.isfinite(radius) else "an infinite radius"
+    if length / scale >= 1:  # truncating at one standard deviation or more still fits
+        suggestion = f"truncate <= {_round_down(length / scale)} (the default is 3)"
+    else:
+        suggestion = f"{label} <= {_round_down(length / 3)} with the default truncate=3"
+    raise MemchunkError(
+        f"gst3d's Gaussian kernel for {label}={scale:g}, truncated at truncate={truncate:g}, "
+        f"has {shown}, longer than the volume's longest dim {dim!r} "
+        f"({length} voxels): a halo longer than the volume cannot be what was meant; use "
+        f"{suggestion}"
+    )
+
+
+def _round_down(value: float) -> str:
+    """``value`` rounded down to 3 significant digits, for a suggested upper bound."""
+    digits = 2 - math.floor(math.log10(value))
+    return f"{math.floor(value * 10**digits) / 10**digits:g}"
+
+
 class GST3D(Operator):
     """Gradient structure tensor attributes of 3-D seismic amplitudes.
 
@@ -145,10 +180,35 @@ class GST3D(Operator):
             "dtype": np.dtype(dtype).name,
         }
 
-    #: Amplitudes: integers (counts, converted to float32 block by block) or floats.
+    #: Amplitudes: integers (counts) and float16, converted to float32 block by block, or
+    #: float32 and float64 (float128 is refused by :meth:`bind`).
     dtype_kinds = "iuf"
     #: NumPy blocks run SciPy's filters; CuPy blocks ``cupyx.scipy.ndimage`` and a fused kernel.
     devices = ("cpu", "gpu")
+
+    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Check the data's dtype and the Gaussian kernels' radii against the volume.
+
+        Raises
+        ------
+        MemchunkError
+            float128 data (SciPy's filters compute in float32 or float64), or a kernel whose
+            radius is longer than the volume's longest spatial dim.
+        DimensionError
+            When the spatial dims cannot be found.
+        """
+        if da.dtype.kind == "f" and da.dtype.itemsize > 8:
+            raise MemchunkError(
+                f"gst3d computes in float32 or float64 and SciPy's filters take no {da.dtype}: "
+                f"convert the data first, e.g. .astype('float64')"
+            )
+        if kwargs["kernel"] == "gaussian" and da.dtype.kind in self.dtype_kinds:
+            # (other dtypes are refused, naming the dtype, when their cost is resolved)
+            spatial = spatial_dims(da, kwargs["dims"])
+            longest = max(spatial, key=lambda d: da.sizes[d])
+            for label in ("sigma", "rho"):
+                _check_radius(label, kwargs[label], kwargs["truncate"], longest, da.sizes[longest])
+        return kwargs
 
     def dim_uses(self, da: xr.DataArray, dims=None, **kwargs: Any) -> dict[str, DimUse]:
         """The three spatial dims are halo dims; any other dim (a stack of volumes) is free."""

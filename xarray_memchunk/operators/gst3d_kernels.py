@@ -224,12 +224,13 @@ def gst3d_on_axes(
 ) -> np.ndarray:
     """:func:`gst3d_block` on a block whose (inline, crossline, sample) are ``axes``.
 
-    Integer amplitudes are converted to float32 here, block by block. Other axes (a stack
-    of volumes) are looped over. Keyword arguments are :func:`gst3d_block`'s.
+    Integer and float16 amplitudes are converted to float32 here, block by block (SciPy's
+    filters take neither). Other axes (a stack of volumes) are looped over. Keyword
+    arguments are :func:`gst3d_block`'s.
     """
     last = (-3, -2, -1)
     xp = array_module(block)
     moved = xp.moveaxis(block, axes, last)
-    if moved.dtype.kind != "f":
+    if moved.dtype not in (np.float32, np.float64):
         moved = moved.astype(np.float32)
     return xp.moveaxis(gst3d_block(moved, **kwargs), last, axes)

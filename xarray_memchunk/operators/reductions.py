@@ -106,6 +106,7 @@ SPECS = {
         ReductionSpec(
             "quantile",
             whole=True,
+            dtype_kinds="iuf",  # numpy's quantile takes real numbers: no bool, no complex
             options=("q", "method"),
             input_factor=4.0,
             blockwise=quantile,
@@ -132,6 +133,9 @@ def _tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarr
 
 
 def _has_dims(da: xr.DataArray, dim: Any) -> bool:
+    """Whether ``da`` has the dims ``dim`` names (a 0-d variable has none)."""
+    if da.ndim == 0:
+        return False
     try:
         resolve_dims(da, dim)
     except DimensionError:
@@ -197,7 +201,16 @@ class Reduction(Operator):
         return {"dim": dim, "skipna": skipna, "keep_attrs": keep_attrs, **kwargs}
 
     def dim_uses(self, da: xr.DataArray, dim=None, **kwargs: Any) -> dict[str, DimUse]:
-        """Reduced dims are whole for median/quantile, free otherwise."""
+        """Reduced dims are whole for median/quantile, free otherwise.
+
+        Raises
+        ------
+        DimensionError
+            When ``da`` lacks a reduced dim, or is 0-d (a Dataset keeps such a variable, as
+            xarray does: :meth:`skipped`).
+        """
+        if da.ndim == 0:
+            raise DimensionError(f"{self.name} has nothing to reduce in a 0-d variable")
         dims = resolve_dims(da, dim)
         role = DimRole.WHOLE if self.spec.whole else DimRole.FREE
         return {d: DimUse(role) for d in dims}

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import xarray as xr
+from xarray.indexes import PandasMultiIndex
 
 from ..clusters import ClusterFacts
 from ..errors import DimensionError, MemchunkError
@@ -352,10 +353,16 @@ class SVD(Operator):
         return [{"time": t, "space": s} for t, s in sizes]
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.Dataset:
-        """Stack, decompose and unstack: a Dataset of ``U``, ``S`` and ``V``."""
+        """Stack, decompose and unstack: a Dataset of ``U``, ``S`` and ``V``.
+
+        A dim that carries a MultiIndex (``ds.stack(space=("lat", "lon"))``) is decomposed
+        without it, since ``stack`` cannot stack it again, and the result gets it back.
+        """
         import dask.array
 
         samples, features = _sides(da, kwargs["sample_dims"])
+        multi = _multi_indexes(da, (*samples, *features))
+        da = da.drop_vars(list(multi))
         stacked = da.stack(sample=samples, feature=features).transpose("sample", "feature")
         data, k = stacked.data, kwargs.get("k")
         lazy = hasattr(data, "dask")
@@ -399,7 +406,7 @@ class SVD(Operator):
         result["S"].attrs["long_name"] = "singular values"
         result["V"].attrs["long_name"] = "right singular vectors (EOF patterns)"
         result["U"].attrs["long_name"] = "left singular vectors (principal component series)"
-        return result
+        return result.drop_vars(_multi_dims(multi)).assign_coords(multi)
 
     def compute_dataset(self, ds, uses, **kwargs):
         """One variable only: the SVD of a Dataset's single planned variable."""
@@ -410,6 +417,24 @@ class SVD(Operator):
             )
         (name,) = uses
         return self.compute(ds[name], uses[name], **kwargs)
+
+
+def _multi_indexes(da: xr.DataArray, dims: Sequence[str]) -> xr.Coordinates:
+    """The coordinates of ``da``'s pandas MultiIndexes along ``dims``, levels included."""
+    names = [
+        name
+        for name, index in da.xindexes.items()
+        if isinstance(index, PandasMultiIndex) and index.dim in dims
+    ]
+    return xr.Coordinates(
+        {name: da.coords[name].variable for name in names},
+        indexes={name: da.xindexes[name] for name in names},
+    )
+
+
+def _multi_dims(multi: xr.Coordinates) -> list[str]:
+    """The dims the MultiIndexes of ``multi`` index (each got a range index from ``stack``)."""
+    return sorted({str(d) for d in multi.dims})
 
 
 _NOT_FINITE = (

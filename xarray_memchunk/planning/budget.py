@@ -5,7 +5,8 @@ The budget is::
     per_task = (pause_fraction * worker_memory - worker_baseline)
                * (1 - reserve) / threads_per_worker
 
-- ``worker_memory``: the memory limit of one worker (the smallest one on a cluster).
+- ``worker_memory``: the memory limit of one worker (on a cluster of unlike workers, the one
+  whose task slots get the least: :func:`tightest_worker`).
 - ``pause_fraction``: Dask pauses a worker whose process memory passes this fraction of its
   limit (``distributed.worker.memory.pause``, 0.8 by default) and kills it at 0.95; plans stay
   below the pause threshold, so a run that follows one is never paused nor killed.
@@ -27,6 +28,7 @@ a GPU) is :mod:`xarray_memchunk.budget`'s job; nothing here looks outside its ar
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import BudgetError
@@ -38,6 +40,7 @@ __all__ = [
     "held_memory_remedy",
     "min_worker_memory",
     "per_task_bytes",
+    "tightest_worker",
 ]
 
 #: ``Budget.baseline_source`` when the baseline is what the workers' processes hold now
@@ -153,6 +156,19 @@ def per_task_bytes(
             f"about {size(worker_baseline * (1 - reserve) / max(1, threads_per_worker))} per thread"
         )
     return per_task
+
+
+def tightest_worker(
+    workers: Sequence[tuple[int, int]], *, worker_baseline: int, pause_fraction: float
+) -> tuple[int, int]:
+    """The ``(memory limit, threads)`` of the worker whose task slots get the least memory.
+
+    On a cluster of unlike workers, a task may run on any of them: the formula of this
+    module applied to each, the smallest per-task budget is the one every task fits. It is
+    not always the smallest memory limit's worker: 2 GB with 4 threads leaves a task less
+    than 1 GB with 1.
+    """
+    return min(workers, key=lambda w: (pause_fraction * w[0] - worker_baseline) / max(1, w[1]))
 
 
 def held_memory_remedy(worker_baseline: int, baseline_source: str, decimal: bool = False) -> str:

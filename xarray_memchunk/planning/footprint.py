@@ -19,7 +19,8 @@ Hence three kinds of input (:class:`InputKind`): data read straight from a file,
 ``apply`` re-reads at the planned chunks, halo included, so nothing is held, and whose reads
 touch at most ``READ_GROUP_BYTES`` of storage chunks (or one chunk, or ``READ_CONCURRENCY``
 small ones) at once and hold ``READ_COPIES`` x that beside the block being filled, before the
-task's own work starts (``FILE``); data
+task's own work starts (``FILE``; a variable stored without chunks, contiguous netCDF, is read
+in groups of at most ``READ_GROUP_BYTES`` of its own range); data
 produced by a Dask graph, which is rechunked and overlapped inside the graph (``GRAPH``); a
 NumPy array, which ``apply`` cuts into the planned chunks (``MEMORY``: a graph whose chunks are
 the plan's). Per task slot:
@@ -31,6 +32,9 @@ the plan's). Per task slot:
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
   among its threads.
+- ``produce``: what producing one block of a graph's input holds beyond the block, measured
+  on one block of the real graph (an ``astype`` of a float64 generator holds the float64
+  block); a slot keeps room for it beside the rest.
 - ``factors``: the operator's ``held_per_chunk`` bytes per planned chunk (factors whose size
   does not depend on the chunk's), all chunks' on one worker: a tree reduction's factors
   gather on the worker where it ends (measured: a worker held most of the two-pass tsqr's
@@ -108,6 +112,12 @@ class InputLayout:
         Bytes the operator's graph holds for each planned chunk until a later step, whatever
         the chunk's size (the two-pass tsqr's ``n x n`` factors per row block), all on one
         worker: a tree's factors gather where it ends.
+    contiguous
+        A file variable stored without chunks (contiguous netCDF): a read touches its own
+        range only, whatever ``source_chunks`` say, and holds up to ``READ_GROUP_BYTES`` of it.
+    produce_bytes
+        What producing one source chunk of a graph holds beyond the chunk (measured:
+        :mod:`~xarray_memchunk.operators.production`).
     """
 
     name: str
@@ -117,6 +127,8 @@ class InputLayout:
     source_chunks: Mapping[str, int]
     held_share: float = 0.0
     held_per_chunk: float = 0.0
+    contiguous: bool = False
+    produce_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,14 +167,15 @@ class Footprint:
     gather: np.ndarray
     held: np.ndarray
     factors: np.ndarray
+    produce: np.ndarray
 
     #: The terms, in the order plans state them.
-    TERMS = ("task", "gather", "held", "factors")
+    TERMS = ("task", "gather", "held", "factors", "produce")
 
     @property
     def total(self) -> np.ndarray:
         """What is checked against the per-task budget."""
-        return self.task + self.gather + self.held + self.factors
+        return self.task + self.gather + self.held + self.factors + self.produce
 
 
 def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +196,19 @@ def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarra
     spans = np.where(lengths >= source, longer, shorter)
     covering = np.where(identical, source, np.minimum(cut.size, spans * source))
     return covering, identical
+
+
+def _read_group(layout: InputLayout, cuts: Mapping[str, DimCut], padded: np.ndarray) -> np.ndarray:
+    """Storage bytes a bounded read of one padded chunk (``padded`` bytes) decodes at once."""
+    if layout.contiguous:
+        return np.minimum(padded, READ_GROUP_BYTES)
+    touched = np.full(padded.shape, float(layout.itemsize))
+    chunk = float(layout.itemsize)
+    for dim in layout.dims:
+        source = layout.source_chunks.get(dim, cuts[dim].size)
+        touched = touched * _covering(cuts[dim], source, padded=True)[0]
+        chunk *= min(source, cuts[dim].size)
+    return np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
 
 
 def footprint(
@@ -210,6 +236,7 @@ def footprint(
     gather = np.zeros_like(task)
     held = np.zeros_like(task)
     factors = np.zeros_like(task)
+    produce = np.zeros_like(task)
     threads = max(1, threads_per_worker)
     for layout in layouts:
         own = [cuts[d] for d in layout.dims]
@@ -224,13 +251,7 @@ def footprint(
         # a tree gathers on one worker
         factors = np.maximum(factors, layout.held_per_chunk * n_chunks / threads)
         if layout.kind is InputKind.FILE:
-            touched = np.full(task.shape, float(layout.itemsize))
-            chunk = float(layout.itemsize)
-            for dim in layout.dims:
-                source = layout.source_chunks.get(dim, cuts[dim].size)
-                touched = touched * _covering(cuts[dim], source, padded=True)[0]
-                chunk *= min(source, cuts[dim].size)
-            group = np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
+            group = _read_group(layout, cuts, padded)
             # the read ends before the task's own work starts: it adds only where it is larger
             read = np.maximum(padded + READ_COPIES * group - task, 0.0)
             extra_held = np.full(task.shape, waiting / threads)
@@ -238,6 +259,8 @@ def footprint(
             gather = np.where(worst, read, gather)
             held = np.where(worst, extra_held, held)
             continue
+        if layout.kind is InputKind.GRAPH:
+            produce = np.maximum(produce, layout.produce_bytes)
         covering = np.full(task.shape, float(layout.itemsize))
         identical = np.ones(task.shape, dtype=bool)
         merged = np.zeros(task.shape, dtype=bool)
@@ -259,4 +282,4 @@ def footprint(
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
-    return Footprint(task=task, gather=gather, held=held, factors=factors)
+    return Footprint(task=task, gather=gather, held=held, factors=factors, produce=produce)

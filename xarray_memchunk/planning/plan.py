@@ -82,6 +82,8 @@ class ChunkPlan:
     factors_bytes
         Factors the operator keeps from every chunk until a later step (the two-pass tsqr's
         ``n x n`` factors), all on one worker, per thread.
+    produce_bytes
+        What producing one block of a graph's input holds beyond the block (measured).
     estimated_seconds
         Estimated wall time of the blockwise step, from the calibrated time per element and a
         1 ms per-task overhead; used to rank plans, not a promise.
@@ -107,6 +109,7 @@ class ChunkPlan:
     gather_bytes: int = 0
     held_bytes: int = 0
     factors_bytes: int = 0
+    produce_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -129,6 +132,8 @@ class ChunkPlan:
             terms.append(f"held {size(self.held_bytes)}")
         if self.factors_bytes:
             terms.append(f"factors held {size(self.factors_bytes)}")
+        if self.produce_bytes:
+            terms.append(f"producing its input {size(self.produce_bytes)}")
         rows = [
             ("operator", self.operator),
             ("chunks", self._chunk_text()),
@@ -156,7 +161,27 @@ class ChunkPlan:
         if not math.isnan(self.estimated_seconds):
             rows.append(("estimated time", f"{self.estimated_seconds:.3g} s (ranking only)"))
         rows.extend(("note", note) for note in self.notes)
+        irregular = self._irregular_dims()
+        if irregular:
+            rows.append(
+                (
+                    "writing",
+                    f"chunks along {', '.join(irregular)} are not the regular ones Zarr stores "
+                    f"(all equal but the last, which is no larger): write the result with "
+                    f"result.memchunk.to_zarr(path), which makes them uniform, not "
+                    f"result.to_zarr(path)",
+                )
+            )
         return rows
+
+    def _irregular_dims(self) -> list[str]:
+        """Dims whose planned chunks Zarr cannot store as they are."""
+        return [
+            dim
+            for dim in self.dims
+            if len(set(self.dask_chunks[dim][:-1])) > 1
+            or self.dask_chunks[dim][-1] > self.dask_chunks[dim][0]
+        ]
 
     def explain(self) -> str:
         """Describe the plan in plain text: chunks, tasks, predicted peak, budget and why."""

@@ -124,6 +124,9 @@ class PlanProblem:
     max_task_elements
         Largest task (padded elements) the memory model was measured on, where it must not
         be extrapolated (a self-calibrated model); None: no such limit.
+    max_extents
+        Largest padded extent per dim the memory model was measured on, for dims along which
+        it must not be extrapolated (memory grew faster than the block along them).
     """
 
     operator: str
@@ -135,6 +138,7 @@ class PlanProblem:
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputLayout, ...] = ()
     max_task_elements: float | None = None
+    max_extents: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, ...]:

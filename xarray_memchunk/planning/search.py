@@ -104,6 +104,8 @@ def _infeasible(
         terms += f" + chunks a worker holds for it {size(least['held'])}"
     if least["factors"]:
         terms += f" + factors the operator holds {size(least['factors'])}"
+    if least["produce"]:
+        terms += f" + producing its input {size(least['produce'])}"
     needed = min_worker_memory(
         total,
         budget.threads_per_worker,
@@ -146,6 +148,15 @@ def _infeasible(
     )
 
 
+def _measured_range(problem: PlanProblem) -> str:
+    """The measured range a plan must stay within, in words."""
+    parts = []
+    if problem.max_task_elements:
+        parts.append(f"{problem.max_task_elements:,.0f} elements")
+    parts += [f"{name} <= {cap:,.0f}" for name, cap in problem.max_extents.items()]
+    return ", ".join(parts)
+
+
 def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     """Choose balanced chunks whose predicted peak per task fits ``budget.per_task``.
 
@@ -183,11 +194,14 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     measured = (
         elements <= problem.max_task_elements if problem.max_task_elements else np.ones_like(fits)
     )
+    for name, cap in problem.max_extents.items():
+        if name in cuts:
+            measured = measured & (cuts[name].padded <= cap)
     if (fits & ~measured).any() and not (fits & measured).any():
         raise InfeasiblePlanError(
             f"{problem.operator!r}: every chunking that fits the budget has tasks larger than "
-            f"the {problem.max_task_elements:,.0f} elements its memory model was measured on; "
-            f"calibrate it on larger blocks (xarray_memchunk.calibrate with shapes=...)"
+            f"its memory model was measured on ({_measured_range(problem)}); calibrate it on "
+            f"larger blocks (xarray_memchunk.calibrate with shapes=...)"
         )
     fits &= measured
     if not fits.any():
@@ -267,6 +281,7 @@ def _make_plan(
         gather_bytes=terms["gather"],
         held_bytes=terms["held"],
         factors_bytes=terms["factors"],
+        produce_bytes=terms["produce"],
         budget=budget,
         n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,

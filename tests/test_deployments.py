@@ -1,0 +1,218 @@
+"""Budgets on clusters as users run them: smaller than asked, adaptive, unlike, from the CLI."""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+import xarray_memchunk  # noqa: F401  (registers .memchunk)
+from xarray_memchunk import (
+    MemchunkError,
+    MemoryBudgetWarning,
+    resolve_budget,
+)
+from xarray_memchunk.budget import make_budget
+from xarray_memchunk.datasets import synthetic_climate
+from xarray_memchunk.experiments.diagnostics import run_watched
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.slow
+def test_memory_limit_above_the_workers_plans_with_theirs(quiet_distributed):
+    """Issue 27 item 4: memory_limit='3GB' on 800 MB workers planned for 3 GB workers.
+
+    The 1.17 GB median below was planned in 1.75 GB tasks: KilledWorker, 4 pauses, 2 deaths.
+    """
+    from distributed import Client, LocalCluster
+
+    # daily 180 x 360 float32 fields made by a graph, the median over time
+    killer = synthetic_climate(4500, 180, 360, chunks={"time": 10}).tas  # 1.17 GB
+    tas = synthetic_climate(1500, 90, 180, chunks={"time": 10}).tas  # 97 MB
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": 1}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="800MB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        with pytest.warns(MemoryBudgetWarning, match=r"'3GB' is more.*800\.00 MB") as caught:
+            plan = tas.memchunk.plan("median", dim="time", memory_limit="3GB")
+        honoured = tas.memchunk.plan("median", dim="time", memory_limit="600MB")
+        asked = lambda: tas.memchunk.apply("median", dim="time", memory_limit="3GB")  # noqa: E731
+        outcome = run_watched(client, "3GB asked", asked)
+        with pytest.warns(MemoryBudgetWarning):
+            # planned for the 800 MB workers: too large to rechunk in their memory, so staged
+            staged = killer.memchunk.plan("median", dim="time", memory_limit="3GB")
+    assert staged.budget.worker_memory == 800_000_000
+    assert staged.predicted_peak_bytes <= staged.budget.per_task
+    assert any("temporary Zarr store" in note for note in staged.notes)
+    assert "the workers' own limits" in str(caught[0].message)
+    assert plan.budget.worker_memory == 800_000_000
+    assert "less than memory_limit='3GB'" in plan.budget.source
+    assert plan.predicted_peak_bytes <= plan.budget.per_task
+    assert honoured.budget.worker_memory == 600_000_000 and honoured.budget.source == "argument"
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+
+
+def test_adaptive_cluster_at_zero_plans_from_its_worker_spec():
+    """Issue 28 item 5: an adaptive cluster with no worker yet was refused ("no workers")."""
+    from distributed import Client, LocalCluster
+
+    tas = synthetic_climate(120, 20, 30, chunks={"time": 10}).tas
+    with (
+        LocalCluster(
+            n_workers=0,
+            memory_limit="1GB",
+            threads_per_worker=2,
+            processes=False,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster),
+    ):
+        cluster.adapt(minimum=0, maximum=2)
+        budget = resolve_budget()
+        plan = tas.memchunk.plan("mean", dim="time")
+        mean = tas.memchunk.apply("mean", dim="time").compute()  # adapt starts the workers
+    assert budget.worker_memory == 1_000_000_000
+    assert budget.threads_per_worker == 2 and budget.n_workers == 2
+    assert "the adaptive cluster's worker spec" in budget.source
+    assert plan.budget.per_task == budget.per_task
+    np.testing.assert_allclose(mean.values, tas.values.mean(axis=0), rtol=1e-5)
+
+
+def test_client_by_address_without_workers_is_refused():
+    """No cluster object to read a worker spec from: the clear "no workers" error."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster.scheduler_address),
+        pytest.raises(MemchunkError, match="has no workers"),
+    ):
+        resolve_budget()
+
+
+@pytest.mark.parametrize(
+    ("small", "wide", "tightest"),
+    [
+        # the smallest memory limit is not the tightest: 2 GB / 4 threads leaves a task less
+        (("1GB", 1), ("2GB", 4), (2_000_000_000, 4)),
+        (("1GB", 2), ("2GB", 1), (1_000_000_000, 2)),
+    ],
+)
+def test_unlike_workers_budget_the_tightest_task_slot(small, wide, tightest):
+    """Issue 28 item 5: the budget is the smallest per-task budget over all workers."""
+    from distributed import Client, Nanny, Scheduler, SpecCluster
+
+    def worker(memory_limit, nthreads):
+        return {"cls": Nanny, "options": {"memory_limit": memory_limit, "nthreads": nthreads}}
+
+    spec = {"small": worker(*small), "wide": worker(*wide)}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    with SpecCluster(workers=spec, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2)
+        budget = resolve_budget()
+    expected = make_budget(*tightest, 1, "expected", worker_baseline=budget.worker_baseline)
+    assert (budget.worker_memory, budget.threads_per_worker) == tightest
+    assert budget.per_task == expected.per_task
+    assert budget.total_threads <= small[1] + wide[1]
+
+
+@pytest.fixture
+def cli_cluster(tmp_path):
+    """``dask scheduler`` and ``dask worker ADDRESS --nworkers 2 --nthreads 2 --memory-limit
+    1GB`` as separate processes, as HPC users start them; always torn down."""
+    dask_cli = Path(sys.executable).with_name("dask")
+    scheduler_file = tmp_path / "scheduler.json"
+    started = []
+
+    def start(*args, log):
+        with open(tmp_path / log, "w") as out:
+            started.append(
+                subprocess.Popen(
+                    [str(dask_cli), *args],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    try:
+        start(
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--no-dashboard",
+            "--scheduler-file",
+            str(scheduler_file),
+            log="scheduler.log",
+        )
+        address = _wait_for_address(scheduler_file, started[0])
+        start(
+            "worker",
+            address,
+            "--nworkers",
+            "2",
+            "--nthreads",
+            "2",
+            "--memory-limit",
+            "1GB",
+            "--no-dashboard",
+            log="workers.log",
+        )
+        yield address
+    finally:
+        for process in reversed(started):
+            _stop(process)
+
+
+def _wait_for_address(scheduler_file: Path, process: subprocess.Popen) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if scheduler_file.exists() and scheduler_file.stat().st_size:
+            return json.loads(scheduler_file.read_text())["address"]
+        time.sleep(0.1)
+    raise RuntimeError(f"dask scheduler did not start (exit code {process.poll()})")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM the process group this test started, give it 15 s, then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@pytest.mark.slow
+def test_scheduler_and_workers_started_from_the_command_line(cli_cluster):
+    from distributed import Client
+
+    tas = synthetic_climate(200, 40, 60, chunks={"time": 10}).tas
+    with Client(cli_cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        budget = resolve_budget()
+        plan = tas.memchunk.plan("mean", dim="time")
+        outcome = run_watched(client, "cli", lambda: tas.memchunk.apply("mean", dim="time"))
+        mean = tas.memchunk.apply("mean", dim="time").compute()
+    assert budget.worker_memory == 1_000_000_000
+    assert budget.threads_per_worker == 2 and budget.n_workers == 2
+    assert budget.source == f"distributed client {cli_cluster}"
+    assert plan.budget.per_task == budget.per_task
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    np.testing.assert_allclose(mean.values, tas.values.mean(axis=0), rtol=1e-5)

@@ -1,0 +1,266 @@
+"""What runs taught about an operator's memory, kept beside its calibration, never inside it.
+
+A run on a cluster (:mod:`xarray_memchunk.runs`) may find an operator's own task above
+its prediction. That evidence is stored here, in the user calibration directory, as
+``{calibration}-{device}.learned.json``, a list of observations: the task's features, what was
+measured, and whether it is a measurement or only a floor (a worker that memory killed left no
+record; the task needed at least what killed it).
+
+The calibration a plan starts from (shipped with the package, made by
+:func:`xarray_memchunk.calibrate`, or measured by self-calibration) is never rewritten. A plan
+combines the two: the calibration's model scaled by the largest ratio of a measured task to
+what that model predicts for it (:func:`learned_scale`). So learning:
+
+- only ever raises a prediction (a scale below 1 is not applied), and never drops a term;
+- is bounded: one observation raises the scale by at most :data:`MAX_SCALE_PER_RUN`; a floor,
+  or a task further above its prediction than that, asks for the operator to be measured
+  again where it can be (a NumPy function), instead of being trusted;
+- is visible (the plan's notes name the file and the scale) and reversible
+  (:func:`forget_learned`, ``memchunk calibrate OP --forget``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CalibrationError
+from .calibration import calibration_dir, write_json_atomically
+from .memory_model import LinearMemoryModel
+
+__all__ = [
+    "LEARNED_FORMAT",
+    "MAX_SCALE_PER_RUN",
+    "Learned",
+    "Observation",
+    "forget_learned",
+    "learned_path",
+    "load_learned",
+    "record_observation",
+    "settle_observations",
+]
+
+LEARNED_FORMAT = "xarray-memchunk-learned/1"
+#: The most one observation may raise a prediction: x2. A task measured further above its
+#: prediction than that says the model is wrong, not a little short: the operator is measured
+#: again (self-calibrating operators) or the plan says so.
+MAX_SCALE_PER_RUN = 2.0
+#: Observations kept per dtype (the oldest are dropped).
+KEPT_OBSERVATIONS = 50
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One operator task measured in a run.
+
+    Attributes
+    ----------
+    features
+        The task's memory-model features, as the planner computed them.
+    measured_bytes
+        Its peak (for a floor: what killed the worker, less its baseline).
+    predicted_bytes
+        What the plan predicted for it.
+    floor
+        True when the task killed its worker: ``measured_bytes`` is a lower bound only.
+    settled
+        True once the operator was measured again after it (it asks for no new measurement).
+    """
+
+    features: Mapping[str, float]
+    measured_bytes: float
+    predicted_bytes: float
+    floor: bool = False
+    settled: bool = False
+
+    @property
+    def asks_for_measuring(self) -> bool:
+        """Whether the run says the model is wrong, not a little short.
+
+        A floor (the task's peak is unknown), or a task above :data:`MAX_SCALE_PER_RUN` times
+        its prediction, which the bounded scale does not cover; until measured again.
+        """
+        beyond = self.measured_bytes > MAX_SCALE_PER_RUN * self.predicted_bytes
+        return not self.settled and (self.floor or beyond)
+
+    def ratio(self, model: LinearMemoryModel) -> float:
+        """Measured over what ``model`` predicts for this task, bounded; 1 when it cannot say.
+
+        The bound is :data:`MAX_SCALE_PER_RUN` times what the run's plan predicted, so one
+        run raises a prediction at most that much beyond what it was when the run was planned.
+        """
+        if set(model.coefficients) - set(self.features):
+            return 1.0  # a model of other features: the observation says nothing of it
+        predicted = float(model.peak_bytes({k: [v] for k, v in self.features.items()})[0])
+        if predicted <= 0:
+            return 1.0
+        bound = MAX_SCALE_PER_RUN * max(self.predicted_bytes, predicted) / predicted
+        return min(self.measured_bytes / predicted, bound)
+
+
+@dataclass(frozen=True)
+class Learned:
+    """The observations of one operator (calibration key), device and dtype.
+
+    Attributes
+    ----------
+    path
+        The file they were read from.
+    observations
+        What runs measured above the predictions of their time.
+    """
+
+    path: Path
+    observations: tuple[Observation, ...]
+
+    @property
+    def asks_for_measuring(self) -> bool:
+        """Whether an observation asks for the operator to be measured again (see there)."""
+        return any(o.asks_for_measuring for o in self.observations)
+
+    def scale(self, model: LinearMemoryModel) -> float:
+        """The factor ``model`` is raised by: see :func:`learned_scale`."""
+        return learned_scale(self.observations, model)
+
+    def applied_to(self, model: LinearMemoryModel) -> LinearMemoryModel:
+        """``model`` with every term raised by :meth:`scale` (unchanged where it is 1)."""
+        factor = self.scale(model)
+        if factor <= 1.0:
+            return model
+        return LinearMemoryModel(
+            coefficients={k: v * factor for k, v in model.coefficients.items()},
+            intercept=model.intercept * factor,
+            source=f"{model.source}, x{factor:.2f} learned from runs ({self.path.name})",
+        )
+
+
+def learned_scale(observations: tuple[Observation, ...], model: LinearMemoryModel) -> float:
+    """The largest measured / predicted ratio of the observations under ``model``, at least 1.
+
+    Each ratio is computed against ``model`` as it is now, so a model measured again after the
+    run keeps only the part of the evidence it does not already explain. Each observation
+    counts for at most :data:`MAX_SCALE_PER_RUN` times what its run's plan predicted.
+    """
+    return max([1.0, *(o.ratio(model) for o in observations)])
+
+
+def learned_path(calibration: str, device: str, directory: Path | None = None) -> Path:
+    """The file of what runs taught about ``calibration`` on ``device``."""
+    from .calibration import calibration_file_name
+
+    name = calibration_file_name(calibration, device)
+    return (directory or calibration_dir()) / name.replace(".json", ".learned.json")
+
+
+def _finite(value: Any, what: str, path: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise CalibrationError(
+            f"{path}: {what} must be a finite number, got {value!r}; delete the file "
+            f"(memchunk calibrate OP --forget) to forget what runs taught"
+        )
+    if value < 0:
+        raise CalibrationError(f"{path}: {what} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _parse(entry: Any, path: Path) -> Observation:
+    if not isinstance(entry, dict) or not isinstance(entry.get("features"), dict):
+        raise CalibrationError(f"{path}: malformed observation {entry!r}")
+    features = {str(k): _finite(v, f"feature {k!r}", path) for k, v in entry["features"].items()}
+    return Observation(
+        features=features,
+        measured_bytes=_finite(entry.get("measured_bytes"), "measured_bytes", path),
+        predicted_bytes=_finite(entry.get("predicted_bytes"), "predicted_bytes", path),
+        floor=bool(entry.get("floor", False)),
+        settled=bool(entry.get("settled", False)),
+    )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise CalibrationError(
+            f"cannot read {path}: {exc}; delete it (memchunk calibrate OP --forget)"
+        ) from None
+    if not isinstance(document, dict) or document.get("format") != LEARNED_FORMAT:
+        raise CalibrationError(
+            f"{path} is not an xarray-memchunk learned file (format {LEARNED_FORMAT!r}); delete it"
+        )
+    return document
+
+
+def load_learned(calibration: str, device: str, dtype: str) -> Learned | None:
+    """What runs taught about ``calibration`` on ``device`` for ``dtype``, or None.
+
+    Raises
+    ------
+    CalibrationError
+        When the file exists but is not valid (it names the file and how to forget it).
+    """
+    path = learned_path(calibration, device)
+    if not path.is_file():
+        return None
+    entries = _read(path).get("dtypes", {}).get(dtype, [])
+    if not isinstance(entries, list):
+        raise CalibrationError(f"{path}: observations of {dtype} must be a list")
+    observations = tuple(_parse(e, path) for e in entries)
+    return Learned(path, observations) if observations else None
+
+
+def record_observation(calibration: str, device: str, dtype: str, observation: Observation) -> Path:
+    """Append ``observation`` to the learned file of ``calibration`` (atomically); its path."""
+    path = learned_path(calibration, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document: dict[str, Any] = {"format": LEARNED_FORMAT, "calibration": calibration}
+    if path.is_file():
+        document = _read(path) | document
+    document["device"] = device
+    entries = list(document.setdefault("dtypes", {}).get(dtype, []))
+    entries.append(
+        {
+            "features": dict(observation.features),
+            "measured_bytes": observation.measured_bytes,
+            "predicted_bytes": observation.predicted_bytes,
+            "floor": observation.floor,
+            "when": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+    )
+    document["dtypes"][dtype] = entries[-KEPT_OBSERVATIONS:]
+    write_json_atomically(document, path)
+    return path
+
+
+def settle_observations(calibration: str, device: str, dtype: str) -> None:
+    """Mark the observations of ``calibration`` settled: the operator was measured again since.
+
+    They stay as evidence (a task the new model does not reach still raises it, bounded), but
+    no longer ask for a new measurement.
+    """
+    path = learned_path(calibration, device)
+    if not path.is_file():
+        return
+    document = _read(path)
+    entries = document.get("dtypes", {}).get(dtype, [])
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry["settled"] = True
+    write_json_atomically(document, path)
+
+
+def forget_learned(calibration: str, device: str | None = None) -> list[Path]:
+    """Delete what runs taught about ``calibration`` (every device when None); the files removed."""
+    devices = [device] if device else ["cpu", "gpu"]
+    removed = []
+    for each in devices:
+        path = learned_path(calibration, each)
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
