@@ -5,6 +5,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --only std median  # some operators
     python benchmarks/plan_safety.py --issue            # issue 17's reproduction only
     python benchmarks/plan_safety.py --learning         # issue 27: user functions, a kill
+    python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``xarray_memchunk.experiments.plan_safety.LIMITS``) at which the plan's binding
@@ -134,19 +135,79 @@ def learning_cases() -> list[SafetyCase]:
     ]
 
 
+DAILY = {"time": 1460, "lat": 180, "lon": 360}
+
+
+def as_users_cases() -> list[SafetyCase]:
+    """Issue 28: data as users hold it, clusters as they run them.
+
+    Sources: many netCDF files in one-day chunks (``open_mfdataset``), a graph with
+    preprocessing upstream (time-chunked, and in one-step time chunks: the rechunk goes
+    through disk where memory cannot hold it), Zarr in one-day chunks. Deployments: 2 and 4
+    threads per worker, scheduler and workers as separate processes, an adaptive cluster.
+    """
+    one_day = {"time": 1, "lat": 180, "lon": 360}
+    by_lat = {"time": 1460, "lat": 45, "lon": 360}
+    median, mean = {"dim": "time"}, {"dim": "time"}
+    cases = [
+        SafetyCase("median", "float32", DAILY, one_day, "mfdataset", median),
+        SafetyCase("median", "float64", DAILY, one_day, "mfdataset", median),
+        SafetyCase("median", "float32", DAILY, one_day, "file", median, label="median, Zarr 1-day"),
+        SafetyCase(
+            "median",
+            "float64",
+            {"time": 1200, "lat": 200, "lon": 400},
+            {"time": 100, "lat": 200, "lon": 400},
+            "preprocessed",
+            median,
+        ),
+        SafetyCase(
+            "mean",
+            "float32",
+            {"time": 1262, "lat": 221, "lon": 313},
+            {"time": 275, "lat": 221, "lon": 313},
+            "preprocessed",
+            mean,
+        ),
+        SafetyCase("std", "float64", DAILY, one_day, "preprocessed", median),
+    ]
+    for threads, deployment in ((2, "local"), (4, "local"), (2, "processes"), (1, "adaptive")):
+        cases += [
+            SafetyCase(
+                op,
+                "float32",
+                DAILY,
+                by_lat,
+                "graph",
+                {"dim": "time"},
+                threads=threads,
+                deployment=deployment,
+            )
+            for op in ("median", "std")
+        ]
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="operator names (or labels) to run")
     parser.add_argument("--issue", action="store_true", help="issue 17's reproduction only")
     parser.add_argument("--no-issue", action="store_true", help="skip issue 17's reproduction")
     parser.add_argument("--learning", action="store_true", help="issue 27's learning cases only")
+    parser.add_argument(
+        "--as-users", action="store_true", help="issue 28's sources and deployments only"
+    )
     parser.add_argument("--out", help="the table's file (benchmarks/results/plan_safety*.md)")
     args = parser.parse_args()
-    name = "plan_safety_learning.md" if args.learning else "plan_safety.md"
+    name = "plan_safety.md"
+    if args.learning or args.as_users:
+        name = "plan_safety_learning.md" if args.learning else "plan_safety_as_users.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
     if args.learning:
         os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
         cases = learning_cases()
+    elif args.as_users:
+        cases = as_users_cases()
     else:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []

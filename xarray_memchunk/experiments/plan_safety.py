@@ -13,6 +13,7 @@ runs a few cases of it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -20,11 +21,12 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from ..errors import InfeasiblePlanError
@@ -53,10 +55,14 @@ class SafetyCase:
     chunks
         Dim name -> chunk length of the input as it comes (storage chunks for a file).
     source
-        ``"graph"``: random data generated inside the Dask graph; ``"file"``: the same data
-        written to a Zarr store first and opened with ``xarray.open_zarr``; ``"segy"``: written
-        to a SEG-Y file (3-D, inline-sorted; float32 as IEEE, float64 as format 6) and opened
-        with :func:`~xarray_memchunk.io.open_segy` (``chunks`` only shape the generation).
+        ``"graph"``: random data generated inside the Dask graph; ``"preprocessed"``: float64
+        normal data scaled, shifted and cast to ``dtype`` in the graph (preprocessing
+        upstream); ``"file"``: the uniform data written to a Zarr store first and opened with
+        ``xarray.open_zarr``; ``"mfdataset"``: written to 4 netCDF files split along the first
+        dim (storage chunks ``chunks``) and opened with ``xarray.open_mfdataset``; ``"segy"``:
+        written to a SEG-Y file (3-D, inline-sorted; float32 as IEEE, float64 as format 6) and
+        opened with :func:`~xarray_memchunk.io.open_segy` (``chunks`` only shape the
+        generation).
     memory_limit
         Worker memory limit; None picks the largest of :data:`LIMITS` whose plan is bound by
         memory.
@@ -65,6 +71,12 @@ class SafetyCase:
     kill_after
         Seconds into the run after which one worker is killed with SIGKILL (not for memory):
         the run must still complete, and the next plan must be the same.
+    threads
+        Threads per worker.
+    deployment
+        ``"local"``: a ``LocalCluster``; ``"adaptive"``: a ``LocalCluster`` of no worker that
+        adapts up to the workers the case runs on; ``"processes"``: ``dask scheduler`` and
+        ``dask worker`` started as separate processes, the client connected by address.
     """
 
     op: str
@@ -76,6 +88,8 @@ class SafetyCase:
     memory_limit: str | None = None
     label: str = ""
     kill_after: float | None = None
+    threads: int = 1
+    deployment: str = "local"
 
     @property
     def name(self) -> str:
@@ -108,11 +122,12 @@ class SafetyResult:
     error: str = ""
     learned: str = ""
     replanned_same: bool | None = None
+    staged: bool = False
 
     @property
     def predicted_worker(self) -> int:
-        """Baseline plus one predicted task slot per thread (1 thread per worker here)."""
-        return self.worker_baseline + self.predicted_slot
+        """Baseline plus one predicted task slot per thread."""
+        return self.worker_baseline + self.predicted_slot * self.case.threads
 
     @property
     def safe(self) -> bool:
@@ -134,6 +149,11 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
     array = xr.DataArray(data, dims=dims, name="v")
     if case.source == "graph":
         return array
+    if case.source == "preprocessed":
+        normal = da.random.default_rng(0).standard_normal(data.shape, chunks=data.chunks)
+        return array.copy(data=(normal * 2.0 + 1.0).astype(case.dtype))
+    if case.source == "mfdataset":
+        return _files(array, case, root)
     if case.source == "segy":
         from ..segy import open_segy, write_segy
 
@@ -151,18 +171,43 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
     return xr.open_zarr(path)["v"]
 
 
-def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str):
+def _files(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
+    """``array`` written to 4 netCDF files along its first dim, opened with open_mfdataset."""
+    import dask
+
+    first = array.dims[0]
+    layout = "-".join(f"{d}{case.shape[d]}c{case.chunks[d]}" for d in array.dims)
+    paths = [root / f"{case.dtype}-{layout}-{i}.nc" for i in range(4)]
+    if not all(p.exists() for p in paths):
+        bounds = np.linspace(0, array.sizes[first], 5).astype(int)
+        encoding = {"v": {"chunksizes": tuple(case.chunks[d] for d in array.dims)}}
+        with dask.config.set(scheduler="threads"):
+            for path, start, stop in zip(paths, bounds[:-1], bounds[1:], strict=True):
+                piece = array.isel({first: slice(start, stop)}).to_dataset()
+                piece = piece.assign_coords({first: np.arange(start, stop)})
+                piece.to_netcdf(path, engine="netcdf4", encoding=encoding)
+    opened = xr.open_mfdataset(paths, chunks={}, combine="by_coords", engine="netcdf4")
+    return opened["v"]
+
+
+def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str | None, n_workers: int = 2):
+    """The case's plan: for ``memory_limit`` (the case's cluster layout), or the active one."""
+    from ..budget import make_budget
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return data.memchunk.plan(case.op, memory_limit=memory_limit, **case.kwargs)
+        if memory_limit is None:
+            return data.memchunk.plan(case.op, **case.kwargs)
+        budget = make_budget(to_bytes(memory_limit), case.threads, n_workers, "the case")
+        return data.memchunk.plan(case.op, budget=budget, **case.kwargs)
 
 
-def choose_limit(case: SafetyCase, data: xr.DataArray) -> str:
+def choose_limit(case: SafetyCase, data: xr.DataArray, n_workers: int = 2) -> str:
     """The largest of :data:`LIMITS` whose plan is memory-bound (else the smallest feasible)."""
     feasible = []
     for limit in LIMITS:
         try:
-            plan = _plan(case, data, limit)
+            plan = _plan(case, data, limit, n_workers)
         except InfeasiblePlanError:
             continue
         if plan.binding == "memory":
@@ -187,24 +232,101 @@ def _process_rss() -> int:
     return psutil.Process().memory_info().rss
 
 
+@contextlib.contextmanager
+def _cluster(case: SafetyCase, limit: str, n_workers: int, root: Path) -> Iterator[Any]:
+    """A client of the case's deployment, torn down afterwards."""
+    from distributed import Client, LocalCluster
+
+    if case.deployment == "processes":
+        with _separate_processes(case, limit, n_workers, root) as address, Client(address) as c:
+            c.wait_for_workers(n_workers, timeout=120)
+            yield c
+        return
+    adaptive = case.deployment == "adaptive"
+    with (
+        LocalCluster(
+            n_workers=0 if adaptive else n_workers,
+            threads_per_worker=case.threads,
+            memory_limit=limit,
+            processes=True,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        if adaptive:
+            cluster.adapt(minimum=0, maximum=n_workers)
+        yield client
+
+
+@contextlib.contextmanager
+def _separate_processes(case: SafetyCase, limit: str, n_workers: int, root: Path) -> Iterator[str]:
+    """``dask scheduler`` and ``dask worker`` as processes of their own; the address."""
+    import json
+    import subprocess
+    import sys
+
+    scheduler_file = root / f"scheduler-{os.getpid()}-{time.monotonic_ns()}.json"
+    dask_cli = (sys.executable, "-m", "dask")
+    started = [
+        subprocess.Popen(
+            [
+                *dask_cli,
+                *("scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"),
+                *("--scheduler-file", str(scheduler_file)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not (scheduler_file.exists() and scheduler_file.stat().st_size):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the dask scheduler did not start in 60 s")
+            time.sleep(0.1)
+        address = json.loads(scheduler_file.read_text())["address"]
+        started.append(
+            subprocess.Popen(
+                [
+                    *dask_cli,
+                    *("worker", address, "--nworkers", str(n_workers)),
+                    *("--nthreads", str(case.threads), "--memory-limit", limit, "--no-dashboard"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        yield address
+    finally:
+        for process in reversed(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
 def run_case(
     case: SafetyCase, root: Path | None = None, *, n_workers: int = 2, quiet: bool = True
 ) -> SafetyResult:
-    """Plan ``case`` at its memory limit, run it on a fresh ``LocalCluster``, and measure.
+    """Plan ``case`` at its memory limit, run it on a fresh cluster, and measure.
 
     Parameters
     ----------
     case
         What to run.
     root
-        Directory for Zarr inputs (a temporary one by default).
+        Directory for file inputs (a temporary one by default).
     n_workers
-        Workers of the cluster, one thread each.
+        Workers of the cluster, ``case.threads`` threads each.
     quiet
         Silence the restart warnings distributed logs when a worker dies.
     """
     import dask
-    from distributed import Client, LocalCluster
 
     if quiet:
         for name in ("distributed.nanny", "distributed.scheduler", "distributed.worker"):
@@ -212,23 +334,17 @@ def run_case(
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(root or tmp)
         data = _input(case, root)
-        limit = case.memory_limit or choose_limit(case, data)
+        limit = case.memory_limit or choose_limit(case, data, n_workers)
         result = SafetyResult(case, limit)
-        before = _plan(case, data, limit)  # away from the cluster: what learning may change
+        before = _plan(case, data, limit, n_workers)  # away from the cluster
         with (
             dask.config.set({"distributed.scheduler.allowed-failures": 1}),
-            LocalCluster(
-                n_workers=n_workers,
-                threads_per_worker=1,
-                memory_limit=limit,
-                processes=True,
-                dashboard_address=":0",
-            ) as cluster,
-            Client(cluster) as client,
+            _cluster(case, limit, n_workers, root) as client,
         ):
-            client.run(lambda: __import__("xarray_memchunk"))
-            time.sleep(0.5)  # let a heartbeat report the workers' memory after the import
-            result.idle_worker = max(client.run(_process_rss).values())
+            if case.deployment != "adaptive":
+                client.run(lambda: __import__("xarray_memchunk"))
+                time.sleep(0.5)  # let a heartbeat report the workers' memory after the import
+            result.idle_worker = max(client.run(_process_rss).values(), default=0)
             try:
                 plan = _plan(case, data, None)
             except InfeasiblePlanError as exc:
@@ -241,15 +357,24 @@ def run_case(
             result.predicted_slot = plan.predicted_peak_bytes
             result.per_task_budget = plan.budget.per_task
             result.worker_baseline = plan.budget.worker_baseline
-            result_lazy = _consume(data.memchunk.apply(case.op, **case.kwargs))
-            killer = _killer(client, case.kill_after)
-            outcome = run_watched(client, case.name, lambda: result_lazy)
+            result.staged = any("temporary Zarr store" in n for n in plan.notes)
+
+            def build() -> Any:
+                return _consume(data.memchunk.apply(case.op, **case.kwargs))
+
+            killer = None
+            if case.kill_after is not None:  # built first: a kill during apply is not the test
+                built = build()
+                killer = _killer(client, case.kill_after)
+                outcome = run_watched(client, case.name, lambda: built)
+            else:  # a staged input is written inside the watch, by apply
+                outcome = run_watched(client, case.name, build)
             if killer is not None:
                 killer.cancel()
             if outcome.completed:
                 result.learned = plan.report().learned
         if outcome.completed:
-            after = _plan(case, data, limit)
+            after = _plan(case, data, limit, n_workers)
             result.replanned_same = (
                 after.predicted_task_bytes == before.predicted_task_bytes
                 and after.dask_chunks == before.dask_chunks
@@ -292,8 +417,11 @@ def format_table(results: Sequence[SafetyResult]) -> str:
         chunks = "x".join(str(n) for n in r.chunks.values())
         pause = 0.8 * to_bytes(r.memory_limit)
         outcome = "completed" if r.completed else (r.error.split(":")[0] or "failed")
+        where = c.source + (", staged on disk" if r.staged else "")
+        if c.threads > 1 or c.deployment != "local":
+            where += f"; {c.deployment}, {c.threads} threads"
         rows.append(
-            f"| {c.name} | {c.dtype} | {c.source} | {shape} | {r.memory_limit} | {r.binding} | "
+            f"| {c.name} | {c.dtype} | {where} | {shape} | {r.memory_limit} | {r.binding} | "
             f"{chunks} | {r.n_chunks} | {_mb(r.predicted_task)} | {_mb(r.predicted_slot)} | "
             f"{_mb(r.worker_baseline)} | {_mb(r.predicted_worker)} | {_mb(r.peak_worker)} | "
             f"{_mb(pause)} | {r.pauses} | {r.deaths} | {r.seconds:.1f} | {outcome} | "
