@@ -2,6 +2,11 @@
 
     python benchmarks/model_accuracy.py                 # every calibrated operator, both dtypes
     python benchmarks/model_accuracy.py --compare-bare  # also: worker method vs a bare process
+    python benchmarks/model_accuracy.py --upstream      # input made by a graph upstream
+
+With ``--upstream`` the input is ``(standard_normal(...) * 2 + 1).astype(dtype)``, produced in
+the task's graph (issue 28): the prediction is the plan's, the operator's model plus what
+producing the input was measured to hold (``xarray_memchunk.operators.production``).
 
 For each operator and dtype, tasks of held-out shapes (one of them ~10x the largest fitted task)
 run inside a Dask worker as the graph that ``apply`` builds runs them, measured as calibration
@@ -13,6 +18,7 @@ peak.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 
@@ -85,22 +91,37 @@ CASES = {
 }
 
 
-def measure(client, name, dtypes, big, repeats):
+def _produce_bytes(extents, dtype) -> float:
+    """What producing the ``--upstream`` input holds beyond its block, as a plan measures it."""
+    import dask.array as da
+    import xarray as xr
+
+    from xarray_memchunk.operators.production import input_production
+
+    shape = tuple(extents.values())
+    normal = da.random.default_rng(0).standard_normal(shape, chunks=shape)
+    array = xr.DataArray((normal * 2.0 + 1.0).astype(dtype), dims=list(extents))
+    return float(input_production(array).extra_bytes)
+
+
+def measure(client, name, dtypes, big, repeats, upstream=False):
     op_name, kwargs, shapes = CASES[name]
     operator = get_operator(op_name)
     kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | kwargs))
+    runner = functools.partial(run_task, upstream=upstream)
     rows = []
     for dtype in dtypes:
         cases = [(s, s, (operator, kwargs, s, s, dtype)) for s in shapes(big)]
-        profiles = profile_in_worker(client, run_task, cases, dtype, repeats)
+        profiles = profile_in_worker(client, runner, cases, dtype, repeats)
         calibration = load_calibration(operator.cost_terms(**kwargs).calibration, "cpu", dtype)
         model = calibration.model
         predicted, measured = [], []
         for p in profiles:
             feats = features_of(operator, p.extents, dtype, kwargs)
-            predicted.append(
-                float(model.peak_bytes({k: np.array([v]) for k, v in feats.items()})[0])
-            )
+            task = float(model.peak_bytes({k: np.array([v]) for k, v in feats.items()})[0])
+            # as the plan's footprint counts it: what producing the block holds, added whole
+            produce = _produce_bytes(p.extents, dtype) if upstream else 0.0
+            predicted.append(task + produce)
             measured.append(p.peak_bytes)
         errors = prediction_errors(np.array(predicted), np.array(measured))
         largest = int(np.argmax(measured))
@@ -159,6 +180,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-big", action="store_true", help="skip the 10x extrapolation shape")
     parser.add_argument("--compare-bare", action="store_true")
+    parser.add_argument("--upstream", action="store_true", help="input made by a graph upstream")
     args = parser.parse_args()
     with (
         LocalCluster(
@@ -172,7 +194,8 @@ def main() -> None:
             f"{'predicted':>10}  model"
         )
         for name in args.only or CASES:
-            for row in measure(client, name, args.dtype, not args.no_big, args.repeats):
+            rows = measure(client, name, args.dtype, not args.no_big, args.repeats, args.upstream)
+            for row in rows:
                 name_, dtype, n, e, source, m, p, gap = row
                 print(
                     f"{name_:<12} {dtype:<8} {n:>6} {e['median_abs_pct_error']:>15.1f} "

@@ -143,6 +143,7 @@ def run_task(
     seed: int,
     *,
     on_gpu: bool = False,
+    upstream: bool = False,
 ) -> None:
     """Run one task of ``operator`` as the graph that ``apply`` builds runs it.
 
@@ -152,6 +153,8 @@ def run_task(
     is built as ``apply`` builds it, and the graph of its middle output block is computed in
     this thread: for a one-chunk array that is the one fused task; for a tree reduction over a
     chunked dim, its chunk tasks and the combine tasks that hold their partial results.
+    ``upstream``: the input is float64 normal data scaled, shifted and cast to ``dtype`` in the
+    graph, as preprocessing makes it (producing it then holds more than the block).
     """
     import dask
     import dask.array as da
@@ -169,6 +172,9 @@ def run_task(
             dtype=dtype,
             meta=cupy.empty((0,) * len(dims), dtype=dtype),
         )
+    elif upstream:
+        normal = da.random.default_rng(seed).standard_normal(shape, chunks=chunks)
+        data = (normal * 2.0 + 1.0).astype(dtype)
     elif np.dtype(dtype).kind == "f":
         data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph

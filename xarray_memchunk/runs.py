@@ -133,8 +133,8 @@ class RunReport:
         worker's growth shared among its busy threads); None when nothing was measured.
     predicted_task_bytes, predicted_peak_bytes, per_task
         What the plan predicted one task runs with (the operator's work and getting its input:
-        a read from a file, a halo concatenated, both inside the task), its task slot (with
-        held chunks) and the budget.
+        a read from a file, a halo concatenated, a graph's block produced, where these run
+        inside the task), its task slot (with held chunks) and the budget.
     pauses, worker_deaths
         Seen by the scheduler since the graph was built.
     memory_deaths
@@ -242,8 +242,13 @@ def _warm(records: list[tuple]) -> list[tuple]:
 
 
 def _in_task(plan: ChunkPlan) -> int:
-    """What runs inside one task: the operator's work and getting its input (read, gathered)."""
-    return plan.predicted_task_bytes + plan.gather_bytes
+    """What may run inside one task: the operator's work and getting its input.
+
+    Getting the input is reading it from a file or concatenating its pieces, and producing it
+    where Dask fuses a graph's block into the operator's task (the plan's chunks are the
+    graph's own).
+    """
+    return plan.predicted_task_bytes + plan.gather_bytes + plan.produce_bytes
 
 
 def _measured_task(records: list[tuple], plan: ChunkPlan) -> int | None:
@@ -337,7 +342,8 @@ def _learn(tracked: _Tracked, measured: int, floor: bool) -> str:
         features = cost.features(padded)
         observation = Observation(
             features={k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
-            measured_bytes=float(max(0, measured - plan.gather_bytes)),  # the operator's part
+            # the operator's part: less getting (reading, gathering, producing) its input
+            measured_bytes=float(max(0, measured - _in_task(plan) + plan.predicted_task_bytes)),
             predicted_bytes=float(np.asarray(cost.peak_bytes(padded)).reshape(-1)[0]),
             floor=floor,
         )

@@ -6,8 +6,7 @@ block made from a float64 one holds three times its bytes while it is made. The 
 memory model knows nothing of that graph. So before planning, one block of the input is
 computed in this process (the synchronous scheduler, as a worker's thread would) and its peak
 measured (:func:`~xarray_memchunk.models.profiling.measure_peak`); what it holds beyond the
-block it returns is the *input* term of the plan: room one task slot keeps for producing a
-block of the input.
+block is the plan's *producing its input* term (:mod:`~xarray_memchunk.planning.footprint`).
 
 Graphs of one layer (data cut from a NumPy array, a random generator) produce a block in place
 and are not measured. Results are cached per graph (its name), so planning the same data again
