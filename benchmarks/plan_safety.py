@@ -203,8 +203,9 @@ def main() -> None:
     if args.learning or args.as_users:
         name = "plan_safety_learning.md" if args.learning else "plan_safety_as_users.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
+    # what the runs teach stays in this run: never in the user's own calibration directory
+    os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
     if args.learning:
-        os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
         cases = learning_cases()
     elif args.as_users:
         cases = as_users_cases()

@@ -160,3 +160,12 @@ def test_spec_workers_of_a_job_queue():
 def test_spec_workers_without_a_spec_cluster():
     assert spec_workers(None) is None  # a client connected to a scheduler's address
     assert spec_workers(_spec_cluster()) is None  # a spec that starts no worker
+
+
+def test_a_stated_minimum_is_rounded_up():
+    from xarray_memchunk.planning.budget import format_size, format_size_up
+
+    assert format_size(0.9903e9, decimal=True) == "0.99 GB"  # what the refusal said, too little
+    assert format_size_up(0.9903e9, decimal=True) == "1.00 GB"
+    assert format_size_up(1.401 * 2**30) == "1.41 GiB"
+    assert format_size_up(2 * 2**30) == "2.00 GiB"

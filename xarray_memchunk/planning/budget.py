@@ -37,6 +37,7 @@ from ..units import format_bytes
 __all__ = [
     "MEASURED_BASELINE",
     "Budget",
+    "format_size_up",
     "held_memory_remedy",
     "min_worker_memory",
     "per_task_bytes",
@@ -103,6 +104,10 @@ class Budget:
         """Format ``nbytes`` in the units the user gave the memory in (decimal or binary)."""
         return format_size(nbytes, decimal=self.decimal)
 
+    def format_minimum(self, nbytes: float) -> str:
+        """As :meth:`format`, rounded up: a minimum stated is one that suffices."""
+        return format_size_up(nbytes, decimal=self.decimal)
+
     def explain(self) -> str:
         """State the per-task budget and the arithmetic behind it."""
         fraction, memory, baseline = _TERM_NAMES[self.device]
@@ -125,6 +130,23 @@ def format_size(nbytes: float, *, decimal: bool = False) -> str:
         if abs(nbytes) >= 0.9 * scale:
             return f"{nbytes / scale:.2f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def format_size_up(nbytes: float, *, decimal: bool = False) -> str:
+    """As :func:`format_size`, rounded up to the hundredth of the unit shown.
+
+    ``1.40 GiB`` is printed for 1.399 GiB and for 1.401 GiB alike; a stated minimum must not be
+    the smaller one: 1.401 GiB is said ``1.41 GiB``.
+    """
+    units = (
+        (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+        if decimal
+        else (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("kiB", 2**10))
+    )
+    for unit, scale in units:
+        if abs(nbytes) >= 0.9 * scale:
+            return f"{math.ceil(nbytes / scale * 100 - 1e-9) / 100:.2f} {unit}"
+    return f"{math.ceil(nbytes)} B"
 
 
 def per_task_bytes(

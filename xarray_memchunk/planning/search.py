@@ -127,7 +127,7 @@ def _infeasible(
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
     advice += [
-        f"give each worker at least {size(needed)} (memory_limit) at "
+        f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
         f"{budget.threads_per_worker} thread(s) per worker",
         "or run fewer threads per worker (each thread runs a task at once)",
     ]
