@@ -223,7 +223,8 @@ def main() -> None:
     header = (
         f"Measured {datetime.date.today()} on {platform.node() or 'this machine'} "
         f"({platform.machine()}, Python {platform.python_version()}) with "
-        f"`python {' '.join(sys.argv)}`: 2 workers x 1 thread per case, a fresh LocalCluster each."
+        f"`python {' '.join(sys.argv)}`: 2 workers per case, 1 thread each unless the input "
+        "column says otherwise, a fresh cluster each."
     )
     Path(args.out).write_text(header + "\n\n" + table + "\n\n" + line + "\n")
 
