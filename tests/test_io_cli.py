@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -349,3 +350,16 @@ def test_cli_help_reads_well():
     for flag in ("--nworkers", "--nthreads", "--memory-limit", "--scheduler", "--overwrite"):
         assert flag in result.stdout
     assert "1.5GB" in memchunk("plan", "--help").stdout
+
+
+def test_an_interrupt_while_the_command_starts_is_one_line():
+    """Issue 27 item 8: SIGTERM during the imports ended the command with -15 and no word."""
+    memchunk = Path(sys.executable).with_name("memchunk")
+    proc = subprocess.Popen(
+        [str(memchunk), "operators"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(0.2)  # importing xarray, Dask and the package takes longer
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted by SIGTERM" in err
