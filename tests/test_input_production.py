@@ -65,3 +65,17 @@ def test_the_issue_mean_on_two_threads_per_worker_runs_without_pause(quiet_distr
         outcome = run_watched(client, "mean", lambda: array.memchunk.apply("mean", dim="time").data)
     assert plan.produce_bytes > 0
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
+
+
+@pytest.mark.cluster
+def test_persisted_data_is_planned_without_measuring_its_production(quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster),
+    ):
+        kept = da.random.default_rng(4).random((40, 30, 20), chunks=(10, 30, 20)).persist()
+        array = xr.DataArray(kept * 2 + 1, dims=("time", "y", "x"))
+        plan = array.memchunk.plan("median", dim="time", memory_limit="1GB")
+    assert plan.produce_bytes == 0  # its blocks live in the workers: nothing computed here

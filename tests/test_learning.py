@@ -288,3 +288,28 @@ def test_the_command_line_forgets_what_runs_taught(user_dir):
     assert not path.exists()
     again = subprocess.run(memchunk, capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0 and "nothing learned about std" in again.stdout
+
+
+def test_a_dataset_run_teaches_only_the_variable_that_set_the_prediction(user_dir):
+    """The review found every variable given the largest variable's measured task."""
+    from types import SimpleNamespace
+
+    from xarray_memchunk import runs
+    from xarray_memchunk.api import _prepare
+
+    big = da.zeros((200, 100, 100), chunks=(200, 50, 100), dtype="float64")
+    ds = xr.Dataset(
+        {"field": (("time", "y", "x"), big), "series": (("time",), da.zeros(200, chunks=200))}
+    )
+    prepared = _prepare(ds, "median", "1GB", None, None, {"dim": "time"})
+    tracked = SimpleNamespace(prepared=prepared, plan=prepared.plan)
+    measured = int(1.1 * prepared.plan.predicted_task_bytes)
+    runs._learn(tracked, measured, floor=False)
+    learned = load_learned("median", "cpu", "float64")
+    assert len(learned.observations) == 1
+    (observation,) = learned.observations
+    assert observation.predicted_bytes == pytest.approx(
+        prepared.plan.predicted_task_bytes, rel=0.01
+    )
+    model = prepared.costs["field"].model
+    assert learned.scale(model) == pytest.approx(1.1, rel=0.02)  # not x2

@@ -66,3 +66,28 @@ def test_a_staged_median_runs_without_pause_and_equals_xarray(tmp_path, quiet_di
         assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
         np.testing.assert_allclose(result["median"].values, expected)
     assert list(tmp_path.glob("memchunk-staged-*.zarr"))  # written there, removed at exit
+
+
+def test_month_length_chunks_are_staged_in_equal_chunks(tmp_path, threaded):
+    # monthly chunks (31, 28, 31, ...): Zarr wants equal chunks; the store's are 31 long
+    months = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31) * 3
+    data = da.random.default_rng(5).random((sum(months), 200, 200), chunks=(months, 200, 200))
+    array = xr.DataArray(data, dims=("time", "y", "x"), name="t")
+    with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}):
+        plan = array.memchunk.plan("median", dim="time", memory_limit="0.4GB")
+        assert any("temporary Zarr store" in n for n in plan.notes)
+        result = array.memchunk.apply("median", dim="time", memory_limit="0.4GB").values
+    np.testing.assert_allclose(result, np.median(array.values, axis=0))
+
+
+def test_a_failed_staging_write_leaves_nothing_and_says_so(tmp_path, threaded, monkeypatch):
+    def failing_write(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(xr.Dataset, "to_zarr", failing_write)
+    with (
+        dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}),
+        pytest.raises(xm.MemchunkError, match=r"staging the data .* failed.*nothing is left"),
+    ):
+        time_chunked().memchunk.apply("median", dim="time", memory_limit="0.5GB")
+    assert not list(tmp_path.glob("memchunk-staged-*"))

@@ -148,6 +148,13 @@ def _cost(
         notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
         if wrong:
             settle_observations(key, device, dtype)
+    elif wrong:
+        notes.append(
+            f"the last run of {operator.name!r} found its model wrong (a worker killed by memory "
+            f"in its task, or a task over twice its prediction; {learned.path}): planned with "
+            f"the model raised x2 at most; measure it on this machine with `memchunk calibrate "
+            f"{operator.name}`"
+        )
     return resolve_cost(operator, name, da, kwargs, device)
 
 

@@ -211,10 +211,12 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
             if topic == MEMORY_RESTART_TOPIC and msg.get("worker"):
                 memory_killed.add(str(msg["worker"]))
             if topic == "all" and msg.get("action") == "remove-worker":
+                if msg.get("expected"):  # retired on purpose (adaptive scale-down): no death
+                    continue
                 worker = str(msg.get("worker"))
                 deaths.add((worker, stamp))
                 keys = msg.get("processing-tasks") or ()
-                if not keys or any(_key_name(k) not in inputs for k in keys):
+                if any(_key_name(k) not in inputs for k in keys):
                     in_operator.add(worker)
     memory = {(w, s) for w, s in deaths if w in memory_killed and w in in_operator}
     return _Events(len(pauses), len(deaths), len(memory))
@@ -230,7 +232,7 @@ def _key_name(key: Any) -> str:
 
 
 def _warm(records: list[tuple]) -> list[tuple]:
-    """A worker's records without its first task per thread, where it ran more than those.
+    """A worker's operator records without its first task per thread, where it ran more.
 
     The first task a worker runs pays for what it imports and sets up once (a random
     generator, BLAS threads, an import inside the function: 30 MB measured for a task of
@@ -260,7 +262,7 @@ def _measured_task(records: list[tuple], plan: ChunkPlan) -> int | None:
     """
     single = [r[1] for r in records if r[4] == 1]
     slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
-    shared = [max(0, r[1] / r[4] - slot_extra) for r in records if r[4] > 1]
+    shared = [max(0, r[1] / max(1, r[6]) - slot_extra) for r in records if r[4] > 1]
     values = [*single, *shared]
     return int(max(values)) if values else None
 
@@ -284,8 +286,13 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     records = [
         r
         for worker in tracked.client.run(_worker_records, tracked.started).values()
-        for r in _warm(worker)
-        if r[0] not in tracked.input_layers and not r[0].startswith(FINALIZE_PREFIX)
+        for r in _warm(
+            [
+                r
+                for r in worker
+                if r[0] not in tracked.input_layers and not r[0].startswith(FINALIZE_PREFIX)
+            ]
+        )
     ]
     events = _events(tracked.client, tracked.started, tracked.input_layers)
     measured = _measured_task(records, plan)
@@ -304,7 +311,9 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     floor = False
     if events.memory_deaths:  # the task that killed a worker left no record: at least that
         terminate = memory_threshold("terminate", otherwise=0.95)
-        killed = int(terminate * plan.budget.worker_memory - plan.budget.worker_baseline)
+        # what killed the worker, shared among the tasks its threads ran
+        worker = terminate * plan.budget.worker_memory - plan.budget.worker_baseline
+        killed = int(worker / max(1, plan.budget.threads_per_worker))
         floor = killed > (measured or 0)
         measured = max(measured or 0, killed)
     limit = _in_task(plan) * (1 + TOLERANCE) + ABSOLUTE_SLACK
@@ -325,36 +334,41 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
 
 
 def _learn(tracked: _Tracked, measured: int, floor: bool) -> str:
-    """Keep the measured task beside each planned variable's calibration.
+    """Keep the measured task beside the calibration of the variable that sets the prediction.
 
-    ``floor``: ``measured`` is only what killed a worker, a floor under the task's peak; a
-    self-calibrating operator is then measured again on its next plan.
+    The plan predicts the largest task over its variables, and the largest measured task is
+    compared with it: the observation belongs to that variable (the others' smaller tasks say
+    nothing of their own models). ``floor``: ``measured`` is only what killed a worker, a floor
+    under the task's peak; a self-calibrating operator is then measured again on its next plan.
     """
     prepared, plan = tracked.prepared, tracked.plan
-    written = set()
-    for cost in prepared.costs.values():
-        padded = {
+
+    def padded(cost: Any) -> dict[str, np.ndarray]:
+        return {
             d: np.array(
                 [padded_extent(plan.chunks[d], len(plan.dask_chunks[d]), plan.halo.get(d, 0))]
             )
             for d in cost.dims
         }
-        features = cost.features(padded)
-        observation = Observation(
-            features={k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
-            # the operator's part: less getting (reading, gathering, producing) its input
-            measured_bytes=float(max(0, measured - _in_task(plan) + plan.predicted_task_bytes)),
-            predicted_bytes=float(np.asarray(cost.peak_bytes(padded)).reshape(-1)[0]),
-            floor=floor,
-        )
-        key = cost.calibration_key
-        written.add(str(record_observation(key, cost.device, cost.dtype.name, observation)))
+
+    def predicted(cost: Any) -> float:
+        return float(np.asarray(cost.peak_bytes(padded(cost))).reshape(-1)[0])
+
+    cost = max(prepared.costs.values(), key=predicted)
+    features = cost.features(padded(cost))
+    observation = Observation(
+        features={k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
+        # the operator's part: less getting (reading, gathering, producing) its input
+        measured_bytes=float(max(0, measured - _in_task(plan) + plan.predicted_task_bytes)),
+        predicted_bytes=predicted(cost),
+        floor=floor,
+    )
+    path = record_observation(cost.calibration_key, cost.device, cost.dtype.name, observation)
     what = "at least" if floor else "the measured"
     return (
         f"kept {what} {plan.budget.format(measured)} task beside the calibration "
         f"(the next plan raises its prediction, at most x2; forget it with `memchunk calibrate "
         f"{plan.operator} --forget`)"
-        + (": a worker was killed, the next plan measures the operator first" if floor else "")
-        + ": "
-        + ", ".join(sorted(written))
+        + (": a worker was killed; a NumPy function is measured again first" if floor else "")
+        + f": {path}"
     )

@@ -32,7 +32,8 @@ class TaskRecord(NamedTuple):
     peak_bytes
         On a single-threaded worker, the task's own peak above the memory at its start. On a
         worker with several threads, the worker's growth since its threads were last all idle
-        (tasks overlap there, and a process-wide high-water mark cannot be split among them).
+        (tasks overlap there, and a process-wide high-water mark cannot be split among them),
+        less what it stores more now than then (results of finished tasks).
     seconds
         The task's duration.
     ended
@@ -41,6 +42,9 @@ class TaskRecord(NamedTuple):
         The worker's threads: 1 when ``peak_bytes`` is the task's own.
     period
         On a worker with several threads, which busy period (threads not all idle) it ran in.
+    overlap
+        The most tasks that ran at once in that period so far (1 on a single-threaded worker):
+        what ``peak_bytes`` is shared among.
     """
 
     name: str
@@ -49,6 +53,7 @@ class TaskRecord(NamedTuple):
     ended: float
     threads: int
     period: int
+    overlap: int
 
 
 class TaskPeaks(WorkerPlugin):
@@ -68,9 +73,16 @@ class TaskPeaks(WorkerPlugin):
         """Start with no records."""
         self.records: deque[TaskRecord] = deque(maxlen=KEPT_RECORDS)
         self.started: dict[Any, tuple[int, float]] = {}
+        self.worker = worker
         self.threads = int(getattr(worker.state, "nthreads", 1) or 1)
         self.period = 0
         self.period_base = 0
+        self.period_stored = 0
+        self.overlap = 1
+
+    def _stored(self) -> int:
+        """Bytes of task results the worker holds in memory now."""
+        return int(getattr(self.worker.state, "nbytes", 0) or 0)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         """Reset the high-water mark when a task starts (alone); read it when it ends."""
@@ -79,20 +91,27 @@ class TaskPeaks(WorkerPlugin):
                 reset_high_water_mark()
                 self.period += 1
                 self.period_base = status_bytes("VmRSS")
+                self.period_stored = self._stored() if self.threads > 1 else 0
+                self.overlap = 1
             self.started[key] = (status_bytes("VmRSS"), time.perf_counter())
+            self.overlap = max(self.overlap, len(self.started))
         elif start == "executing" and key in self.started:
             rss, began = self.started.pop(key)
-            base = rss if self.threads == 1 else self.period_base
-            peak = max(0, status_bytes("VmHWM") - base)
+            if self.threads == 1:
+                peak = status_bytes("VmHWM") - rss
+            else:  # results stored since the period began are not the running tasks' own
+                stored = max(0, self._stored() - self.period_stored)
+                peak = status_bytes("VmHWM") - self.period_base - stored
             name = key[0] if isinstance(key, tuple) else key
             self.records.append(
                 TaskRecord(
                     str(name),
-                    peak,
+                    max(0, peak),
                     time.perf_counter() - began,
                     time.time(),
                     self.threads,
                     self.period,
+                    1 if self.threads == 1 else self.overlap,
                 )
             )
 

@@ -215,9 +215,21 @@ def load_learned(calibration: str, device: str, dtype: str) -> Learned | None:
 
 
 def record_observation(calibration: str, device: str, dtype: str, observation: Observation) -> Path:
-    """Append ``observation`` to the learned file of ``calibration`` (atomically); its path."""
+    """Append ``observation`` to the learned file of ``calibration`` (atomically); its path.
+
+    Raises
+    ------
+    CalibrationError
+        When the calibration directory cannot be written.
+    """
     path = learned_path(calibration, device)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CalibrationError(
+            f"cannot keep what the run taught in {path.parent}: {exc}; set "
+            f"MEMCHUNK_CALIBRATION_DIR to a writable directory, or report with learn=False"
+        ) from None
     document: dict[str, Any] = {"format": LEARNED_FORMAT, "calibration": calibration}
     if path.is_file():
         document = _read(path) | document
@@ -233,7 +245,10 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
         }
     )
     document["dtypes"][dtype] = entries[-KEPT_OBSERVATIONS:]
-    write_json_atomically(document, path)
+    try:
+        write_json_atomically(document, path)
+    except OSError as exc:
+        raise CalibrationError(f"cannot write {path}: {exc}") from None
     return path
 
 

@@ -64,7 +64,9 @@ def _compute(block: Any) -> None:
 def input_production(da: xr.DataArray) -> InputProduction | None:
     """Measure (once per graph) what producing a block of ``da``'s Dask graph holds.
 
-    Returns None for data not produced by a multi-layer graph, or when measuring is turned off.
+    Returns None for data not produced by a multi-layer graph, when measuring is turned off,
+    and where the block cannot be computed here (data persisted on a cluster: its blocks live in
+    the workers).
     """
     import dask
 
@@ -81,6 +83,9 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
     if name not in _CACHE:
         block = data.blocks[tuple(n // 2 for n in data.numblocks)]
         block_bytes = int(block.nbytes)
-        peak, seconds, _ = measure_peak(_compute, block)
+        try:
+            peak, seconds, _ = measure_peak(_compute, block)
+        except Exception:  # e.g. persisted keys that only the cluster's workers hold
+            return None
         _CACHE[name] = InputProduction(block_bytes, max(0, peak - block_bytes), seconds)
     return _CACHE[name]

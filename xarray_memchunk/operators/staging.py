@@ -149,19 +149,37 @@ def _remove(path: Path) -> None:
 
 
 def stage(da: xr.DataArray, site: StagingSite) -> xr.DataArray:
-    """Write ``da`` as it is chunked to a new Zarr store in ``site`` now; ``da`` read from it.
+    """Write ``da`` to a new Zarr store in ``site`` now; ``da`` read from it.
 
-    The write runs on the active scheduler (a distributed client's workers, or threads); each
-    task holds one of ``da``'s chunks. The store is removed when this process exits.
+    The store's chunks are ``da``'s longest per dim (Zarr wants equal chunks; monthly chunks of
+    28 to 31 days become 31); the write runs on the active scheduler (a distributed client's
+    workers, or threads), each task holding about one chunk. The store is removed when this
+    process exits, and at once if the write fails.
+
+    Raises
+    ------
+    MemchunkError
+        When the write fails (the partial store is removed first).
     """
+    from ..errors import MemchunkError
+
     path = site.directory / f"memchunk-staged-{uuid.uuid4().hex[:12]}.zarr"
     atexit.register(_remove, path)
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable
-    staged = xr.Dataset({str(name): variable.chunk(dict(zip(da.dims, da.chunks, strict=True)))})
+    uniform = {d: max(c) for d, c in zip(da.dims, da.chunks, strict=True)}
+    staged = xr.Dataset({str(name): variable.chunk(uniform)})
     for var in staged.variables.values():
         var.encoding.clear()
-    staged.to_zarr(path, mode="w-", consolidated=False)
+    try:
+        staged.to_zarr(path, mode="w-", consolidated=False)
+    except Exception as exc:
+        _remove(path)
+        raise MemchunkError(
+            f"staging the data in {path.parent} failed ({type(exc).__name__}: {exc}); nothing "
+            f"is left there. Set {STAGING_DIR_KEY!r} to another directory, or give the "
+            f"workers more memory"
+        ) from exc
     read = xr.open_zarr(path, consolidated=False, chunks={})[str(name)]
     result = da.copy(data=read.data)
     result.encoding = dict(read.encoding)
