@@ -38,7 +38,10 @@ class MemchunkAccessor:
         chunks: api.Chunks = None,
         **op_kwargs: Any,
     ) -> ChunkPlan:
-        """Plan chunks for ``op`` without running anything; see :func:`xarray_memchunk.api.plan`."""
+        """Plan chunks for ``op`` (measuring only what its notes say).
+
+        See :func:`xarray_memchunk.api.plan`.
+        """
         return api.plan(
             self._obj, op, memory_limit=memory_limit, budget=budget, chunks=chunks, **op_kwargs
         )

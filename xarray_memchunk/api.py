@@ -568,7 +568,14 @@ def plan(
     chunks: Chunks = None,
     **op_kwargs: Any,
 ) -> ChunkPlan:
-    """Plan chunks for ``op`` on ``obj`` without running anything.
+    """Plan chunks for ``op`` on ``obj``; the operator itself is not run on the data.
+
+    Planning reads metadata, with three exceptions, each stated in the plan's notes when it
+    happens: a user function without a memory model is measured on a few blocks of its own
+    (in a worker of the active cluster, or a child process); one block of a Dask graph's input
+    is computed in this process to measure what producing it holds (once per graph;
+    ``memchunk.measure-input: False`` turns it off); and where the data must be staged on disk,
+    the staging directory's write speed is measured (64 MiB written once per process).
 
     Parameters
     ----------

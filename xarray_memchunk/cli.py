@@ -140,7 +140,11 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    plan = sub.add_parser("plan", help="print the chunk plan for OP on INPUT (runs nothing)")
+    plan = sub.add_parser(
+        "plan",
+        help="print the chunk plan for OP on INPUT (the operator is not run; what is measured "
+        "to plan it, the plan's notes say)",
+    )
     _add_common(plan)
     plan.add_argument(
         "--memory-limit",
