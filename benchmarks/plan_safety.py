@@ -148,18 +148,20 @@ def as_users_cases() -> list[SafetyCase]:
     """
     one_day = {"time": 1, "lat": 180, "lon": 360}
     by_lat = {"time": 1460, "lat": 45, "lon": 360}
-    median, mean = {"dim": "time"}, {"dim": "time"}
+    over_time = {"dim": "time"}
     cases = [
-        SafetyCase("median", "float32", DAILY, one_day, "mfdataset", median),
-        SafetyCase("median", "float64", DAILY, one_day, "mfdataset", median),
-        SafetyCase("median", "float32", DAILY, one_day, "file", median, label="median, Zarr 1-day"),
+        SafetyCase("median", "float32", DAILY, one_day, "mfdataset", over_time),
+        SafetyCase("median", "float64", DAILY, one_day, "mfdataset", over_time),
+        SafetyCase(
+            "median", "float32", DAILY, one_day, "file", over_time, label="median, Zarr 1-day"
+        ),
         SafetyCase(
             "median",
             "float64",
             {"time": 1200, "lat": 200, "lon": 400},
             {"time": 100, "lat": 200, "lon": 400},
             "preprocessed",
-            median,
+            over_time,
         ),
         SafetyCase(
             "mean",
@@ -167,9 +169,9 @@ def as_users_cases() -> list[SafetyCase]:
             {"time": 1262, "lat": 221, "lon": 313},
             {"time": 275, "lat": 221, "lon": 313},
             "preprocessed",
-            mean,
+            over_time,
         ),
-        SafetyCase("std", "float64", DAILY, one_day, "preprocessed", median),
+        SafetyCase("std", "float64", DAILY, one_day, "preprocessed", over_time),
     ]
     for threads, deployment in ((2, "local"), (4, "local"), (2, "processes"), (1, "adaptive")):
         cases += [
@@ -179,7 +181,7 @@ def as_users_cases() -> list[SafetyCase]:
                 DAILY,
                 by_lat,
                 "graph",
-                {"dim": "time"},
+                over_time,
                 threads=threads,
                 deployment=deployment,
             )

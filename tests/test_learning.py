@@ -107,8 +107,8 @@ def test_a_cost_quadratic_in_one_dim_is_found_by_halving_each_dim():
     grown = [_profile({"y": y, "x": x}, peak(y, x)) for y, x in [(500, 400), (1000, 800)]]
     grown.append(_profile({"y": 2000, "x": 1600}, peak(2000, 1600)))
     halved = {
-        "y": [_profile({"y": 1000, "x": 1600}, peak(1000, 1600))],
-        "x": [_profile({"y": 2000, "x": 800}, peak(2000, 800))],
+        "y": _profile({"y": 1000, "x": 1600}, peak(1000, 1600)),
+        "x": _profile({"y": 2000, "x": 800}, peak(2000, 800)),
     }
     assert superlinear_dims(op, {}, grown, halved) == ["x"]
 
@@ -118,8 +118,8 @@ def test_a_cost_quadratic_in_one_dim_is_found_by_halving_each_dim():
     grown = [_profile({"y": y, "x": x}, linear(y, x)) for y, x in [(500, 400), (1000, 800)]]
     grown.append(_profile({"y": 2000, "x": 1600}, linear(2000, 1600)))
     halved = {
-        "y": [_profile({"y": 1000, "x": 1600}, linear(1000, 1600))],
-        "x": [_profile({"y": 2000, "x": 800}, linear(2000, 800))],
+        "y": _profile({"y": 1000, "x": 1600}, linear(1000, 1600)),
+        "x": _profile({"y": 2000, "x": 800}, linear(2000, 800)),
     }
     assert superlinear_dims(op, {}, grown, halved) == []
 

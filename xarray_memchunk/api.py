@@ -26,7 +26,7 @@ from .errors import (
     MemoryBudgetWarning,
 )
 from .models import load_calibration
-from .models.learned import load_learned, settle_observations
+from .models.learned import Learned, load_learned, settle_observations
 from .operators import BlockwiseOperator, Operator, get_operator
 from .operators.cost import TaskCost, resolve_cost
 from .operators.sources import device_of, read_chunked, storage_chunks
@@ -127,12 +127,12 @@ def _cost(
     known = load_calibration(key, device, dtype)
     learned = load_learned(key, device, dtype)
     wrong = learned is not None and learned.asks_for_measuring
-    measurable = isinstance(operator, BlockwiseOperator)
-    doubt = getattr(operator, "unknown_identity", lambda **kw: "")(**kwargs)
+    measurable = isinstance(operator, BlockwiseOperator)  # a NumPy function can measure itself
+    doubt = operator.unknown_identity(**kwargs) if measurable else ""
     if doubt:  # a cached model may belong to another function: never reused, measured now
         notes.append(f"the identity of {operator.name!r} is not certain ({doubt}): measured now")
-    fresh = known is None or bool(doubt)
-    if (getattr(operator, "self_calibrating", False) and fresh) or (wrong and measurable):
+    unknown = known is None or bool(doubt)
+    if measurable and ((operator.self_calibrating and unknown) or wrong):
         if device != "cpu":
             raise CalibrationError(
                 f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
@@ -140,22 +140,24 @@ def _cost(
             )
         operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
         if wrong:
-            notes.append(
-                f"the last run of {operator.name!r} found its model wrong (a worker killed by "
-                f"memory in its task, or a task over twice its prediction; {learned.path}): "
-                f"measured again now"
-            )
+            notes.append(f"{_found_wrong(operator, learned)}: measured again now")
         notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
         if wrong:
             settle_observations(key, device, dtype)
     elif wrong:
         notes.append(
-            f"the last run of {operator.name!r} found its model wrong (a worker killed by memory "
-            f"in its task, or a task over twice its prediction; {learned.path}): planned with "
-            f"the model raised x2 at most; measure it on this machine with `memchunk calibrate "
-            f"{operator.name}`"
+            f"{_found_wrong(operator, learned)}: planned with the model raised x2 at most; "
+            f"measure it on this machine with `memchunk calibrate {operator.name}`"
         )
     return resolve_cost(operator, name, da, kwargs, device)
+
+
+def _found_wrong(operator: Operator, learned: Learned) -> str:
+    """What the last run said of the operator's model, for the plan's notes."""
+    return (
+        f"the last run of {operator.name!r} found its model wrong (a worker killed by memory in "
+        f"its task, or a task over twice its prediction; {learned.path})"
+    )
 
 
 def _resolve(
@@ -370,16 +372,19 @@ def _prepare(
     resolved = _budget(memory_limit, budget, device)
     alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
     chosen = None
+    resolutions: dict[int, _Alternative] = {}  # resolved (and measured) once for both passes
     for staging in (False, True):
         failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
         over_budget: list[tuple[str, _Prepared, list[str]]] = []
-        for label, kwargs, reason in alternatives:
+        for index, (label, kwargs, reason) in enumerate(alternatives):
             if kwargs is None:
                 failures.append((label, reason))
                 continue
             try:
+                if index not in resolutions:
+                    resolutions[index] = _alternative(obj, operator, resolved, device, kwargs)
                 prepared, cautions = _prepare_one(
-                    obj, operator, resolved, device, chunks, kwargs, staging=staging
+                    operator, resolved, chunks, resolutions[index], staging=staging
                 )
             except InfeasiblePlanError as exc:
                 failures.append((label, str(exc)))
@@ -409,20 +414,24 @@ def _prepare(
     return replace(prepared, plan=Plan(**(fields | {"notes": notes})))
 
 
-def _prepare_one(
+@dataclass(frozen=True)
+class _Alternative:
+    """One way of running the operator, resolved: its variables, their costs, its problem."""
+
+    kwargs: dict[str, Any]  # bound to the variables (CF names resolved)
+    targets: dict[str, xr.DataArray]
+    costs: dict[str, TaskCost]
+    problem: PlanProblem
+
+
+def _alternative(
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
     resolved: Budget,
     device: str,
-    chunks: Chunks,
     kwargs: dict[str, Any],
-    *,
-    staging: bool = False,
-) -> tuple[_Prepared, list[str]]:
-    """Plan one alternative; also return the warnings it would issue if chosen.
-
-    ``staging``: where no plan fits in memory, try staging the graph's data on disk.
-    """
+) -> _Alternative:
+    """Resolve one alternative's variables and costs (measuring what must be) and its problem."""
     fresh: list[str] = []
     targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device, resolved, fresh)
     specs = merge_dims(
@@ -447,6 +456,22 @@ def _prepare_one(
         ),
         max_extents=_max_extents(costs),
     )
+    return _Alternative(kwargs, targets, costs, problem)
+
+
+def _prepare_one(
+    operator: Operator,
+    resolved: Budget,
+    chunks: Chunks,
+    alternative: _Alternative,
+    *,
+    staging: bool = False,
+) -> tuple[_Prepared, list[str]]:
+    """Plan one alternative; also return the warnings it would issue if chosen.
+
+    ``staging``: where no plan fits in memory, try staging the graph's data on disk.
+    """
+    kwargs, costs, problem = alternative.kwargs, alternative.costs, alternative.problem
     if chunks is None:
         try:
             return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
@@ -456,7 +481,7 @@ def _prepare_one(
             return _staged(operator, kwargs, costs, problem, resolved, in_memory), []
     cautions: list[str] = []
     notes: list[str] = []
-    user_chunks = _normalize_user_chunks(chunks, targets, specs, cautions, notes)
+    user_chunks = _normalize_user_chunks(chunks, alternative.targets, problem.dims, cautions, notes)
     problem = replace(problem, notes=(*problem.notes, *notes))
     chunk_plan = plan_for_chunks(problem, resolved, user_chunks)
     if not chunk_plan.fits:

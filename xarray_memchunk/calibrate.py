@@ -526,10 +526,10 @@ def self_calibrate(
             if not _grow(profiles, per_task, limit - (time.perf_counter() - start)):
                 break
         halved = {
-            d: measure(shape) for d, shape in halved_shapes(profiles[-1].extents, whole).items()
+            d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
         }
     squared = superlinear_dims(operator, kwargs, profiles, halved)
-    everything = profiles + [p for found in halved.values() for p in found]
+    everything = [*profiles, *halved.values()]
     record = fit_record(operator, everything, kwargs, measured_range=True, squared_dims=squared)
     path = save_calibration(
         operator.cost_terms(**kwargs).calibration,
@@ -570,7 +570,7 @@ def superlinear_dims(
     operator: Operator,
     kwargs: Mapping[str, Any],
     grown: Sequence[TaskProfile],
-    halved: Mapping[str, Sequence[TaskProfile]],
+    halved: Mapping[str, TaskProfile],
 ) -> list[str]:
     """Dims along which memory grows faster than the block, from blocks halved along each.
 
@@ -580,8 +580,7 @@ def superlinear_dims(
     the block's memory (the cost falls faster than the block along them); where none did, every
     halved dim is.
     """
-    probes = {d: found[0] for d, found in halved.items() if found}
-    if not probes:
+    if not halved:
         return []
     fit, _ = fit_profiles(operator, grown, kwargs)
     largest = grown[-1]
@@ -592,13 +591,13 @@ def superlinear_dims(
 
     unexplained = any(
         p.peak_bytes > predicted(p) * (1 + SUPERLINEAR_TOLERANCE) + ABSOLUTE_SLACK
-        for p in probes.values()
+        for p in halved.values()
     )
     if not unexplained:
         return []
     half = largest.peak_bytes / 2
-    falling = [d for d, p in probes.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
-    return falling or list(probes)
+    falling = [d for d, p in halved.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
+    return falling or list(halved)
 
 
 def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -> bool:

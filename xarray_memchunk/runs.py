@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,6 +47,9 @@ from .models.fitting import ABSOLUTE_SLACK
 from .models.learned import Observation, record_observation
 from .planning.candidates import padded_extent
 from .planning.plan import ChunkPlan
+
+if TYPE_CHECKING:  # the plugin's module imports distributed: only where a cluster is in use
+    from .task_peaks import TaskRecord
 
 __all__ = ["RunReport", "input_layers", "report", "signature", "track"]
 
@@ -60,11 +63,11 @@ FINALIZE_PREFIX = "finalize-"
 MEMORY_RESTART_TOPIC = "worker-restart-memory"
 
 
-def _worker_records(moment: float, dask_worker: Any = None) -> list:
+def _worker_records(moment: float, dask_worker: Any = None) -> list[TaskRecord]:
     from .task_peaks import PLUGIN_NAME
 
     plugin = getattr(dask_worker, "plugins", {}).get(PLUGIN_NAME)
-    return [tuple(r) for r in plugin.since(moment)] if plugin is not None else []
+    return plugin.since(moment) if plugin is not None else []
 
 
 def input_layers(source: Any) -> frozenset[str]:
@@ -201,6 +204,8 @@ class _Events:
 
 def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
     """Pauses and worker removals since ``moment``; the removals memory caused in our tasks."""
+    from .task_peaks import key_name
+
     pauses, deaths, memory_killed, in_operator = set(), set(), set(), set()
     for topic, entries in client.get_events().items():
         for stamp, msg in entries:
@@ -216,30 +221,21 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
                 worker = str(msg.get("worker"))
                 deaths.add((worker, stamp))
                 keys = msg.get("processing-tasks") or ()
-                if any(_key_name(k) not in inputs for k in keys):
+                if any(key_name(k) not in inputs for k in keys):
                     in_operator.add(worker)
     memory = {(w, s) for w, s in deaths if w in memory_killed and w in in_operator}
     return _Events(len(pauses), len(deaths), len(memory))
 
 
-def _key_name(key: Any) -> str:
-    if isinstance(key, list | tuple) and key:
-        return str(key[0])
-    text = str(key)
-    if text.startswith("('") and "'," in text:  # a tuple key sent as its string
-        return text[2 : text.index("',")]
-    return text
-
-
-def _warm(records: list[tuple]) -> list[tuple]:
+def _warm(records: list[TaskRecord]) -> list[TaskRecord]:
     """A worker's operator records without its first task per thread, where it ran more.
 
     The first task a worker runs pays for what it imports and sets up once (a random
     generator, BLAS threads, an import inside the function: 30 MB measured for a task of
     0.8 MB); it says nothing of the operator's model.
     """
-    ordered = sorted(records, key=lambda r: r[3])
-    threads = ordered[0][4] if ordered else 1
+    ordered = sorted(records, key=lambda r: r.ended)
+    threads = ordered[0].threads if ordered else 1
     return ordered[threads:] if len(ordered) > threads else ordered
 
 
@@ -253,16 +249,16 @@ def _in_task(plan: ChunkPlan) -> int:
     return plan.predicted_task_bytes + plan.gather_bytes + plan.produce_bytes
 
 
-def _measured_task(records: list[tuple], plan: ChunkPlan) -> int | None:
+def _measured_task(records: list[TaskRecord], plan: ChunkPlan) -> int | None:
     """The largest peak of one operator task, from single- and multi-threaded workers.
 
     A multi-threaded worker's record is its growth while its threads were busy: shared among
     the threads, less the held and gathered chunks the plan counts beside each task, it is what
     one task needed at least, on average.
     """
-    single = [r[1] for r in records if r[4] == 1]
+    single = [r.peak_bytes for r in records if r.threads == 1]
     slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
-    shared = [max(0, r[1] / max(1, r[6]) - slot_extra) for r in records if r[4] > 1]
+    shared = [max(0, r.peak_bytes / r.overlap - slot_extra) for r in records if r.threads > 1]
     values = [*single, *shared]
     return int(max(values)) if values else None
 
@@ -290,7 +286,7 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
             [
                 r
                 for r in worker
-                if r[0] not in tracked.input_layers and not r[0].startswith(FINALIZE_PREFIX)
+                if r.name not in tracked.input_layers and not r.name.startswith(FINALIZE_PREFIX)
             ]
         )
     ]

@@ -14,7 +14,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .models.profiling import reset_high_water_mark, status_bytes
 
-__all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord"]
+__all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord", "key_name"]
 
 #: Name of the worker plugin that measures tasks.
 PLUGIN_NAME = "memchunk-task-peaks"
@@ -40,8 +40,6 @@ class TaskRecord(NamedTuple):
         When it ended (``time.time()``).
     threads
         The worker's threads: 1 when ``peak_bytes`` is the task's own.
-    period
-        On a worker with several threads, which busy period (threads not all idle) it ran in.
     overlap
         The most tasks that ran at once in that period so far (1 on a single-threaded worker):
         what ``peak_bytes`` is shared among.
@@ -52,8 +50,12 @@ class TaskRecord(NamedTuple):
     seconds: float
     ended: float
     threads: int
-    period: int
     overlap: int
+
+
+def key_name(key: Any) -> str:
+    """The name of a task's key: its layer for an array task (``("mean-chunk-ab12", 0, 3)``)."""
+    return str(key[0]) if isinstance(key, tuple) and key else str(key)
 
 
 class TaskPeaks(WorkerPlugin):
@@ -75,7 +77,6 @@ class TaskPeaks(WorkerPlugin):
         self.started: dict[Any, tuple[int, float]] = {}
         self.worker = worker
         self.threads = int(getattr(worker.state, "nthreads", 1) or 1)
-        self.period = 0
         self.period_base = 0
         self.period_stored = 0
         self.overlap = 1
@@ -89,7 +90,6 @@ class TaskPeaks(WorkerPlugin):
         if finish == "executing":
             if self.threads == 1 or not self.started:
                 reset_high_water_mark()
-                self.period += 1
                 self.period_base = status_bytes("VmRSS")
                 self.period_stored = self._stored() if self.threads > 1 else 0
                 self.overlap = 1
@@ -102,15 +102,13 @@ class TaskPeaks(WorkerPlugin):
             else:  # results stored since the period began are not the running tasks' own
                 stored = max(0, self._stored() - self.period_stored)
                 peak = status_bytes("VmHWM") - self.period_base - stored
-            name = key[0] if isinstance(key, tuple) else key
             self.records.append(
                 TaskRecord(
-                    str(name),
+                    key_name(key),
                     max(0, peak),
                     time.perf_counter() - began,
                     time.time(),
                     self.threads,
-                    self.period,
                     1 if self.threads == 1 else self.overlap,
                 )
             )

@@ -62,6 +62,7 @@ __all__ = [
     "calibration_file_name",
     "load_calibration",
     "save_calibration",
+    "read_json",
     "shipped_dir",
     "write_json_atomically",
     "writable_calibration_dir",
@@ -280,19 +281,28 @@ def _check_document(document: Any) -> None:
         _check_fit(fit, f"fits[{dtype!r}]")
 
 
-@lru_cache(maxsize=64)
-def _read(path: str, mtime: float) -> dict[str, Any]:
-    """The calibration document in ``path``, parsed and validated (cached per mtime)."""
+def read_json(path: str | os.PathLike, what: str, how_to_fix: str) -> Any:
+    """The JSON document in ``path`` (a ``what``, for messages).
+
+    Raises
+    ------
+    CalibrationError
+        When it cannot be read or parsed; the message says ``how_to_fix``.
+    """
     try:
         with open(path, encoding="utf-8") as f:
-            document = json.load(f)
+            return json.load(f)
     except (OSError, ValueError, RecursionError) as exc:
         # ValueError: not JSON, not UTF-8, or an integer too long; RecursionError: nested
         # too deeply
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise CalibrationError(
-            f"cannot read calibration {path}: {reason}; {_how_to_fix(path)}"
-        ) from None
+        raise CalibrationError(f"cannot read {what} {path}: {reason}; {how_to_fix}") from None
+
+
+@lru_cache(maxsize=64)
+def _read(path: str, mtime: float) -> dict[str, Any]:
+    """The calibration document in ``path``, parsed and validated (cached per mtime)."""
+    document = read_json(path, "calibration", _how_to_fix(path))
     try:
         _check_document(document)
     except _Invalid as exc:

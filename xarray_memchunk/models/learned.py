@@ -22,15 +22,21 @@ what that model predicts for it (:func:`learned_scale`). So learning:
 from __future__ import annotations
 
 import datetime
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CalibrationError
-from .calibration import calibration_dir, write_json_atomically
+from .calibration import (
+    _Invalid,
+    _number,
+    _numbers,
+    _object,
+    calibration_dir,
+    read_json,
+    write_json_atomically,
+)
 from .memory_model import LinearMemoryModel
 
 __all__ = [
@@ -157,38 +163,30 @@ def learned_path(calibration: str, device: str, directory: Path | None = None) -
     return (directory or calibration_dir()) / name.replace(".json", ".learned.json")
 
 
-def _finite(value: Any, what: str, path: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise CalibrationError(
-            f"{path}: {what} must be a finite number, got {value!r}; delete the file "
-            f"(memchunk calibrate OP --forget) to forget what runs taught"
-        )
-    if value < 0:
-        raise CalibrationError(f"{path}: {what} must be >= 0, got {value!r}")
-    return float(value)
+#: What to do about a learned file that cannot be read.
+FORGET = "delete it (memchunk calibrate OP --forget) to forget what runs taught"
 
 
 def _parse(entry: Any, path: Path) -> Observation:
-    if not isinstance(entry, dict) or not isinstance(entry.get("features"), dict):
-        raise CalibrationError(f"{path}: malformed observation {entry!r}")
-    features = {str(k): _finite(v, f"feature {k!r}", path) for k, v in entry["features"].items()}
+    """One observation of a learned file, validated as calibrations are."""
+    try:
+        fields = _object(entry, "an observation")
+        features = _numbers(fields.get("features"), "its features")
+        measured = _number(fields.get("measured_bytes"), "its measured_bytes")
+        predicted = _number(fields.get("predicted_bytes"), "its predicted_bytes")
+    except _Invalid as exc:
+        raise CalibrationError(f"invalid {path}: {exc}; {FORGET}") from None
     return Observation(
         features=features,
-        measured_bytes=_finite(entry.get("measured_bytes"), "measured_bytes", path),
-        predicted_bytes=_finite(entry.get("predicted_bytes"), "predicted_bytes", path),
-        floor=bool(entry.get("floor", False)),
-        settled=bool(entry.get("settled", False)),
+        measured_bytes=measured,
+        predicted_bytes=predicted,
+        floor=bool(fields.get("floor", False)),
+        settled=bool(fields.get("settled", False)),
     )
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise CalibrationError(
-            f"cannot read {path}: {exc}; delete it (memchunk calibrate OP --forget)"
-        ) from None
+    document = read_json(path, "learned file", FORGET)
     if not isinstance(document, dict) or document.get("format") != LEARNED_FORMAT:
         raise CalibrationError(
             f"{path} is not an xarray-memchunk learned file (format {LEARNED_FORMAT!r}); delete it"

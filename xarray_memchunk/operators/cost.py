@@ -203,8 +203,9 @@ def resolve_cost(
         model = operator.default_model(dtype, **kwargs)
         seconds, source = operator.default_seconds_per_element, "analytic (not calibrated)"
     learned = load_learned(terms.calibration, device, dtype.name)
-    if learned is not None and learned.scale(model) > 1.0:
-        source = f"{source}, x{learned.scale(model):.2f} learned from runs ({learned.path})"
+    factor = learned.scale(model) if learned is not None else 1.0
+    if factor > 1.0:
+        source = f"{source}, x{factor:.2f} learned from runs ({learned.path})"
         model = learned.applied_to(model)
     dims = tuple(str(d) for d in da.dims)
     production = input_production(da) if input_kind(da) is InputKind.GRAPH else None
