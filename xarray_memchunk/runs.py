@@ -96,6 +96,10 @@ class _Tracked:
 
 
 _TRACKED: dict[tuple, _Tracked] = {}
+#: The last graph ``apply`` built per operator: a plan made before ``apply`` may differ from
+#: the one ``apply`` made (measuring a function in a worker raises the memory the workers
+#: already hold, and so the next plan's baseline).
+_LAST: dict[str, _Tracked] = {}
 
 
 def signature(plan: ChunkPlan) -> tuple:
@@ -111,9 +115,8 @@ def track(plan: ChunkPlan, prepared: Any, source_layers: Iterable[str] = ()) -> 
     client = active_client()
     if client is None:
         return
-    _TRACKED[signature(plan)] = _Tracked(
-        plan, prepared, time.time(), client, frozenset(source_layers)
-    )
+    tracked = _Tracked(plan, prepared, time.time(), client, frozenset(source_layers))
+    _TRACKED[signature(plan)] = _LAST[plan.operator] = tracked
     if not dask.config.get("memchunk.measure-tasks", True):
         return
     from .task_peaks import PLUGIN_NAME, TaskPeaks
@@ -266,19 +269,23 @@ def _measured_task(records: list[TaskRecord], plan: ChunkPlan) -> int | None:
 def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     """Compare the last run of ``plan`` on the cluster with its prediction, and learn from it.
 
+    The run is the one ``apply`` built with ``plan``'s chunks, else the last one of its
+    operator; it is compared with the plan it ran with.
+
     Raises
     ------
     MemchunkError
-        When ``apply`` built no graph for this plan on a cluster in this process.
+        When ``apply`` built no graph for this operator on a cluster in this process.
     """
     from .errors import MemchunkError
 
-    tracked = _TRACKED.get(signature(plan))
+    tracked = _TRACKED.get(signature(plan)) or _LAST.get(plan.operator)
     if tracked is None:
         raise MemchunkError(
             f"no run of this {plan.operator!r} plan to report: apply it on a distributed "
             f"cluster and compute the result first"
         )
+    plan = tracked.plan
     records = [
         r
         for worker in tracked.client.run(_worker_records, tracked.started).values()
