@@ -14,7 +14,7 @@ import time
 
 from distributed import Client, LocalCluster
 
-from xarray_memchunk.calibrate import calibrate
+from xarray_memchunk.measure.calibrate import calibrate
 from xarray_memchunk.models.calibration import shipped_dir
 from xarray_memchunk.operators import get_operator
 

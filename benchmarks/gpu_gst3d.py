@@ -29,10 +29,10 @@ import time
 import dask
 import numpy as np
 import xarray as xr
+from harness.device_data import noise, to_host
 
 import xarray_memchunk as xm
-from xarray_memchunk.experiments.device_data import noise, to_host
-from xarray_memchunk.operators.gst3d_kernels import gst3d_on_axes, halo_depth
+from xarray_memchunk.operators.gst3d.kernels import gst3d_on_axes, halo_depth
 
 DIMS = ("inline", "crossline", "sample")
 

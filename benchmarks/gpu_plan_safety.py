@@ -24,9 +24,9 @@ import time
 
 import dask
 import xarray as xr
+from harness.device_data import noise, to_host
 
 import xarray_memchunk as xm
-from xarray_memchunk.experiments.device_data import noise, to_host
 
 #: (label, operator, kwargs, shape, source chunks, dims)
 CASES = [

@@ -16,7 +16,7 @@ import json
 import os
 import time
 
-from xarray_memchunk.experiments.gst3d import (
+from xarray_memchunk.demo.experiment import (
     default_cases,
     format_table,
     plot_memory,

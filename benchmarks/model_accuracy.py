@@ -10,7 +10,7 @@ producing the input was measured to hold (``xarray_memchunk.operators.production
 
 For each operator and dtype, tasks of held-out shapes (one of them ~10x the largest fitted task)
 run inside a Dask worker as the graph that ``apply`` builds runs them, measured as calibration
-measures them (``xarray_memchunk.calibrate.run_task``); the table gives the median absolute
+measures them (``xarray_memchunk.measure.calibrate.run_task``); the table gives the median absolute
 error, the worst under-prediction and the worst over-prediction, in percent of the measured
 peak.
 """
@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from distributed import Client, LocalCluster
 
-from xarray_memchunk.calibrate import features_of, run_task
+from xarray_memchunk.measure.calibrate import features_of, run_task
 from xarray_memchunk.models.calibration import load_calibration
 from xarray_memchunk.models.fitting import prediction_errors
 from xarray_memchunk.models.profiling import profile_in_worker
@@ -146,7 +146,7 @@ def _bare_max_rss(code: str) -> int:
 
 def compare_bare(client) -> None:
     """GST3D 150^3 float32: the worker method vs a bare process's max RSS."""
-    imports = "import numpy as np; from xarray_memchunk.operators.gst3d_kernels import gst3d_block"
+    imports = "import numpy as np; from xarray_memchunk.operators.gst3d.kernels import gst3d_block"
     task = imports + (
         "; x = np.random.default_rng(0).standard_normal((150, 150, 150), dtype=np.float32)"
         "; gst3d_block(x)"

@@ -41,9 +41,9 @@ from distributed import Client, LocalCluster
 
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
-from xarray_memchunk.experiments.diagnostics import RunOutcome, watch
 from xarray_memchunk.models.profiling import RssSampler
-from xarray_memchunk.operators.gst3d_kernels import gst3d_block, halo_depth
+from xarray_memchunk.operators.gst3d.kernels import gst3d_block, halo_depth
+from xarray_memchunk.testing import RunOutcome, watch
 
 TOOLS = ("dask", "cubed", "memchunk")
 GST3D_HALO = halo_depth("gaussian", 1.0, 2.0, 3.0)

@@ -8,7 +8,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
-limit (of ``xarray_memchunk.experiments.plan_safety.LIMITS``) at which the plan's binding
+limit (of ``harness.plan_safety.LIMITS``) at which the plan's binding
 constraint is memory. Shapes and chunkings are ones no calibration profiled. Prints a Markdown
 table and writes it to ``benchmarks/results/plan_safety.md``.
 """
@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from harness.plan_safety import SafetyCase, format_table, run_case, summary
 
 import xarray_memchunk as xm
-from xarray_memchunk.experiments.plan_safety import SafetyCase, format_table, run_case, summary
 
 CUBE = {"time": 2100, "lat": 500, "lon": 600}
 VOLUME = {"inline": 320, "crossline": 320, "sample": 320}

@@ -26,8 +26,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-seed-")
 
-    from xarray_memchunk.experiments.gst3d import Case, format_table, run_gst3d_experiment
-    from xarray_memchunk.experiments.seed_gst3d import seed_gst3d
+    from xarray_memchunk.demo.experiment import Case, format_table, run_gst3d_experiment
+    from xarray_memchunk.demo.seed_gst3d import seed_gst3d
 
     cases = [  # memchunk first: its first plan is the one that measures the function
         Case("memchunk (self-cal.)", None),

@@ -63,8 +63,8 @@ def run_case(case: str, source: str, target: str) -> dict:
 
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import watch
-    from xarray_memchunk.ingest import ingest
+    from xarray_memchunk.seismic.ingest import ingest
+    from xarray_memchunk.testing import watch
 
     operator = "gst3d" if case.endswith("gst3d") else None
     chunks = {}
@@ -122,13 +122,13 @@ def main() -> None:
         return
 
     from xarray_memchunk.datasets import synthetic_seismic
-    from xarray_memchunk.segy import write_segy
+    from xarray_memchunk.seismic.segy import write_segy
 
     root = Path(tempfile.mkdtemp(prefix="memchunk-segy-"))
     try:
         if args.segy:
             source = Path(args.segy)
-            from xarray_memchunk.segy import read_geometry
+            from xarray_memchunk.seismic.segy import read_geometry
 
             shape = read_geometry(source).shape
         else:

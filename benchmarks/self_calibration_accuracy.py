@@ -23,10 +23,10 @@ def main() -> None:
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.budget import resolve_budget
-    from xarray_memchunk.calibrate import features_of, run_task, self_calibrate
     from xarray_memchunk.datasets import synthetic_seismic
-    from xarray_memchunk.experiments.seed_gst3d import seed_gst3d
+    from xarray_memchunk.demo.seed_gst3d import seed_gst3d
+    from xarray_memchunk.measure.calibrate import features_of, run_task, self_calibrate
+    from xarray_memchunk.memory_limits import resolve_budget
     from xarray_memchunk.models import load_calibration
     from xarray_memchunk.models.fitting import prediction_errors
     from xarray_memchunk.models.profiling import profile_in_worker

@@ -36,7 +36,7 @@ from distributed import Client, LocalCluster
 
 import xarray_memchunk  # noqa: F401
 from xarray_memchunk import InfeasiblePlanError
-from xarray_memchunk.experiments.diagnostics import run_watched
+from xarray_memchunk.testing import run_watched
 from xarray_memchunk.units import format_bytes
 
 

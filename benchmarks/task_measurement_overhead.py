@@ -53,7 +53,7 @@ def hook_cost(n: int = 20000) -> float:
     """Microseconds per task for the plugin's start and end hooks, in this process."""
     from types import SimpleNamespace
 
-    from xarray_memchunk.task_peaks import TaskPeaks
+    from xarray_memchunk.measure.task_peaks import TaskPeaks
 
     plugin = TaskPeaks()
     plugin.setup(SimpleNamespace(state=SimpleNamespace(nthreads=1)))

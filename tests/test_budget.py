@@ -5,8 +5,8 @@ import dask
 import pytest
 
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
-from xarray_memchunk.budget import make_budget
 from xarray_memchunk.clusters import WorkerLayout, spec_workers
+from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.planning.budget import MEASURED_BASELINE, per_task_bytes, tightest_worker
 from xarray_memchunk.units import to_bytes
 

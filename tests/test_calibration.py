@@ -5,7 +5,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.calibrate import run_task
+from xarray_memchunk.measure.calibrate import run_task
 from xarray_memchunk.models.calibration import load_calibration, save_calibration, shipped_dir
 from xarray_memchunk.models.fitting import UNDER_TOLERANCE, fit_linear
 from xarray_memchunk.models.profiling import measure_peak

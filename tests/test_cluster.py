@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
-from xarray_memchunk.experiments.diagnostics import run_watched
+from xarray_memchunk.testing import run_watched
 
 pytestmark = pytest.mark.cluster
 

@@ -19,9 +19,9 @@ from xarray_memchunk import (
     MemoryBudgetWarning,
     resolve_budget,
 )
-from xarray_memchunk.budget import make_budget
 from xarray_memchunk.datasets import synthetic_climate
-from xarray_memchunk.experiments.diagnostics import run_watched
+from xarray_memchunk.memory_limits import make_budget
+from xarray_memchunk.testing import run_watched
 
 pytestmark = pytest.mark.cluster
 

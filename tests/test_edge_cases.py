@@ -23,7 +23,7 @@ import xarray as xr
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
 from xarray_memchunk.io import RecoveredWriteWarning, recover, safe_write
-from xarray_memchunk.operators.gst3d_kernels import halo_depth
+from xarray_memchunk.operators.gst3d.kernels import halo_depth
 
 MEMCHUNK = [sys.executable, "-m", "xarray_memchunk.cli"]
 SPATIAL = ("inline", "crossline", "sample")

@@ -11,8 +11,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk  # noqa: F401  (registers the accessor)
-from xarray_memchunk.budget import make_budget
-from xarray_memchunk.experiments.diagnostics import watch
+from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.operators.sources import (
     ConcatenatedReads,
     file_backend,
@@ -20,6 +19,7 @@ from xarray_memchunk.operators.sources import (
     read_chunked,
 )
 from xarray_memchunk.planning.footprint import InputKind
+from xarray_memchunk.testing import watch
 
 YEARS = (2000, 2001, 2002, 2003, 2004)
 

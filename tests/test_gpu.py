@@ -126,7 +126,7 @@ def test_svd_on_cupy_matches_the_cpu():
 @pytest.mark.parametrize("rows_per_block", [40, 250], ids=lambda r: f"rows{r}")
 def test_two_pass_svd_on_cupy_matches_numpy(rows_per_block):
     # 40-row blocks are shorter than n: the tree's pairs take the dense-QR path on the device
-    from xarray_memchunk.operators.tsqr import two_pass_svd
+    from xarray_memchunk.operators.svd.tsqr import two_pass_svd
 
     rng = np.random.default_rng(1)
     values = rng.standard_normal((2000, 100))

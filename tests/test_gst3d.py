@@ -5,8 +5,8 @@ from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_seismic
-from xarray_memchunk.operators.eigen3 import principal_eigen
-from xarray_memchunk.operators.gst3d_kernels import gst3d_block, halo_depth
+from xarray_memchunk.operators.gst3d.eigen import principal_eigen
+from xarray_memchunk.operators.gst3d.kernels import gst3d_block, halo_depth
 
 
 def d2geo_reference(x):

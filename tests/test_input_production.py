@@ -51,7 +51,7 @@ def test_the_issue_mean_on_two_threads_per_worker_runs_without_pause(quiet_distr
     """The issue's reproduction, smaller: 2 pauses at 0.63 and 0.7 GB before."""
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     data = da.random.default_rng(1).standard_normal((1262, 221, 313), chunks="auto")
     array = xr.DataArray(data.astype("float32"), dims=("time", "y", "x"))

@@ -15,7 +15,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.calibrate import superlinear_dims
+from xarray_memchunk.measure.calibrate import superlinear_dims
 from xarray_memchunk.models import LinearMemoryModel
 from xarray_memchunk.models.calibration import shipped_dir
 from xarray_memchunk.models.learned import (
@@ -133,7 +133,7 @@ def gram(b):
 def test_the_gram_function_is_planned_within_its_measured_cost(user_dir, quiet_distributed):
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     data = xr.DataArray(
         da.random.default_rng(0).random((6000, 4000), chunks=(250, 4000)), dims=("y", "x")

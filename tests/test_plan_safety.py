@@ -8,8 +8,8 @@ memory) of the operators and inputs that failed before, run on 2 workers x 1 thr
 import numpy as np
 import pytest
 import xarray as xr
+from harness.plan_safety import SafetyCase, run_case
 
-from xarray_memchunk.experiments.plan_safety import SafetyCase, run_case
 from xarray_memchunk.units import to_bytes
 
 CUBE = {"time": 1000, "lat": 200, "lon": 300}

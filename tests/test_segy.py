@@ -9,13 +9,13 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk import segy
 from xarray_memchunk.datasets import synthetic_seismic
-from xarray_memchunk.ingest import DEFAULT_CHUNK, ingest, storage_chunks_for, write_chunks
 from xarray_memchunk.io import open_input
 from xarray_memchunk.operators.sources import input_kind
 from xarray_memchunk.planning.footprint import InputKind
-from xarray_memchunk.segy import open_segy, write_segy
+from xarray_memchunk.seismic import segy
+from xarray_memchunk.seismic.ingest import DEFAULT_CHUNK, ingest, storage_chunks_for, write_chunks
+from xarray_memchunk.seismic.segy import open_segy, write_segy
 
 segyio = pytest.importorskip("segyio")
 

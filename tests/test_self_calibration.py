@@ -12,7 +12,7 @@ import xarray as xr
 from scipy import ndimage
 
 import xarray_memchunk as xm
-from xarray_memchunk.calibrate import growing_shapes, trusted_range
+from xarray_memchunk.measure.calibrate import growing_shapes, trusted_range
 from xarray_memchunk.models import load_calibration
 from xarray_memchunk.models.profiling import TaskProfile
 from xarray_memchunk.units import to_bytes
@@ -98,7 +98,7 @@ def hungry_past_a_size(block):
 def test_functions_that_outgrow_a_line_never_exceed_the_budget(func, user_dir, quiet_distributed):
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     op = xm.BlockwiseOperator(f"selfcal-{func.__name__}", func)
     data = field((6000, 4000), (250, 4000))
@@ -166,7 +166,7 @@ def test_functions_that_change_dtype_drop_and_add_dims(user_dir, threaded):
 def test_a_deliberately_small_model_learns_from_a_paused_run(user_dir, quiet_distributed):
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     def hog(block):
         copies = [block * (i + 1) for i in range(80)]

@@ -42,7 +42,7 @@ def test_staging_is_refused_without_room_on_disk(monkeypatch, tmp_path):
 def test_a_staged_median_runs_without_pause_and_equals_xarray(tmp_path, quiet_distributed):
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     data = time_chunked()
     expected = np.median(data.values, axis=0)

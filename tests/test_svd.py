@@ -6,9 +6,9 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_climate
-from xarray_memchunk.experiments.diagnostics import run_watched
 from xarray_memchunk.operators import get_operator
-from xarray_memchunk.operators.svd import COMPRESSED_ITERATOR
+from xarray_memchunk.operators.svd.operator import COMPRESSED_ITERATOR
+from xarray_memchunk.testing import run_watched
 
 
 def field(n_time, n_y, n_x, chunks, rank=None, seed=0, dtype="float64"):
@@ -189,7 +189,7 @@ def test_naive_chunks_fail_planned_svd_completes(quiet_distributed):
 
 def test_compressed_svd_holds_its_input_only_below_the_spill_line():
     from xarray_memchunk.clusters import ClusterFacts
-    from xarray_memchunk.operators.svd import holds_input
+    from xarray_memchunk.operators.svd.operator import holds_input
 
     facts = ClusterFacts(
         memory_limit=1_500_000_000,

@@ -7,8 +7,8 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.experiments.diagnostics import run_watched
-from xarray_memchunk.operators.tsqr import held_bytes_per_block, two_pass_svd
+from xarray_memchunk.operators.svd.tsqr import held_bytes_per_block, two_pass_svd
+from xarray_memchunk.testing import run_watched
 
 
 def matrix(rows, cols, dtype, seed=0):
@@ -171,7 +171,7 @@ def test_copy_for_the_second_pass_shares_no_key_and_waits():
     from dask.core import get_dependencies
     from dask.utils import key_split
 
-    from xarray_memchunk.operators.tsqr import produced_again
+    from xarray_memchunk.operators.svd.tsqr import produced_again
 
     x = xr.DataArray(da.ones((40, 2, 3), chunks=(10, 2, 3)), dims=("time", "y", "x"))
     a = x.stack(space=("y", "x")).data  # its reshape is a layer of Task objects

@@ -224,7 +224,7 @@ def test_a_closure_over_more_copies_is_measured_again(user_dir, quiet_distribute
     """The issue's reproduction, smaller: s30 planned with s1's model paused workers."""
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.experiments.diagnostics import run_watched
+    from xarray_memchunk.testing import run_watched
 
     s1, s30 = make(1), make(30)
     data = xr.DataArray(

@@ -10,8 +10,6 @@ Importing the package registers the ``.memchunk`` accessor on :class:`xarray.Dat
 
 from .accessor import MemchunkAccessor, register
 from .api import Plan, apply, plan
-from .budget import Budget, resolve_budget
-from .calibrate import calibrate, self_calibrate
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -21,6 +19,9 @@ from .errors import (
     MemoryBudgetWarning,
     UnknownOperatorError,
 )
+from .measure.calibrate import calibrate, self_calibrate
+from .measure.runs import RunReport
+from .memory_limits import Budget, resolve_budget
 from .models import LinearMemoryModel
 from .operators import (
     BlockwiseOperator,
@@ -32,7 +33,6 @@ from .operators import (
 )
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole
-from .runs import RunReport
 
 __version__ = "0.1.0"
 

@@ -9,8 +9,8 @@ from typing import Any
 import xarray as xr
 
 from . import api
-from .budget import Budget, resolve_budget
 from .io import safe_write
+from .memory_limits import Budget, resolve_budget
 from .operators import Operator
 from .planning.plan import ChunkPlan
 

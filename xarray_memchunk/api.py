@@ -14,8 +14,6 @@ import numpy as np
 import xarray as xr
 from dask.array.overlap import ensure_minimum_chunksize
 
-from .budget import Budget, resolve_budget
-from .calibrate import self_calibrate
 from .clusters import active_client, task_overhead_seconds
 from .errors import (
     BudgetError,
@@ -25,6 +23,9 @@ from .errors import (
     MemchunkError,
     MemoryBudgetWarning,
 )
+from .measure.calibrate import self_calibrate
+from .measure.runs import RunReport, input_layers, report, track
+from .memory_limits import Budget, resolve_budget
 from .models import load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import BlockwiseOperator, Operator, get_operator
@@ -37,7 +38,6 @@ from .planning.plan import ChunkPlan
 from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
-from .runs import RunReport, input_layers, report, track
 
 __all__ = ["Plan", "apply", "plan", "storage_chunks"]
 
@@ -117,7 +117,7 @@ def _cost(
     """Resolve one variable's cost, measuring the operator first where nothing else is known.
 
     A self-calibrating operator without a calibration is measured in a worker
-    (:func:`~xarray_memchunk.calibrate.self_calibrate`), and so is a NumPy function whose
+    (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`), and so is a NumPy function whose
     last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
     worker running its task, or a task needed more than twice its prediction). The plan's
     notes say so.

@@ -387,8 +387,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_ingest(args: argparse.Namespace) -> int:
-    from .ingest import check_source, ingest, storage_chunks_for
-    from .segy import open_segy
+    from .seismic.ingest import check_source, ingest, storage_chunks_for
+    from .seismic.segy import open_segy
 
     kwargs = {}
     if args.op is not None:
@@ -424,7 +424,7 @@ def _local_budget(args: argparse.Namespace):
 
     Checks the cluster's options first: the scheduler's address, or the LocalCluster's counts.
     """
-    from .budget import make_budget
+    from .memory_limits import make_budget
 
     if args.scheduler:
         _scheduler_address(args.scheduler)
@@ -512,8 +512,8 @@ def _check_plot_path(path: str) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .experiments.gst3d import Case, format_table, plot_memory, run_gst3d_experiment
-    from .experiments.seed_gst3d import seed_gst3d
+    from .demo.experiment import Case, format_table, plot_memory, run_gst3d_experiment
+    from .demo.seed_gst3d import seed_gst3d
     from .units import to_bytes
 
     to_bytes(args.memory_limit, what="--memory-limit")
@@ -559,7 +559,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from .calibrate import calibrate
+    from .measure.calibrate import calibrate
     from .models.calibration import calibration_dir
     from .operators.arguments import float_dtype
 

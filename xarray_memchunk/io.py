@@ -35,7 +35,7 @@ from typing import Any
 import xarray as xr
 
 from .errors import MemchunkError
-from .segy import SEGY_SUFFIXES, open_segy
+from .seismic.segy import SEGY_SUFFIXES, open_segy
 
 __all__ = [
     "RecoveredWriteWarning",

@@ -78,7 +78,8 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     2. The constant is then lifted until no profile is under-predicted by more than
        :data:`UNDER_TOLERANCE` plus :data:`ABSOLUTE_SLACK` bytes, which covers the small tasks'
        fixed costs without bending the slope. A model that under-predicts is the one that
-       kills workers; the per-task budget keeps a further reserve (:mod:`~xarray_memchunk.budget`).
+       kills workers; the per-task budget keeps a further reserve
+       (:mod:`~xarray_memchunk.memory_limits`).
 
     Non-negative coefficients keep predictions growing with the task.
 

@@ -1,6 +1,6 @@
 """What runs taught about an operator's memory, kept beside its calibration, never inside it.
 
-A run on a cluster (:mod:`xarray_memchunk.runs`) may find an operator's own task above
+A run on a cluster (:mod:`xarray_memchunk.measure.runs`) may find an operator's own task above
 its prediction. That evidence is stored here, in the user calibration directory, as
 ``{calibration}-{device}.learned.json``, a list of observations: the task's features, what was
 measured, and whether it is a measurement or only a floor (a worker that memory killed left no

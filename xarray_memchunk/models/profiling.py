@@ -19,7 +19,7 @@ again, so what it holds after the task is the most the task had on the device at
 fragmentation included: what a CUDA out-of-memory error is raised against.
 
 What runs is a plain callable: this module knows nothing of operators. The callables that
-build and compute an operator's task graph live in :mod:`xarray_memchunk.calibrate`.
+build and compute an operator's task graph live in :mod:`xarray_memchunk.measure.calibrate`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ budget: each plan counts it (:mod:`~xarray_memchunk.planning.footprint`) and che
 plus those chunks against ``per_task``.
 
 Discovering ``worker_memory`` and the baseline (a Dask cluster, the dask config, this machine,
-a GPU) is :mod:`xarray_memchunk.budget`'s job; nothing here looks outside its arguments.
+a GPU) is :mod:`xarray_memchunk.memory_limits`'s job; nothing here looks outside its arguments.
 """
 
 from __future__ import annotations

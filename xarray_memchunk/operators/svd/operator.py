@@ -18,7 +18,7 @@ Per-task memory (the features of the model):
 The exact SVD runs in one of two ways (``tsqr=``). Dask's tsqr makes one pass but holds every
 block's float64 ``Q`` factor until the QR of the stacked ``R`` factors is done: the whole matrix
 in float64 (:data:`TSQR_HELD_SHARE`). The two-pass tsqr
-(:func:`~xarray_memchunk.operators.tsqr.two_pass_svd`) holds only ``n x n`` factors per block
+(:func:`~xarray_memchunk.operators.svd.tsqr.two_pass_svd`) holds only ``n x n`` factors per block
 (``held_per_chunk``) and reads the input twice. Its tasks are of two kinds that never run at
 once for one plan's peak: a block's (it stacks no ``R`` factors) and an ``n x n`` factor's (the
 tree's QRs, the SVD); the feature ``task_bytes`` is the larger, the factor's counted as
@@ -47,15 +47,15 @@ import numpy as np
 import xarray as xr
 from xarray.indexes import PandasMultiIndex
 
-from ..clusters import ClusterFacts
-from ..errors import DimensionError, MemchunkError
-from ..models import LinearMemoryModel
-from ..planning.problem import DimRole
-from .arguments import check_number, reject_unknown
-from .arrays import array_module
-from .base import CostTerms, DimUse, Operator
-from .dims import resolve_dims
-from .slabs import slabs
+from ...clusters import ClusterFacts
+from ...errors import DimensionError, MemchunkError
+from ...models import LinearMemoryModel
+from ...planning.problem import DimRole
+from ..arguments import check_number, reject_unknown
+from ..arrays import array_module
+from ..base import CostTerms, DimUse, Operator
+from ..dims import resolve_dims
+from ..slabs import slabs
 from .tsqr import held_bytes_per_block, two_pass_svd
 
 __all__ = ["SVD"]
@@ -69,7 +69,7 @@ METHODS = ("auto", "exact", "compressed")
 #: 1e-6 for every ``q``, at about 25% more tasks.
 COMPRESSED_ITERATOR = "QR"
 #: How the exact SVD runs tsqr: Dask's (one pass, every block's Q held) or
-#: :func:`~xarray_memchunk.operators.tsqr.two_pass_svd` (two passes, only n x n factors held).
+#: :func:`~xarray_memchunk.operators.svd.tsqr.two_pass_svd` (two passes, only n x n factors held).
 TSQR_MODES = ("auto", "one-pass", "two-pass")
 #: tsqr keeps every block's first Q factor (the size of the whole matrix) until the QR of the
 #: stacked R factors is done, and each output block until it is used: a worker held 839 MB for
@@ -231,7 +231,7 @@ class SVD(Operator):
 
         The two-pass tsqr's blocks are at least ``n`` rows tall (``min_length``): every node
         of its tree then takes ``tpqrt``, whose held factors
-        :func:`~xarray_memchunk.operators.tsqr.held_bytes_per_block` counts. Compressed: the
+        :func:`~xarray_memchunk.operators.svd.tsqr.held_bytes_per_block` counts. Compressed: the
         first dim of each side chunked, the rest whole.
         """
         samples, features = _sides(da, sample_dims)
@@ -285,7 +285,7 @@ class SVD(Operator):
         """Exact, one pass: one task per block, calibration ``svd``, tsqr's Q factors held.
 
         Exact, two passes: each block read and factored twice, :data:`TWO_PASS_TASKS` tasks per
-        block, :func:`~xarray_memchunk.operators.tsqr.held_bytes_per_block` of the tree's
+        block, :func:`~xarray_memchunk.operators.svd.tsqr.held_bytes_per_block` of the tree's
         factors held per block (with ``array_sizes`` and ``array_dtype``; a dense tree on the
         GPU, ``array_device="gpu"``), calibration ``svd-two-pass``.
 
@@ -458,7 +458,7 @@ def _require_finite(block: np.ndarray) -> np.ndarray:
 
 
 def _two_pass(data: Any) -> tuple[Any, Any, Any]:
-    """:func:`~xarray_memchunk.operators.tsqr.two_pass_svd` of a tall or wide Dask array."""
+    """:func:`~xarray_memchunk.operators.svd.tsqr.two_pass_svd` of a tall or wide Dask array."""
     if data.shape[0] >= data.shape[1]:
         return two_pass_svd(data)
     # A^T = U' S V'^H  =>  A = (V'^H)^T S (U')^T
@@ -516,7 +516,7 @@ def _input_fits_in_workers(data) -> bool:
     H100 a compressed SVD of a 4 GB input planned for 2 GiB of device memory held 4.5 GiB so.
     Nor for CuPy data: the workers' memory limits describe host memory, not their GPUs'.
     """
-    from ..clusters import active_client, cluster_facts, memory_threshold
+    from ...clusters import active_client, cluster_facts, memory_threshold
 
     client = active_client()
     if client is None or array_module(data._meta) is not np:

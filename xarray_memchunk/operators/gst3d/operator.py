@@ -1,7 +1,7 @@
 """GST3D: seismic dip (and azimuth, planarity, linearity) from the gradient structure tensor.
 
 Runs as one task per chunk: ``dask.array.map_overlap`` over the three spatial dims with the halo
-depth the kernels need (:func:`~xarray_memchunk.operators.gst3d_kernels.halo_depth`) and
+depth the kernels need (:func:`~xarray_memchunk.operators.gst3d.kernels.halo_depth`) and
 ``boundary="none"`` (blocks at the volume's edge use the kernels' own ``reflect`` mode), or,
 for a volume read straight from a file, each task reading its padded block from the file
 (:func:`~xarray_memchunk.operators.sources.map_blocks_with_halo`). A chunked result equals the
@@ -22,14 +22,14 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import DimensionError, MemchunkError
-from ..models import LinearMemoryModel
-from ..planning.problem import DimRole
-from .arguments import check_number, float_dtype, reject_unknown
-from .base import CostTerms, DimUse, Operator
-from .dims import resolve_dim
-from .gst3d_kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
-from .sources import map_blocks_with_halo
+from ...errors import DimensionError, MemchunkError
+from ...models import LinearMemoryModel
+from ...planning.problem import DimRole
+from ..arguments import check_number, float_dtype, reject_unknown
+from ..base import CostTerms, DimUse, Operator
+from ..dims import resolve_dim
+from ..sources import map_blocks_with_halo
+from .kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
 
 __all__ = ["GST3D", "SPATIAL_NAMES", "spatial_dims"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .errors import MemchunkError
+from ..errors import MemchunkError
 
 __all__ = ["DEFAULT_CHUNK", "check_source", "ingest", "storage_chunks_for", "write_chunks"]
 
@@ -182,8 +182,8 @@ def ingest(
     target, storage chunks, reason
         The path written, its chunk length per dim, and how they were chosen.
     """
-    from .budget import resolve_budget
-    from .io import check_target, safe_write
+    from ..io import check_target, safe_write
+    from ..memory_limits import resolve_budget
     from .segy import open_segy
 
     check_source(source)

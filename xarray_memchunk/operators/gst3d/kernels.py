@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import array_module, is_cupy, ndimage_module
-from .eigen3 import principal_eigen
+from ..arrays import array_module, is_cupy, ndimage_module
+from .eigen import principal_eigen
 
 __all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "gst3d_on_axes", "halo_depth"]
 
@@ -208,7 +208,7 @@ def gst3d_block(
     components = _structure_tensor(x, kernel, sigma, rho, truncate, dtype)
     out = xp.empty(x.shape, dtype=out_dtype)
     if is_cupy(x):
-        from .gst3d_gpu import gpu_attribute
+        from .gpu import gpu_attribute
 
         gpu_attribute(components, attribute, out.reshape(-1))
         del components

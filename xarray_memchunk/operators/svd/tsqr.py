@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MemchunkError
-from .arrays import array_module
+from ...errors import MemchunkError
+from ..arrays import array_module
 
 __all__ = ["held_bytes_per_block", "two_pass_svd"]
 

@@ -36,7 +36,7 @@ import xarray as xr
 from xarray.backends.common import BackendArray
 from xarray.core import indexing
 
-from .errors import MemchunkError
+from ..errors import MemchunkError
 
 __all__ = [
     "SEGY_SUFFIXES",

@@ -1,4 +1,4 @@
-"""The worker plugin that measures the memory of every task (see :mod:`xarray_memchunk.runs`).
+"""The worker plugin that measures the memory of every task (see :mod:`~.runs`).
 
 Imported only where a ``distributed`` cluster is in use, so that importing the package does not
 import ``distributed``.
@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .models.profiling import reset_high_water_mark, status_bytes
+from ..models.profiling import reset_high_water_mark, status_bytes
 
 __all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord", "key_name"]
 
@@ -64,7 +64,7 @@ class TaskPeaks(WorkerPlugin):
     On a single-threaded worker each task's own peak (the high-water mark is reset when it
     starts). On a worker with several threads, the high-water mark is reset when a task starts
     on an idle worker, and each task's record holds the worker's growth since then: what all
-    the tasks running together needed, which :func:`xarray_memchunk.runs.report` compares with
+    the tasks running together needed, which :func:`~.runs.report` compares with
     the plan's prediction for that many tasks.
     """
 

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import InfeasiblePlanError
-from ..units import to_bytes
-from .diagnostics import run_watched
+from xarray_memchunk.errors import InfeasiblePlanError
+from xarray_memchunk.testing import run_watched
+from xarray_memchunk.units import to_bytes
 
 __all__ = ["LIMITS", "SafetyCase", "SafetyResult", "format_table", "run_case"]
 
@@ -155,7 +155,7 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
     if case.source == "mfdataset":
         return _files(array, case, root)
     if case.source == "segy":
-        from ..segy import open_segy, write_segy
+        from xarray_memchunk.seismic.segy import open_segy, write_segy
 
         path = root / f"{case.dtype}-{'x'.join(map(str, array.shape))}.sgy"
         if not path.exists():
@@ -192,7 +192,7 @@ def _files(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
 
 def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str | None, n_workers: int = 2):
     """The case's plan: for ``memory_limit`` (the case's cluster layout), or the active one."""
-    from ..budget import make_budget
+    from xarray_memchunk.memory_limits import make_budget
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -1,9 +1,9 @@
 """Measure the tasks of a planned run on a Dask cluster, report them, and learn from them.
 
 ``apply`` on a ``distributed`` cluster registers
-:class:`~xarray_memchunk.task_peaks.TaskPeaks` on the workers (once) and remembers the plan, when
+:class:`~.task_peaks.TaskPeaks` on the workers (once) and remembers the plan, when
 its graph was built, and the layers of its input (the data as rechunked for the plan). The
-workers then record every task's peak (:class:`~xarray_memchunk.task_peaks.TaskRecord`). After
+workers then record every task's peak (:class:`~.task_peaks.TaskRecord`). After
 the computation, :func:`report` (``plan.report()``) gathers the operator's tasks that ran since,
 and the scheduler's events (pauses, worker deaths and why), and compares them with the plan's
 prediction.
@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .clusters import active_client, memory_threshold
-from .models.fitting import ABSOLUTE_SLACK
-from .models.learned import Observation, record_observation
-from .planning.candidates import padded_extent
-from .planning.plan import ChunkPlan
+from ..clusters import active_client, memory_threshold
+from ..models.fitting import ABSOLUTE_SLACK
+from ..models.learned import Observation, record_observation
+from ..planning.candidates import padded_extent
+from ..planning.plan import ChunkPlan
 
 if TYPE_CHECKING:  # the plugin's module imports distributed: only where a cluster is in use
     from .task_peaks import TaskRecord
@@ -277,7 +277,7 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     MemchunkError
         When ``apply`` built no graph for this operator on a cluster in this process.
     """
-    from .errors import MemchunkError
+    from ..errors import MemchunkError
 
     tracked = _TRACKED.get(signature(plan)) or _LAST.get(plan.operator)
     if tracked is None:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from ..datasets import synthetic_seismic
 from ..errors import InfeasiblePlanError
 from ..operators import Operator
+from ..testing import RunOutcome, run_watched
 from ..units import format_bytes, to_bytes
-from .diagnostics import RunOutcome, run_watched
 
 __all__ = ["Case", "format_table", "plot_memory", "run_gst3d_experiment"]
 
@@ -76,7 +76,7 @@ def run_gst3d_experiment(
         Silence the worker-restart warnings distributed logs for failing cases.
     operator
         The GST3D to run: the built-in ``"gst3d"``, or a user operator such as
-        :data:`~xarray_memchunk.experiments.seed_gst3d.seed_gst3d`. The seconds its plan took
+        :data:`~xarray_memchunk.demo.seed_gst3d.seed_gst3d`. The seconds its plan took
         (a self-calibrating operator measures itself on its first plan) are recorded as
         ``extra["plan_seconds"]``, apart from the run's wall time.
     """

@@ -23,20 +23,20 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MemchunkError
-from .models.calibration import save_calibration, writable_calibration_dir
-from .models.fitting import ABSOLUTE_SLACK, LinearFit, fit_linear
-from .models.profiling import (
+from ..errors import MemchunkError
+from ..models.calibration import save_calibration, writable_calibration_dir
+from ..models.fitting import ABSOLUTE_SLACK, LinearFit, fit_linear
+from ..models.profiling import (
     TaskProfile,
     measure_device_peak,
     measure_peak,
     peak_method,
     profile_in_worker,
 )
-from .operators import Operator, get_operator
-from .operators.cost import bind_features, with_squared_extents
-from .planning.candidates import padded_extent
-from .planning.problem import DimRole
+from ..operators import Operator, get_operator
+from ..operators.cost import bind_features, with_squared_extents
+from ..planning.candidates import padded_extent
+from ..planning.problem import DimRole
 
 __all__ = [
     "SelfCalibration",
@@ -63,7 +63,7 @@ def _versions() -> dict[str, str]:
     import sklearn
     import xarray
 
-    from . import __version__
+    from .. import __version__
 
     return {
         "xarray_memchunk": __version__,
@@ -383,7 +383,8 @@ def trusted_range(profiles: Sequence[TaskProfile]) -> float:
     Twice the largest block measured when the peak grew in proportion to the block between the
     two largest (within :data:`LINEAR_GROWTH`); the largest block itself when it grew faster:
     a function whose memory outgrows its block is not extrapolated. What the blocks never
-    reached (a cost that starts only past some size) runs teach (:mod:`xarray_memchunk.runs`).
+    reached (a cost that starts only past some size) runs teach
+    (:mod:`xarray_memchunk.measure.runs`).
     """
     ranked = sorted(profiles, key=lambda p: math.prod(p.extents.values()))
     largest = float(math.prod(ranked[-1].extents.values()))
@@ -503,7 +504,7 @@ def self_calibrate(
     """
     import dask
 
-    from .clusters import active_client
+    from ..clusters import active_client
 
     start = time.perf_counter()
     target = writable_calibration_dir(directory)
@@ -626,7 +627,7 @@ def _profiling_client(client):
     if client is not None:
         yield client
         return
-    from .models.probe_process import ProbeProcess
+    from ..models.probe_process import ProbeProcess
 
     with ProbeProcess() as own:
         yield own

@@ -1,1 +1,0 @@
-"""Experiments on real clusters: plan safety, the GST3D seed experiment, worker diagnostics."""
