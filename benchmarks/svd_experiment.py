@@ -119,7 +119,7 @@ def compare_hold(shape: str, memory_limit: str, repeats: int) -> None:
     call (``chunks="auto"``, ``svd_compressed`` holding its input) runs beside them. Runs
     alternate; medians are printed.
     """
-    from xarray_memchunk.operators import svd
+    from xarray_memchunk.operators.svd import compressed
 
     n_time, n_space = (int(v) for v in shape.split("x"))
     data = field(n_time, n_space)
@@ -128,11 +128,11 @@ def compare_hold(shape: str, memory_limit: str, repeats: int) -> None:
         "held": lambda: data.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=0).S,
         "per pass": lambda: data.memchunk.apply("svd", sample_dims="time", k=10, n_power_iter=0).S,
     }
-    margins = {"naive": svd.HOLD_MARGIN, "held": math.inf, "per pass": 0.0}
+    margins = {"naive": compressed.HOLD_MARGIN, "held": math.inf, "per pass": 0.0}
     runs: dict[str, list] = {}
     for r in range(repeats):
         for label in list(builds)[:: 1 - 2 * (r % 2)]:
-            default, svd.HOLD_MARGIN = svd.HOLD_MARGIN, margins[label]
+            default, compressed.HOLD_MARGIN = compressed.HOLD_MARGIN, margins[label]
             with (
                 LocalCluster(
                     n_workers=2,
@@ -143,7 +143,7 @@ def compare_hold(shape: str, memory_limit: str, repeats: int) -> None:
                 Client(cluster) as client,
             ):
                 outcome = run_watched(client, label, builds[label])
-            svd.HOLD_MARGIN = default
+            compressed.HOLD_MARGIN = default
             runs.setdefault(label, []).append(outcome)
             print(f"{label:<9} {outcome.seconds:6.2f} s  {format_bytes(outcome.peak_bytes)}")
     for label, outcomes in runs.items():

@@ -7,7 +7,7 @@ import xarray as xr
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_climate
 from xarray_memchunk.operators import get_operator
-from xarray_memchunk.operators.svd.operator import COMPRESSED_ITERATOR
+from xarray_memchunk.operators.svd.compressed import COMPRESSED_ITERATOR
 from xarray_memchunk.testing import run_watched
 
 
@@ -146,6 +146,32 @@ def test_auto_prefers_exact_then_compressed_then_explains():
         x.memchunk.plan("svd", sample_dims="time", budget=small)
 
 
+ONE_PASS, TWO_PASS = "exact SVD (one-pass tsqr)", "exact SVD (two-pass tsqr)"
+COMPRESSED = "compressed SVD (k=3)"
+
+
+@pytest.mark.parametrize(
+    ("method", "tsqr", "expected"),
+    [
+        ("auto", "auto", [ONE_PASS, TWO_PASS, COMPRESSED]),
+        ("auto", "one-pass", [ONE_PASS, COMPRESSED]),
+        ("auto", "two-pass", [TWO_PASS, COMPRESSED]),
+        ("exact", "auto", [ONE_PASS, TWO_PASS]),
+        ("exact", "one-pass", [ONE_PASS]),
+        ("exact", "two-pass", [TWO_PASS]),
+        ("compressed", "auto", [COMPRESSED]),
+    ],
+)
+def test_method_and_tsqr_select_the_algorithms_and_their_calibrations(method, tsqr, expected):
+    operator = get_operator("svd")
+    kwargs = operator.normalize_kwargs(sample_dims="time", method=method, k=3, tsqr=tsqr)
+    alternatives = operator.alternatives(kwargs)
+    assert [label for label, _, _ in alternatives] == expected
+    keys = {ONE_PASS: "svd", TWO_PASS: "svd-two-pass", COMPRESSED: "svd-compressed"}
+    for label, chosen, _ in alternatives:  # the calibration files' names
+        assert operator.cost_terms(**chosen).calibration == keys[label]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -189,7 +215,7 @@ def test_naive_chunks_fail_planned_svd_completes(quiet_distributed):
 
 def test_compressed_svd_holds_its_input_only_below_the_spill_line():
     from xarray_memchunk.clusters import ClusterFacts
-    from xarray_memchunk.operators.svd.operator import holds_input
+    from xarray_memchunk.operators.svd.compressed import holds_input
 
     facts = ClusterFacts(
         memory_limit=1_500_000_000,
@@ -230,9 +256,9 @@ def test_compressed_svd_held_or_produced_per_pass_gives_the_same_result(
 ):
     from distributed import Client, LocalCluster
 
-    from xarray_memchunk.operators import svd
+    from xarray_memchunk.operators.svd import compressed
 
-    monkeypatch.setattr(svd, "HOLD_MARGIN", margin)  # 0: no room, each pass produces the input
+    monkeypatch.setattr(compressed, "HOLD_MARGIN", margin)  # 0: no room: produced per pass
     x = field(4000, 20, 25, {"time": 500}, rank=8, dtype="float32")
     with (
         LocalCluster(
@@ -240,9 +266,9 @@ def test_compressed_svd_held_or_produced_per_pass_gives_the_same_result(
         ) as cluster,
         Client(cluster),
     ):
-        held = svd._input_fits_in_workers(x.data)
+        held = compressed._input_fits_in_workers(x.data)
         wide = da.zeros((20000, 10000), chunks=(2000, 10000), dtype="float32")
-        assert not svd._input_fits_in_workers(wide)  # 800 MB: over 2 x 0.6 GB with tasks
+        assert not compressed._input_fits_in_workers(wide)  # 800 MB: over 2 x 0.6 GB with tasks
         result = x.memchunk.apply("svd", sample_dims="time", k=5, method="compressed")
         s = result.S.compute()
     assert held == (margin > 0)  # 8 MB of input

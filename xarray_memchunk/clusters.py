@@ -8,6 +8,12 @@ import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ._dask_compat import (
+    adaptive_bounds,
+    worker_device_memory_limit,
+    worker_memory_limit,
+    worker_threads,
+)
 from .errors import MemchunkError
 
 __all__ = [
@@ -196,11 +202,12 @@ def spec_workers(cluster) -> tuple[list[WorkerLayout], str] | None:
     if specs is None:
         return None
     layouts = [layout for spec in specs.values() for layout in _spec_layouts(spec)]
-    adaptive = getattr(cluster, "_adaptive", None)  # distributed keeps no public handle
+    adaptive = adaptive_bounds(cluster)
     new_spec = getattr(cluster, "new_spec", None)
-    if adaptive is not None and getattr(adaptive, "state", "") != "stopped" and new_spec:
-        finite = math.isfinite(adaptive.maximum)
-        target = int(adaptive.maximum) if finite else max(1, int(adaptive.minimum))
+    if adaptive is not None and new_spec:
+        minimum, maximum = adaptive
+        finite = math.isfinite(maximum)
+        target = int(maximum) if finite else max(1, int(minimum))
         layouts += [_spec_layouts(new_spec)[0]] * max(0, target - len(layouts))
         bound = "its adaptive maximum" if finite else "no adaptive maximum: its minimum, or 1"
         how = f"the adaptive cluster's worker spec, no worker running yet ({bound})"
@@ -239,11 +246,10 @@ def _spec_threads(options: dict, processes: int) -> int:
 def _spec_memory(options: dict, threads: int, processes: int) -> int | None:
     """Memory limit of one worker of a spec, read as the worker will read it (None: no limit)."""
     from dask.utils import parse_bytes
-    from distributed.worker_memory import parse_memory_limit
 
     if "memory_limit" not in options and options.get("memory"):
         return parse_bytes(options["memory"]) // processes  # a job's memory, on another host
-    return parse_memory_limit(options.get("memory_limit", "auto"), threads, logger=_logger)
+    return worker_memory_limit(options.get("memory_limit", "auto"), threads, logger=_logger)
 
 
 @dataclass(frozen=True)
@@ -294,13 +300,12 @@ def _worker_device(dask_worker) -> dict:
     device = cupy.cuda.Device()
     free, total = device.mem_info  # creates this worker's CUDA context first, if needed
     free += pool_cached_bytes()
-    limit = getattr(dask_worker.data, "device_memory_limit", None)
     return {
         "gpu": device.pci_bus_id,
         "free": int(free),
         "total": int(total),
-        "threads": int(dask_worker.state.nthreads),
-        "device_memory_limit": int(limit) if limit else None,
+        "threads": worker_threads(dask_worker),
+        "device_memory_limit": worker_device_memory_limit(dask_worker),
     }
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._dask_compat import is_pause_event, worker_removal
+
 __all__ = ["ClusterWatch", "RunOutcome", "run_watched", "watch"]
 
 
@@ -153,12 +155,13 @@ class _EventLog:
             return
         for topic, entries in events.items():
             for stamp, msg in entries:
-                if stamp < self.since or not isinstance(msg, dict):
+                if stamp < self.since:
                     continue
-                if msg.get("action") == "worker-status-change" and msg.get("status") == "paused":
+                if is_pause_event(msg):
                     self.pauses.add((topic, stamp))
-                if topic == "all" and msg.get("action") == "remove-worker":
-                    self.deaths.add((str(msg.get("worker")), stamp))
+                removal = worker_removal(topic, msg)
+                if removal is not None:
+                    self.deaths.add((removal.worker, stamp))
 
 
 def run_watched(

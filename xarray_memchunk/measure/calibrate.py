@@ -63,7 +63,7 @@ def _versions() -> dict[str, str]:
     import sklearn
     import xarray
 
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "xarray_memchunk": __version__,

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from .._dask_compat import worker_stored_bytes, worker_threads
 from ..models.profiling import reset_high_water_mark, status_bytes
 
 __all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord", "key_name"]
@@ -76,14 +77,14 @@ class TaskPeaks(WorkerPlugin):
         self.records: deque[TaskRecord] = deque(maxlen=KEPT_RECORDS)
         self.started: dict[Any, tuple[int, float]] = {}
         self.worker = worker
-        self.threads = int(getattr(worker.state, "nthreads", 1) or 1)
+        self.threads = worker_threads(worker)
         self.period_base = 0
         self.period_stored = 0
         self.overlap = 1
 
     def _stored(self) -> int:
         """Bytes of task results the worker holds in memory now."""
-        return int(getattr(self.worker.state, "nbytes", 0) or 0)
+        return worker_stored_bytes(self.worker)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         """Reset the high-water mark when a task starts (alone); read it when it ends."""

@@ -20,6 +20,8 @@ from typing import Any
 
 import xarray as xr
 
+from .._dask_compat import graph_layers
+
 __all__ = ["InputProduction", "input_production"]
 
 _CACHE: dict[str, InputProduction] = {}
@@ -53,8 +55,7 @@ class InputProduction:
 
 
 def _layers(data: Any) -> int:
-    graph = data.__dask_graph__()
-    return len(getattr(graph, "layers", {}) or {})
+    return len(graph_layers(data))
 
 
 def _compute(block: Any) -> None:

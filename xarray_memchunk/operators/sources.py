@@ -32,6 +32,15 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from .._dask_compat import (
+    alias_target,
+    array_meta,
+    first_task_arguments,
+    from_array_source,
+    graph_layers,
+    layer_dependencies,
+    layer_tasks,
+)
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
 from .arrays import is_cupy
 
@@ -71,16 +80,16 @@ def file_backend(data: Any) -> Any | None:
     the graph ``xarray.open_mfdataset`` makes: one ``concatenate`` layer over such pairs, one
     per file, along one axis (a :class:`ConcatenatedReads` of their backend arrays). Returns
     None for any other array (computed, selected, rechunked, preprocessed, or NumPy data).
+    What it relies on in Dask's graphs is in :mod:`xarray_memchunk._dask_compat`.
     """
     if not _is_dask(data):
         return None
     graph = data.__dask_graph__()
-    layers = getattr(graph, "layers", None)
-    if layers is None or data.name not in layers:
+    layers = graph_layers(graph)
+    if data.name not in layers:
         return None
     if len(layers) == 1 and str(data.name).startswith(READ_PREFIX):
-        task = next(iter(dict(layers[data.name]).values()))
-        args = [getattr(a, "value", a) for a in getattr(task, "args", ())]  # dask's DataNode
+        args = first_task_arguments(graph, data.name)
         return next((a for a in args if isinstance(a, BoundedReads | ConcatenatedReads)), None)
     if len(layers) == 2:
         return _one_file(graph, data.name, tuple(data.shape))
@@ -89,16 +98,9 @@ def file_backend(data: Any) -> Any | None:
 
 def _one_file(graph: Any, name: str, shape: tuple[int, ...]) -> Any | None:
     """The backend array of layer ``name`` when it is the getters of one ``original-`` array."""
-    dependencies = graph.dependencies.get(name, set())
-    if len(dependencies) != 1:
+    backend = from_array_source(graph, name)
+    if backend is None or isinstance(backend, np.ndarray):
         return None
-    (original,) = dependencies
-    if not str(original).startswith("original-"):
-        return None
-    values = list(dict(graph.layers[original]).values())
-    if len(values) != 1 or isinstance(values[0], np.ndarray):
-        return None
-    backend = values[0]
     if _backend_array(backend) is None or tuple(getattr(backend, "shape", ())) != shape:
         return None
     return backend
@@ -124,22 +126,16 @@ def _drop_chunk_cache(array: Any) -> None:
             variable.set_var_chunk_cache(size=NETCDF4_CHUNK_CACHE_BYTES)
 
 
-def _alias_target(value: Any) -> Any:
-    """The key a ``concatenate`` task points to (a key, or dask's ``Alias`` of one)."""
-    target = getattr(value, "target", value)
-    return getattr(target, "key", target)
-
-
 def _concatenated_files(
     graph: Any, name: str, shape: tuple[int, ...], chunks: tuple[tuple[int, ...], ...]
 ) -> ConcatenatedReads | None:
     """The files of layer ``name`` when it concatenates one-file arrays along one axis."""
-    parts = set(graph.dependencies.get(name, ()))
-    if len(parts) < 2 or len(graph.layers) != 1 + 2 * len(parts):
+    parts = layer_dependencies(graph, name)
+    if len(parts) < 2 or len(graph_layers(graph)) != 1 + 2 * len(parts):
         return None
     blocks = {}
-    for key, value in dict(graph.layers[name]).items():
-        target = _alias_target(value)
+    for key, value in layer_tasks(graph, name).items():
+        target = alias_target(value)
         if not isinstance(target, tuple) or target[0] not in parts:
             return None
         blocks[key[1:]] = (target[0], target[1:])
@@ -185,7 +181,7 @@ def _concatenation_layout(
 def device_of(da: xr.DataArray) -> str:
     """``"gpu"`` when ``da`` holds CuPy data (or dask chunks of CuPy), else ``"cpu"``."""
     data = da.data
-    return "gpu" if is_cupy(getattr(data, "_meta", data)) else "cpu"
+    return "gpu" if is_cupy(array_meta(data)) else "cpu"
 
 
 def input_kind(da: xr.DataArray) -> InputKind:
@@ -471,7 +467,7 @@ def map_blocks_with_halo(
     # an axis in one chunk has no neighbour: no halo (a dim shorter than the halo stays whole)
     depth = {axis: int(k) for axis, k in depth.items() if k and len(data.chunks[axis]) > 1}
     backend = file_backend(data)
-    meta = meta_from_array(data._meta, ndim=data.ndim, dtype=dtype)
+    meta = meta_from_array(array_meta(data), ndim=data.ndim, dtype=dtype)
     if backend is not None:
         return dask.array.map_blocks(
             _apply_padded,

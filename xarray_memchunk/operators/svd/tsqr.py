@@ -316,11 +316,12 @@ def produced_again(a: Any, after: Any, seed: str) -> Any:
         Makes the new keys (:func:`dask.base.clone_key`).
     """
     import dask.array as da
-    from dask._task_spec import Task, TaskRef, convert_legacy_graph, cull
     from dask.base import clone_key
     from dask.core import flatten
     from dask.graph_manipulation import checkpoint, chunks
     from dask.highlevelgraph import HighLevelGraph
+
+    from ..._dask_compat import Task, TaskRef, convert_legacy_graph, cull
 
     # the tasks that a's blocks need, and only those
     graph = cull(convert_legacy_graph(dict(a.__dask_graph__())), list(flatten(a.__dask_keys__())))
