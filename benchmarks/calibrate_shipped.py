@@ -14,7 +14,7 @@ import time
 
 from distributed import Client, LocalCluster
 
-from xarray_memchunk.measure.calibrate import calibrate
+from xarray_memchunk.measure.calibrate import calibrate, calibration_key
 from xarray_memchunk.models.calibration import shipped_dir
 from xarray_memchunk.operators import get_operator
 
@@ -68,13 +68,13 @@ def main() -> None:
     ):
         for name, kwargs in OPERATORS:
             operator = get_operator(name)
-            setup = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | kwargs))
-            label = operator.cost_terms(**setup).calibration
+            _, default_shapes = operator.calibration_setup(**kwargs)
+            label = calibration_key(operator, kwargs)
             if args.only and label not in args.only:
                 continue
             start = time.perf_counter()
             scale = args.scale or (2 if args.device == "gpu" else 1)
-            shapes = [scaled(s, scale) for s in operator.calibration_shapes(**setup)]
+            shapes = [scaled(s, scale) for s in default_shapes]
             fits = calibrate(
                 name,
                 repeats=args.repeats,

@@ -25,7 +25,7 @@ import sys
 import numpy as np
 from distributed import Client, LocalCluster
 
-from xarray_memchunk.measure.calibrate import features_of, run_task
+from xarray_memchunk.measure.calibrate import features_of, run_task, task_cost
 from xarray_memchunk.models.calibration import load_calibration
 from xarray_memchunk.models.fitting import prediction_errors
 from xarray_memchunk.models.profiling import profile_in_worker
@@ -107,13 +107,14 @@ def _produce_bytes(extents, dtype) -> float:
 def measure(client, name, dtypes, big, repeats, upstream=False):
     op_name, kwargs, shapes = CASES[name]
     operator = get_operator(op_name)
-    kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | kwargs))
+    kwargs, _ = operator.calibration_setup(**kwargs)
     runner = functools.partial(run_task, upstream=upstream)
     rows = []
     for dtype in dtypes:
         cases = [(s, s, (operator, kwargs, s, s, dtype)) for s in shapes(big)]
         profiles = profile_in_worker(client, runner, cases, dtype, repeats)
-        calibration = load_calibration(operator.cost_terms(**kwargs).calibration, "cpu", dtype)
+        key = task_cost(operator, shapes(big)[0], dtype, kwargs)[1].calibration_key
+        calibration = load_calibration(key, "cpu", dtype)
         model = calibration.model
         predicted, measured = [], []
         for p in profiles:
@@ -154,7 +155,7 @@ def compare_bare(client) -> None:
     bare_task, bare_imports = _bare_max_rss(task), _bare_max_rss(imports)
     operator = get_operator("gst3d")
     shape = {"inline": 150, "crossline": 150, "sample": 150}
-    kwargs = operator.normalize_kwargs()
+    kwargs = operator.check_arguments({})
     worker = profile_in_worker(
         client,
         run_task,

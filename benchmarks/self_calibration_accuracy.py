@@ -32,7 +32,7 @@ def main() -> None:
     from xarray_memchunk.models.profiling import profile_in_worker
 
     volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
-    kwargs = seed_gst3d.normalize_kwargs()
+    kwargs = seed_gst3d.check_arguments({})
     calibration = self_calibrate(seed_gst3d, volume, kwargs, resolve_budget("1.5GB").per_task)
     print(calibration.explain())
     model = load_calibration(seed_gst3d.calibration, "cpu", "float32").model

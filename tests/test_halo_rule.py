@@ -34,11 +34,12 @@ class OverlapSmooth(Operator):
 
     name = "test-overlap-smooth"
 
-    def dim_uses(self, da, **kwargs):
+    def dims(self, da, **kwargs):
         return {d: DimUse(DimRole.HALO, 1) for d in ("inline", "crossline")}
 
-    def default_model(self, array_dtype, **kwargs):
-        return xm.LinearMemoryModel({"input_bytes": 3.0, "output_bytes": 1.0})
+    def cost(self, da, **kwargs):
+        model = xm.LinearMemoryModel({"input_bytes": 3.0, "output_bytes": 1.0})
+        return xm.Cost(self.name, xm.input_output_features(da.dtype.itemsize), model)
 
     def compute(self, da, uses, **kwargs):
         if da.chunks is None:
@@ -53,7 +54,7 @@ class RollingMean(OverlapSmooth):
 
     name = "test-rolling-mean"
 
-    def dim_uses(self, da, **kwargs):
+    def dims(self, da, **kwargs):
         return {"inline": DimUse(DimRole.HALO, 1)}
 
     def compute(self, da, uses, **kwargs):
@@ -86,7 +87,7 @@ def _split(size, length):
 def test_map_overlap_on_file_data_is_caught(stored):
     op = OverlapSmooth()
     planned = _planned(stored.amp, {"inline": 8, "crossline": 8})
-    uses = op.dim_uses(planned)
+    uses = op.dims(planned)
     result = op.compute(planned, uses)
     with pytest.raises(xm.MemchunkError, match="map_blocks_with_halo") as caught:
         check_halo_reads(result, planned, {"amp": uses}, op.name)
@@ -98,7 +99,7 @@ def test_map_overlap_on_file_data_is_caught(stored):
 def test_rolling_on_file_data_is_caught(stored):
     op = RollingMean()
     planned = _planned(stored.amp, {"inline": 8})
-    uses = op.dim_uses(planned)
+    uses = op.dims(planned)
     with pytest.raises(xm.MemchunkError, match="rolling"):
         check_halo_reads(op.compute(planned, uses), planned, {"amp": uses}, op.name)
 
@@ -106,7 +107,7 @@ def test_rolling_on_file_data_is_caught(stored):
 def test_a_dataset_is_checked_per_planned_variable(stored):
     op = OverlapSmooth()
     planned = stored.assign(amp=_planned(stored.amp, {"inline": 8, "crossline": 8}))
-    uses = {"amp": op.dim_uses(planned.amp)}
+    uses = {"amp": op.dims(planned.amp)}
     result = op.compute_dataset(planned, uses)
     with pytest.raises(xm.MemchunkError, match="variable 'amp'"):
         check_halo_reads(result, planned, uses, op.name)
@@ -115,8 +116,8 @@ def test_a_dataset_is_checked_per_planned_variable(stored):
 def test_gst3d_on_file_data_reads_its_halos_from_the_file(stored):
     op = get_operator("gst3d")
     planned = _planned(stored.amp, {"inline": 12, "crossline": 12, "sample": 12})
-    kwargs = op.bind(planned, op.normalize_kwargs())
-    uses = op.dim_uses(planned, **kwargs)
+    kwargs = op.check_arguments(op.check_arguments({}), planned)
+    uses = op.dims(planned, **kwargs)
     assert split_halo_dims(planned, uses) == list(DIMS)
     result = op.compute(planned, uses, **kwargs)
     check_halo_reads(result, planned, {"amp": uses}, op.name)  # no error
@@ -133,7 +134,7 @@ def test_graph_data_and_unsplit_halo_dims_pass(stored):
     op = OverlapSmooth()
     # data produced by a graph: its plan counts the neighbour chunks a stencil holds
     produced = (stored.amp * 2).chunk({"inline": 8, "crossline": 8, "sample": 24})
-    uses = op.dim_uses(produced)
+    uses = op.dims(produced)
     check_halo_reads(op.compute(produced, uses), produced, {"amp": uses}, op.name)
     # file data whose halo dims are one chunk each: there is no neighbour to gather
     whole = _planned(stored.amp, {"sample": 8})

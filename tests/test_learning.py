@@ -149,7 +149,7 @@ def test_the_gram_function_is_planned_within_its_measured_cost(user_dir, quiet_d
     ):
         again = data.memchunk.plan(op)
         assert max(again.dask_chunks["x"]) < 4000  # x, along which the cost is quadratic, cut
-        outcome = run_watched(client, "gram", lambda: data.memchunk.apply(op).data.sum())
+        outcome = run_watched(client, "gram", lambda: again.apply().data.sum())
         report = again.report()
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
     assert report.n_tasks > 0
@@ -174,7 +174,7 @@ def test_a_safe_run_teaches_nothing_and_the_next_plan_is_the_same(user_dir, quie
         Client(cluster),
     ):
         first = data.memchunk.plan("std", dim="time")
-        data.memchunk.apply("std", dim="time").compute()
+        first.apply().compute()
         report = first.report()
         second = data.memchunk.plan("std", dim="time")
     assert report.n_tasks > 0 and report.pauses == 0
@@ -208,7 +208,7 @@ def test_a_worker_killed_by_a_signal_is_not_memory_evidence(user_dir, quiet_dist
     ):
         first = data.memchunk.plan(op, chunks={"y": 100})
         pids = list(client.run(os.getpid).values())
-        result = data.memchunk.apply(op, chunks={"y": 100})
+        result = first.apply()
         killer = threading.Timer(1.5, os.kill, (pids[0], signal.SIGKILL))
         killer.start()
         result.compute()
@@ -242,7 +242,7 @@ def test_tasks_on_a_worker_with_several_threads_are_measured(user_dir, quiet_dis
         Client(cluster),
     ):
         plan = data.memchunk.plan(op, chunks={"y": 100})
-        data.memchunk.apply(op, chunks={"y": 100}).compute()
+        plan.apply().compute()
         report = plan.report()
     assert report.n_tasks >= 20
     assert report.measured_task_bytes is not None
@@ -292,19 +292,16 @@ def test_the_command_line_forgets_what_runs_taught(user_dir):
 
 def test_a_dataset_run_teaches_only_the_variable_that_set_the_prediction(user_dir):
     """The review found every variable given the largest variable's measured task."""
-    from types import SimpleNamespace
-
-    from xarray_memchunk import runs
     from xarray_memchunk.api import _prepare
+    from xarray_memchunk.measure import runs
 
     big = da.zeros((200, 100, 100), chunks=(200, 50, 100), dtype="float64")
     ds = xr.Dataset(
         {"field": (("time", "y", "x"), big), "series": (("time",), da.zeros(200, chunks=200))}
     )
     prepared = _prepare(ds, "median", "1GB", None, None, {"dim": "time"})
-    tracked = SimpleNamespace(prepared=prepared, plan=prepared.plan)
     measured = int(1.1 * prepared.plan.predicted_task_bytes)
-    runs._learn(tracked, measured, floor=False)
+    runs._learn(prepared, measured, floor=False)
     learned = load_learned("median", "cpu", "float64")
     assert len(learned.observations) == 1
     (observation,) = learned.observations

@@ -187,7 +187,7 @@ def test_a_deliberately_small_model_learns_from_a_paused_run(user_dir, quiet_dis
             Client(cluster) as client,
         ):
             plans.append(data.memchunk.plan(op))
-            outcomes.append(run_watched(client, "hog", lambda: data.memchunk.apply(op).data.sum()))
+            outcomes.append(run_watched(client, "hog", lambda: plans[-1].apply().data.sum()))
             reports.append(plans[-1].report())
     first, second = outcomes
     assert first.pauses > 0 or first.worker_deaths > 0  # the wrong model hurt the first run

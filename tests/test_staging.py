@@ -28,6 +28,21 @@ def test_a_rechunk_that_memory_cannot_hold_is_staged_on_disk():
     assert not any("temporary Zarr store" in n for n in roomy.notes)
 
 
+def test_measure_never_stages_without_writing_to_measure_the_disk(monkeypatch, tmp_path):
+    def probe(directory):
+        raise AssertionError(f"the disk at {directory} was measured")
+
+    monkeypatch.setattr(staging, "disk_bandwidth", probe)
+    with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}):
+        plan = time_chunked().memchunk.plan(
+            "median", dim="time", memory_limit="0.5GB", measure="never"
+        )
+    note = next(n for n in plan.notes if "temporary Zarr store" in n)
+    assert "disk speed not measured" in note
+    assert any("staging disk's speed not measured" in n for n in plan.notes)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
 def test_staging_is_refused_without_room_on_disk(monkeypatch, tmp_path):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
@@ -91,3 +106,98 @@ def test_a_failed_staging_write_leaves_nothing_and_says_so(tmp_path, threaded, m
     ):
         time_chunked().memchunk.apply("median", dim="time", memory_limit="0.5GB")
     assert not list(tmp_path.glob("memchunk-staged-*"))
+
+
+def test_staging_chunks_cut_source_chunks_to_the_plan_and_merge_thin_ones():
+    source = {"time": 1, "plev": 4, "lat": 180, "lon": 360}
+    planned = {"time": 3650, "plev": 4, "lat": 90, "lon": 28}
+    budget = 565 * 2**20
+    chunks = staging.staging_chunks(source, planned, 8, budget)
+    # cut: the largest divisor of the source chunk within the planned one (360 -> 24, not 28)
+    assert chunks.store == {"time": 57, "plev": 4, "lat": 90, "lon": 24}
+    # merged: as many one-step chunks per write task as its memory allows (a merge holds them)
+    assert chunks.write == {"time": 57, "plev": 4, "lat": 180, "lon": 360}
+    assert chunks.merged
+    copies = staging.WRITE_COPIES + staging.MERGE_COPIES
+    assert chunks.task_bytes(8) == copies * chunks.write_bytes(8) <= budget
+    assert chunks.task_bytes(8) * 58 / 57 > budget
+    # merged no further than the planned chunk
+    short = staging.staging_chunks(source, {**planned, "time": 40}, 8, budget)
+    assert short.store["time"] == short.write["time"] == 40
+    # where one more source chunk would not fit, none is merged
+    single = staging.staging_chunks(source, planned, 8, copies * 1.9 * 8 * 4 * 180 * 360)
+    assert single.write["time"] == 1 and not single.merged
+
+
+def test_staging_chunks_where_the_planned_chunk_has_no_near_divisor():
+    # 181 is prime: pieces of one row would be 8 kB files; the source's 181 rows are kept
+    kept = staging.staging_chunks({"time": 1000, "lat": 181}, {"time": 1000, "lat": 90}, 8, 1e9)
+    assert kept.store == {"time": 1000, "lat": 181}
+    # rows of 1.6 MB each are worth a file: cut to the divisor, 1
+    cut = staging.staging_chunks(
+        {"time": 200_000, "lat": 181}, {"time": 200_000, "lat": 90}, 8, 1e12
+    )
+    assert cut.store == {"time": 200_000, "lat": 1}
+
+
+def test_staging_chunks_are_cut_where_reading_them_would_not_fit():
+    source = {"time": 1, "plev": 4, "lat": 180, "lon": 360}
+    planned = {"time": 3650, "plev": 4, "lat": 90, "lon": 24}
+    chunks = staging.staging_chunks(
+        source, planned, 8, 565 * 2**20, reads_fit=lambda store: store["time"] <= 40
+    )
+    # the store's chunks as long as reads allow; each write task still writes whole ones
+    assert 20 <= chunks.store["time"] <= 40
+    assert chunks.write["time"] % chunks.store["time"] == 0
+    assert chunks.write["time"] >= 2 * chunks.store["time"]
+
+
+@pytest.mark.cluster
+def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distributed):
+    # a climate cube in one-step chunks, its median over time in blocks that cut lat and lon:
+    # stored as it comes, each block's read would decode the whole store
+    import zarr
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.testing import run_watched
+
+    data = xr.DataArray(
+        da.random.default_rng(4).random((730, 2, 90, 180), chunks=(1, 2, 90, 180)),
+        dims=("time", "plev", "lat", "lon"),
+        name="t",
+    )
+    with dask.config.set(scheduler="threads"):
+        expected = data.median("time").values
+    with (
+        dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            memory_limit="0.5GB",
+            host="127.0.0.1",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = data.memchunk.plan("median", dim="time")
+        assert any("temporary Zarr store" in n for n in plan.notes)
+        result = {}
+
+        def run():
+            lazy = data.memchunk.apply("median", dim="time")
+            result["median"] = lazy
+            return lazy.data
+
+        outcome = run_watched(client, "staged in the plan's chunks", run)
+        assert outcome.completed, outcome.error
+        assert outcome.pauses == 0 and outcome.worker_deaths == 0
+        np.testing.assert_allclose(result["median"].values, expected)
+    (path,) = tmp_path.glob("memchunk-staged-*.zarr")
+    stored = zarr.open_group(path, mode="r")["t"].chunks
+    planned = plan.chunks
+    assert stored != (1, 2, 90, 180)
+    # whole time steps merged, lat and lon cut to pieces within the planned blocks
+    assert stored[0] > 1
+    assert stored[2] <= planned["lat"] and 90 % stored[2] == 0
+    assert stored[3] <= planned["lon"] and 180 % stored[3] == 0
+    assert dict(zip(data.dims, stored, strict=True)) == plan.storage_chunks

@@ -10,6 +10,9 @@ from xarray_memchunk.operators import get_operator
 from xarray_memchunk.operators.svd.compressed import COMPRESSED_ITERATOR
 from xarray_memchunk.testing import run_watched
 
+#: A small (time, space) matrix whose costs the tests read.
+MATRIX = xr.DataArray(np.zeros((40, 30), dtype="float32"), dims=("time", "space"))
+
 
 def field(n_time, n_y, n_x, chunks, rank=None, seed=0, dtype="float64"):
     rng = np.random.default_rng(seed)
@@ -89,7 +92,10 @@ def test_compressed_tasks_per_chunk_matches_dasks_graph(n_power_iter):
         (u,) = dask.optimize(u)
         counts[blocks] = len(dict(u.__dask_graph__()))
     per_block = (counts[8] - counts[4]) / (8 * 8 - 4 * 4)
-    modelled = operator.cost_terms(method="compressed", n_power_iter=n_power_iter).tasks_per_chunk
+    kwargs = operator.check_arguments(
+        {"sample_dims": "time", "method": "compressed", "k": 3, "n_power_iter": n_power_iter}
+    )
+    modelled = operator.cost(MATRIX, **kwargs).tasks_per_chunk
     assert per_block == pytest.approx(modelled, rel=0.15)
 
 
@@ -164,12 +170,12 @@ COMPRESSED = "compressed SVD (k=3)"
 )
 def test_method_and_tsqr_select_the_algorithms_and_their_calibrations(method, tsqr, expected):
     operator = get_operator("svd")
-    kwargs = operator.normalize_kwargs(sample_dims="time", method=method, k=3, tsqr=tsqr)
+    kwargs = operator.check_arguments(dict(sample_dims="time", method=method, k=3, tsqr=tsqr))
     alternatives = operator.alternatives(kwargs)
     assert [label for label, _, _ in alternatives] == expected
     keys = {ONE_PASS: "svd", TWO_PASS: "svd-two-pass", COMPRESSED: "svd-compressed"}
     for label, chosen, _ in alternatives:  # the calibration files' names
-        assert operator.cost_terms(**chosen).calibration == keys[label]
+        assert operator.cost(MATRIX, **chosen).calibration_key == keys[label]
 
 
 @pytest.mark.parametrize(

@@ -87,23 +87,27 @@ def test_an_identity_that_cannot_be_hashed_is_unknown_and_never_shared():
 
     one, two = xm.BlockwiseOperator("g", guarded), xm.BlockwiseOperator("g", guarded)
     assert not one.identity_known and "lock" in one.identity_reason
-    assert one.unknown_identity() == one.identity_reason
+    assert one.cost(field()).identity_doubt == one.identity_reason
     assert one.calibration != two.calibration
-    assert make(2).unknown_identity(factor=2) == ""
-    assert "lock" in make(2).unknown_identity(guard=lock)
+    assert make(2).cost(field(), factor=2).identity_doubt == ""
+    assert "lock" in make(2).cost(field(), guard=lock).identity_doubt
 
 
 def test_keyword_arguments_are_part_of_the_key():
     op = xm.BlockwiseOperator("mul", mul)
-    assert op.cost_terms(factor=2).calibration != op.cost_terms(factor=30).calibration
-    assert op.cost_terms(factor=2).calibration == op.cost_terms(factor=2).calibration
-    assert op.cost_terms().calibration == op.calibration
+
+    def key_of(data=None, **kwargs):
+        return op.cost(field() if data is None else data, **kwargs).calibration_key
+
+    assert key_of(factor=2) != key_of(factor=30)
+    assert key_of(factor=2) == key_of(factor=2)
+    assert key_of() == op.calibration
     weights = np.arange(4.0)
-    by_content = op.cost_terms(factor=weights).calibration
-    assert by_content == op.cost_terms(factor=weights.copy()).calibration
-    assert by_content != op.cost_terms(factor=weights + 1).calibration
-    planned = op.cost_terms(factor=2, array_sizes={"y": 4}, array_dtype="float32")
-    assert planned.calibration == op.cost_terms(factor=2).calibration
+    by_content = key_of(factor=weights)
+    assert by_content == key_of(factor=weights.copy())
+    assert by_content != key_of(factor=weights + 1)
+    other = field((8, 4), (4, 4), "float64")  # the key is the function's, whatever the data
+    assert key_of(other, factor=2) == key_of(factor=2)
 
 
 def test_arguments_the_function_does_not_take_are_refused_before_it_runs():
@@ -124,7 +128,7 @@ def test_arguments_the_function_does_not_take_are_refused_before_it_runs():
         field().memchunk.apply(xm.BlockwiseOperator("needs", needs, memory_model=MODEL))
     assert calls == []
     with_kwargs = xm.BlockwiseOperator("any", lambda b, **kw: b, memory_model=MODEL)
-    assert with_kwargs.normalize_kwargs(anything=1) == {"anything": 1}
+    assert with_kwargs.check_arguments({"anything": 1}) == {"anything": 1}
 
 
 def returns_a_list(block):

@@ -5,11 +5,13 @@ Importing the package registers the ``.memchunk`` accessor on :class:`xarray.Dat
 
     import xarray_memchunk
     plan = ds.memchunk.plan("gst3d")   # chunks, predicted peak per task, and why
-    dip = ds.memchunk.apply("gst3d")   # lazy result, rechunked per the plan
+    dip = plan.apply()                 # lazy result, rechunked per that plan
+    dip = ds.memchunk.apply("gst3d")   # the same in one step
 """
 
+from ._version import __version__ as __version__
 from .accessor import MemchunkAccessor, register
-from .api import Plan, apply, plan
+from .api import Plan, apply, plan, report
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -25,8 +27,10 @@ from .memory_limits import Budget, resolve_budget
 from .models import LinearMemoryModel
 from .operators import (
     BlockwiseOperator,
+    Cost,
     DimUse,
     Operator,
+    input_output_features,
     operator,
     operator_names,
     register_operator,
@@ -34,14 +38,13 @@ from .operators import (
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole
 
-__version__ = "0.1.0"
-
 __all__ = [
     "BlockwiseOperator",
     "Budget",
     "BudgetError",
     "CalibrationError",
     "ChunkPlan",
+    "Cost",
     "DimRole",
     "DimUse",
     "DimensionError",
@@ -56,10 +59,12 @@ __all__ = [
     "UnknownOperatorError",
     "apply",
     "calibrate",
+    "input_output_features",
     "operator",
     "operator_names",
     "plan",
     "register_operator",
+    "report",
     "resolve_budget",
     "self_calibrate",
 ]

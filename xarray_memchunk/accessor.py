@@ -10,9 +10,9 @@ import xarray as xr
 
 from . import api
 from .io import safe_write
+from .measure.runs import RunReport
 from .memory_limits import Budget, resolve_budget
 from .operators import Operator
-from .planning.plan import ChunkPlan
 
 __all__ = ["MemchunkAccessor"]
 
@@ -23,6 +23,7 @@ class MemchunkAccessor:
     Examples
     --------
     >>> plan = ds.memchunk.plan("gst3d")      # doctest: +SKIP
+    >>> dip = plan.apply()                    # doctest: +SKIP
     >>> dip = ds.memchunk.apply("gst3d")      # doctest: +SKIP
     """
 
@@ -36,14 +37,21 @@ class MemchunkAccessor:
         memory_limit: int | str | None = None,
         budget: Budget | None = None,
         chunks: api.Chunks = None,
+        measure: str = "auto",
         **op_kwargs: Any,
-    ) -> ChunkPlan:
-        """Plan chunks for ``op`` (measuring only what its notes say).
+    ) -> api.Plan:
+        """Plan chunks for ``op`` (measuring only what its notes say); ``plan.apply()`` runs it.
 
         See :func:`xarray_memchunk.api.plan`.
         """
         return api.plan(
-            self._obj, op, memory_limit=memory_limit, budget=budget, chunks=chunks, **op_kwargs
+            self._obj,
+            op,
+            memory_limit=memory_limit,
+            budget=budget,
+            chunks=chunks,
+            measure=measure,
+            **op_kwargs,
         )
 
     def apply(
@@ -53,19 +61,31 @@ class MemchunkAccessor:
         memory_limit: int | str | None = None,
         budget: Budget | None = None,
         chunks: api.Chunks = None,
+        measure: str = "auto",
         record_plan: bool = False,
         **op_kwargs: Any,
     ) -> xr.Dataset | xr.DataArray:
-        """Rechunk per the plan, return ``op``'s lazy result; see :func:`~xarray_memchunk.apply`."""
+        """Plan, rechunk per the plan, and return ``op``'s lazy result: ``plan(op).apply()``.
+
+        See :func:`xarray_memchunk.apply`.
+        """
         return api.apply(
             self._obj,
             op,
             memory_limit=memory_limit,
             budget=budget,
             chunks=chunks,
+            measure=measure,
             record_plan=record_plan,
             **op_kwargs,
         )
+
+    def report(self, learn: bool = True) -> RunReport:
+        """Predicted against measured for the run of this object, a result of :meth:`apply`.
+
+        See :func:`xarray_memchunk.api.report`.
+        """
+        return api.report(self._obj, learn)
 
     def to_zarr(self, store: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Compute and write this (lazy) object to a Zarr store, atomically.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import warnings
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -12,8 +15,8 @@ import dask
 import dask.array
 import numpy as np
 import xarray as xr
-from dask.array.overlap import ensure_minimum_chunksize
 
+from ._dask_compat import ensure_minimum_chunksize
 from .clusters import active_client, task_overhead_seconds
 from .errors import (
     BudgetError,
@@ -24,14 +27,22 @@ from .errors import (
     MemoryBudgetWarning,
 )
 from .measure.calibrate import self_calibrate
-from .measure.runs import RunReport, input_layers, report, track
+from .measure.runs import Run, RunReport, record_run
+from .measure.runs import report as _report_run
 from .memory_limits import Budget, resolve_budget
 from .models import load_calibration
 from .models.learned import Learned, load_learned, settle_observations
-from .operators import BlockwiseOperator, Operator, get_operator
-from .operators.cost import TaskCost, resolve_cost
+from .operators import Operator, get_operator
+from .operators.cost import TaskCost, bind_cost, resolve_cost
+from .operators.halo_rule import check_halo_reads
 from .operators.sources import device_of, read_chunked, storage_chunks
-from .operators.staging import WRITE_COPIES, StagingSite, stage, staging_site
+from .operators.staging import (
+    StagingChunks,
+    StagingSite,
+    stage,
+    staging_chunks,
+    staging_site,
+)
 from .planning.budget import format_size
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
@@ -39,29 +50,228 @@ from .planning.problem import DimRole, DimSpec, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
 
-__all__ = ["Plan", "apply", "plan", "storage_chunks"]
+__all__ = ["MEASURE_CHOICES", "Plan", "apply", "plan", "report", "storage_chunks"]
 
 Chunks = Mapping[str, Any] | str | int | None
 
+#: Times at most the staging store's chunks are chosen for the plan and the plan made again for
+#: reading them (they settle in one or two).
+STAGING_ROUNDS = 3
 
-@dataclass(frozen=True)
-class Plan(ChunkPlan):
-    """A :class:`ChunkPlan` that can report on its run.
 
-    After ``apply`` with this plan's chunks and a computation on a ``distributed`` cluster,
-    :meth:`report` compares the measured task peaks with the prediction and learns from them.
+#: What ``measure=`` takes: what planning may run to plan (see :func:`plan`).
+MEASURE_CHOICES = ("auto", "never")
+
+
+class Plan:
+    """A plan for one object and operator that runs itself: :meth:`apply`, then :meth:`report`.
+
+    :func:`plan` (``obj.memchunk.plan``) returns it. It holds what planning resolved (the
+    operator and its arguments, each variable's memory cost, the :class:`ChunkPlan`, where data
+    is staged) and the object it was planned for: :meth:`apply` runs this plan, without planning
+    again, and :meth:`report` compares the run with it. Every attribute and method of
+    :class:`ChunkPlan` reads through: ``plan.chunks``, ``plan.dask_chunks``,
+    ``plan.predicted_peak_bytes``, ``plan.budget``, ``plan.binding``, ``plan.notes``,
+    ``plan.fits``, ``plan.explain()``...
+
+    Parameters
+    ----------
+    obj
+        The Dataset or DataArray planned for.
+    prepared
+        What planning resolved for it (made by :func:`plan`: not built by hand).
+    measure
+        What planning was allowed to run.
+
+    Attributes
+    ----------
+    chunk_plan
+        The :class:`ChunkPlan`: chunks, predicted peak per task, budget, and why.
+    obj
+        The Dataset or DataArray it was planned for.
+    measure
+        What planning was allowed to run, ``"auto"`` or ``"never"``.
+    runs
+        Each :meth:`apply` on a ``distributed`` cluster, newest last
+        (:class:`~xarray_memchunk.measure.runs.Run`: when its graph was built, its layers, its
+        client held weakly).
+
+    Examples
+    --------
+    >>> plan = ds.memchunk.plan("gst3d")      # doctest: +SKIP
+    >>> dip = plan.apply()                    # doctest: +SKIP
+    >>> dip.compute()                         # doctest: +SKIP
+    >>> print(plan.report())                  # doctest: +SKIP
     """
 
+    def __init__(
+        self, obj: xr.DataArray | xr.Dataset, prepared: _Prepared, measure: str = "auto"
+    ) -> None:
+        self._obj = obj
+        self._prepared = prepared
+        self.measure = measure
+        self.runs: list[Run] = []
+
+    @property
+    def chunk_plan(self) -> ChunkPlan:
+        """The :class:`ChunkPlan` this plan runs."""
+        return self._prepared.plan
+
+    @property
+    def obj(self) -> xr.DataArray | xr.Dataset:
+        """The Dataset or DataArray this plan was made for."""
+        return self._obj
+
+    def __getattr__(self, name: str) -> Any:
+        """The :class:`ChunkPlan`'s attributes and methods (called for what Plan lacks)."""
+        prepared = self.__dict__.get("_prepared")
+        if prepared is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(prepared.plan, name)
+
+    def __dir__(self) -> list[str]:
+        prepared = self.__dict__.get("_prepared")
+        extra = dir(prepared.plan) if prepared is not None else []
+        return sorted({*super().__dir__(), *(n for n in extra if not n.startswith("__"))})
+
+    def __repr__(self) -> str:
+        chunk_plan = self.chunk_plan
+        return type(self).__name__ + repr(chunk_plan).removeprefix(type(chunk_plan).__name__)
+
+    def __str__(self) -> str:
+        return self.chunk_plan.explain()
+
+    def apply(self, *, record_plan: bool = False) -> xr.DataArray | xr.Dataset:
+        """Rechunk the object per this plan and return the operator's lazy result.
+
+        Nothing is planned again, and nothing is computed. On a ``distributed`` cluster the run
+        is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`.
+
+        Parameters
+        ----------
+        record_plan
+            Add the plan's one-line summary to the result's attributes as ``memchunk_plan``
+            (``memchunk run`` does, so that a written file says how it was computed).
+
+        Returns
+        -------
+        xarray.DataArray or xarray.Dataset
+            See :func:`apply`.
+        """
+        prepared = self._prepared
+        rechunked = _rechunk(self._obj, prepared)
+        operator, kwargs = prepared.operator, prepared.kwargs
+        uses = {name: cost.uses for name, cost in prepared.costs.items()}
+        if isinstance(rechunked, xr.DataArray):
+            (own,) = uses.values()
+            result = operator.compute(rechunked, own, **kwargs)
+        else:
+            result = operator.compute_dataset(rechunked, uses, **kwargs)
+        check_halo_reads(result, rechunked, uses, operator.name)
+        if isinstance(result, xr.DataArray) and result.name is None:
+            result = result.rename(operator.name)
+        if record_plan:
+            result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
+        run = record_run(rechunked, result)
+        if run is not None:
+            self.runs.append(run)
+        _RESULTS.remember(result, self, run)
+        return result
+
     def report(self, learn: bool = True) -> RunReport:
-        """Predicted against measured for the last run of this plan; see :func:`runs.report`.
+        """Predicted against measured for this plan's last run (:meth:`apply`, then compute).
 
         Parameters
         ----------
         learn
-            Grow the operator's calibration where the run exceeded the prediction (or a
-            worker was paused or killed).
+            Grow the operator's calibration where the run exceeded the prediction (or memory
+            killed a worker running one of its tasks).
+
+        Returns
+        -------
+        RunReport
+
+        Raises
+        ------
+        MemchunkError
+            When this plan was not applied on a ``distributed`` cluster, or its client is gone.
         """
-        return report(self, learn)
+        if not self.runs:
+            raise MemchunkError(
+                f"no run of this {self.chunk_plan.operator!r} plan to report: run it with "
+                f"plan.apply() on a distributed cluster and compute the result first "
+                f"(obj.memchunk.apply() and xm.apply() make a plan of their own: report on "
+                f"their result with xm.report(result))"
+            )
+        return _report_run(self.runs[-1], self._prepared, learn)
+
+
+class _ResultPlans:
+    """The plan and run of each result :meth:`Plan.apply` returned, while that result lives.
+
+    Keyed by the result object itself, held weakly: no result is kept alive, two results never
+    share an entry, and an entry goes with its result. A plan holds its runs' clients weakly,
+    so no client is kept alive here either.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref, Plan, Run | None]] = {}
+
+    def remember(self, result: Any, plan: Plan, run: Run | None) -> None:
+        key = id(result)
+
+        def forget(ref: weakref.ref) -> None:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._entries[key]
+
+        self._entries[key] = (weakref.ref(result, forget), plan, run)
+
+    def find(self, result: Any) -> tuple[Plan, Run | None] | None:
+        entry = self._entries.get(id(result))
+        if entry is None or entry[0]() is not result:
+            return None
+        return entry[1], entry[2]
+
+
+_RESULTS = _ResultPlans()
+
+
+def report(result: xr.DataArray | xr.Dataset, learn: bool = True) -> RunReport:
+    """Predicted against measured for the run that computed ``result``, a result of ``apply``.
+
+    For a caller who holds the result only (``xm.apply(...)``, ``obj.memchunk.apply(...)``):
+    the same as ``plan.report()`` for the plan and the run that made ``result``.
+
+    Parameters
+    ----------
+    result
+        The object :func:`apply` or :meth:`Plan.apply` returned (not one made from it, such as
+        its ``.compute()`` or a selection).
+    learn
+        As in :meth:`Plan.report`.
+
+    Raises
+    ------
+    MemchunkError
+        When ``result`` is not a result of ``apply``, or was not built on a ``distributed``
+        cluster, or that cluster's client is gone.
+    """
+    found = _RESULTS.find(result)
+    if found is None:
+        raise MemchunkError(
+            "this object is not a result of memchunk's apply (a new object made from one, by "
+            ".compute(), a selection or arithmetic, is not): report with the result apply "
+            "returned, or keep the plan: plan = xm.plan(obj, op); result = plan.apply(); ...; "
+            "plan.report()"
+        )
+    plan, run = found
+    if run is None:
+        raise MemchunkError(
+            f"this {plan.chunk_plan.operator!r} result was not built on a distributed cluster: "
+            f"there is no run to report"
+        )
+    return _report_run(run, plan._prepared, learn)
 
 
 @dataclass(frozen=True)
@@ -72,6 +282,8 @@ class _Prepared:
     plan: ChunkPlan
     staged: tuple[str, ...] = ()  # variables written to a temporary store before the run
     staging: StagingSite | None = None
+    # variable name -> the chunks its store is written in
+    staging_chunks: Mapping[str, StagingChunks] = dataclasses.field(default_factory=dict)
 
 
 def data_device(obj: xr.DataArray | xr.Dataset) -> str:
@@ -113,6 +325,7 @@ def _cost(
     device: str,
     budget: Budget,
     notes: list[str],
+    measure: str = "auto",
 ) -> TaskCost:
     """Resolve one variable's cost, measuring the operator first where nothing else is known.
 
@@ -120,36 +333,60 @@ def _cost(
     (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`), and so is a NumPy function whose
     last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
     worker running its task, or a task needed more than twice its prediction). The plan's
-    notes say so.
+    notes say so. With ``measure="never"`` nothing is measured: the first is refused, the
+    second planned with its model raised as runs taught (x2 at most per run).
+
+    Raises
+    ------
+    CalibrationError
+        With ``measure="never"``, for an operator that has no memory model it can be sure of.
     """
-    key = operator.cost_terms(**kwargs).calibration
-    dtype = np.dtype(da.dtype).name
+    uses, cost = bind_cost(operator, da, kwargs)  # a refused dtype or missing dims said first
+    key, dtype = cost.calibration_key, np.dtype(da.dtype).name
     known = load_calibration(key, device, dtype)
     learned = load_learned(key, device, dtype)
     wrong = learned is not None and learned.asks_for_measuring
-    measurable = isinstance(operator, BlockwiseOperator)  # a NumPy function can measure itself
-    doubt = operator.unknown_identity(**kwargs) if measurable else ""
-    if doubt:  # a cached model may belong to another function: never reused, measured now
-        notes.append(f"the identity of {operator.name!r} is not certain ({doubt}): measured now")
+    measurable, doubt = cost.measurable, cost.identity_doubt  # a NumPy function
+    calibrates_itself = measurable and cost.model is None
     unknown = known is None or bool(doubt)
-    if measurable and ((operator.self_calibrating and unknown) or wrong):
+    if measure == "never" and calibrates_itself and unknown:
+        raise CalibrationError(_no_model(operator, device, dtype, doubt))
+    if doubt and measure != "never":  # a cached model may be another function's: measured now
+        notes.append(f"the identity of {operator.name!r} is not certain ({doubt}): measured now")
+    if measure == "never" and wrong:
+        pass  # not measured again: planned with the model raised, as the note below says
+    elif (calibrates_itself and unknown) or (measurable and wrong):
         if device != "cpu":
             raise CalibrationError(
                 f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
                 f"memory_model for CuPy data"
             )
-        operator.dim_uses(da, **kwargs)  # missing dims: say so before measuring anything
         if wrong:
             notes.append(f"{_found_wrong(operator, learned)}: measured again now")
         notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
         if wrong:
             settle_observations(key, device, dtype)
-    elif wrong:
+    if wrong and (measure == "never" or not measurable):
         notes.append(
             f"{_found_wrong(operator, learned)}: planned with the model raised x2 at most; "
             f"measure it on this machine with `memchunk calibrate {operator.name}`"
         )
-    return resolve_cost(operator, name, da, kwargs, device)
+    return resolve_cost(operator, name, da, uses, cost, device)
+
+
+def _no_model(operator: Operator, device: str, dtype: str, doubt: str) -> str:
+    """Why ``measure="never"`` cannot plan a function without a memory model, and what to do."""
+    if doubt:
+        why = f"the calibration saved for it may be another function's ({doubt})"
+        first = "give it a memory_model"
+    else:
+        why = f"no calibration of it is saved for {dtype} data on the {device.upper()}"
+        first = f"measure it first with xm.calibrate(op, dtypes=[{dtype!r}]), or give it a model"
+    return (
+        f"operator {operator.name!r} has no memory model: it was given no memory_model, and "
+        f"{why}. measure='never' runs nothing, so it cannot be measured while planning: pass "
+        f"measure='auto' to measure it on a few blocks now, or {first}"
+    )
 
 
 def _found_wrong(operator: Operator, learned: Learned) -> str:
@@ -167,6 +404,7 @@ def _resolve(
     device: str,
     budget: Budget,
     notes: list[str],
+    measure: str = "auto",
 ) -> tuple[dict[str, xr.DataArray], dict[str, TaskCost], dict[str, str], dict[str, Any]]:
     """Resolve each variable once: the ones planned, their costs, the others with the reason.
 
@@ -181,8 +419,8 @@ def _resolve(
     """
     if isinstance(obj, xr.DataArray):
         name = str(obj.name) if obj.name is not None else "<array>"
-        kwargs = operator.bind(obj, kwargs)
-        cost = _cost(operator, name, obj, kwargs, device, budget, notes)
+        kwargs = operator.check_arguments(kwargs, obj)
+        cost = _cost(operator, name, obj, kwargs, device, budget, notes, measure)
         return {name: obj}, {name: cost}, {}, kwargs
     if not obj.data_vars:
         raise MemchunkError("the Dataset has no data variables to apply the operator to")
@@ -190,8 +428,8 @@ def _resolve(
     for key, da in obj.data_vars.items():
         name = str(key)
         try:
-            own = operator.bind(da, kwargs)
-            costs[name] = _cost(operator, name, da, own, device, budget, notes)
+            own = operator.check_arguments(kwargs, da)
+            costs[name] = _cost(operator, name, da, own, device, budget, notes, measure)
         except CalibrationError:  # a broken file or measurement: not this variable's fault
             raise
         except MemchunkError as exc:
@@ -354,6 +592,7 @@ def _prepare(
     budget: Budget | None,
     chunks: Chunks,
     op_kwargs: dict[str, Any],
+    measure: str = "auto",
 ) -> _Prepared:
     """Plan the first of the operator's alternatives that fits the budget.
 
@@ -361,7 +600,9 @@ def _prepare(
     does, the one with the smallest predicted peak is taken and a
     :class:`MemoryBudgetWarning` says so. Warnings are issued for the chosen one only. Staging
     a graph's data on disk is the last resort: tried only where no alternative fits in memory.
+    ``measure``: what planning may run (see :func:`plan`).
     """
+    _check_measure(measure)
     operator = get_operator(op)
     if not isinstance(obj, xr.DataArray | xr.Dataset):
         raise MemchunkError(
@@ -370,7 +611,7 @@ def _prepare(
     _check_dims(obj, operator.name)
     device = _device(obj, operator)
     resolved = _budget(memory_limit, budget, device)
-    alternatives = operator.alternatives(operator.normalize_kwargs(**op_kwargs))
+    alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     chosen = None
     resolutions: dict[int, _Alternative] = {}  # resolved (and measured) once for both passes
     for staging in (False, True):
@@ -382,9 +623,11 @@ def _prepare(
                 continue
             try:
                 if index not in resolutions:
-                    resolutions[index] = _alternative(obj, operator, resolved, device, kwargs)
+                    resolutions[index] = _alternative(
+                        obj, operator, resolved, device, kwargs, measure
+                    )
                 prepared, cautions = _prepare_one(
-                    operator, resolved, chunks, resolutions[index], staging=staging
+                    operator, resolved, chunks, resolutions[index], staging=staging, measure=measure
                 )
             except InfeasiblePlanError as exc:
                 failures.append((label, str(exc)))
@@ -410,8 +653,41 @@ def _prepare(
     if len(alternatives) > 1:
         why = [f"{label} chosen"] + [f"not {w}: {r}" for w, r in failures if w != label]
         notes = (*notes, "; ".join(why))
-    fields = {f.name: getattr(prepared.plan, f.name) for f in dataclasses.fields(ChunkPlan)}
-    return replace(prepared, plan=Plan(**(fields | {"notes": notes})))
+    if measure == "never":
+        notes = (*notes, _nothing_measured(prepared))
+    return replace(prepared, plan=replace(prepared.plan, notes=notes))
+
+
+def _check_measure(measure: Any) -> None:
+    """Refuse a ``measure=`` that is not one of :data:`MEASURE_CHOICES`, before anything runs."""
+    if not isinstance(measure, str) or measure not in MEASURE_CHOICES:
+        raise MemchunkError(
+            f"measure={measure!r} is not one of {', '.join(map(repr, MEASURE_CHOICES))}: 'auto' "
+            f"measures what planning needs and nothing else knows (a function without a memory "
+            f"model, one block of a graph's input, the staging disk), 'never' runs nothing"
+        )
+
+
+def _measuring(measure: str) -> contextlib.AbstractContextManager:
+    """Where ``measure="never"``, the input's production is not measured while resolving costs.
+
+    :func:`~xarray_memchunk.operators.production.input_production` reads the dask config key
+    ``memchunk.measure-input``; ``"auto"`` leaves it as the user set it.
+    """
+    if measure == "never":
+        return dask.config.set({"memchunk.measure-input": False})
+    return contextlib.nullcontext()
+
+
+def _nothing_measured(prepared: _Prepared) -> str:
+    """The note of a plan made with ``measure="never"``."""
+    note = (
+        "measure='never': nothing was run to plan this: no function measured, no block of the "
+        "input computed (what producing a graph's input holds is not in the prediction)"
+    )
+    if prepared.staging is not None:
+        note += ", the staging disk's speed not measured"
+    return note
 
 
 @dataclass(frozen=True)
@@ -430,10 +706,14 @@ def _alternative(
     resolved: Budget,
     device: str,
     kwargs: dict[str, Any],
+    measure: str = "auto",
 ) -> _Alternative:
     """Resolve one alternative's variables and costs (measuring what must be) and its problem."""
     fresh: list[str] = []
-    targets, costs, skipped, kwargs = _resolve(obj, operator, kwargs, device, resolved, fresh)
+    with _measuring(measure):
+        targets, costs, skipped, kwargs = _resolve(
+            obj, operator, kwargs, device, resolved, fresh, measure
+        )
     specs = merge_dims(
         [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
     )
@@ -466,10 +746,12 @@ def _prepare_one(
     alternative: _Alternative,
     *,
     staging: bool = False,
+    measure: str = "auto",
 ) -> tuple[_Prepared, list[str]]:
     """Plan one alternative; also return the warnings it would issue if chosen.
 
-    ``staging``: where no plan fits in memory, try staging the graph's data on disk.
+    ``staging``: where no plan fits in memory, try staging the graph's data on disk (its
+    write speed measured unless ``measure="never"``).
     """
     kwargs, costs, problem = alternative.kwargs, alternative.costs, alternative.problem
     if chunks is None:
@@ -478,7 +760,8 @@ def _prepare_one(
         except InfeasiblePlanError as in_memory:
             if not staging:
                 raise
-            return _staged(operator, kwargs, costs, problem, resolved, in_memory), []
+            staged = _staged(operator, kwargs, costs, problem, resolved, in_memory, measure)
+            return staged, []
     cautions: list[str] = []
     notes: list[str] = []
     user_chunks = _normalize_user_chunks(chunks, alternative.targets, problem.dims, cautions, notes)
@@ -501,8 +784,18 @@ def _staged(
     problem: PlanProblem,
     budget: Budget,
     in_memory: InfeasiblePlanError,
+    measure: str = "auto",
 ) -> _Prepared:
     """Plan with the graph variables staged on disk, where rechunking them in memory cannot fit.
+
+    Planned once reading from a store in the source's chunks, for the planned chunks; then
+    each variable's store chunks are chosen for them
+    (:func:`~xarray_memchunk.operators.staging.staging_chunks`: pieces of the source chunks no
+    larger than the planned ones, thin source chunks merged in memory per write task within
+    the budget), and the plan is made again for reading from those (a read decodes whole
+    store chunks); the store's chunks are chosen again for that plan, until they stay (at most
+    :data:`STAGING_ROUNDS` times). Each plan is made for the store it reads from; where one
+    finds nothing, the store chunks of the last plan that did stand.
 
     Raises
     ------
@@ -514,42 +807,101 @@ def _staged(
     if not graphs:
         raise in_memory
     size = budget.format
-    write_task = max(
-        WRITE_COPIES * c.dtype.itemsize * float(np.prod(list(c.layout.source_chunks.values())))
-        + c.layout.produce_bytes
-        for c in graphs.values()
-    )
-    if write_task > budget.per_task:
+
+    def write_task(cost: TaskCost, chunks: StagingChunks) -> float:
+        return chunks.task_bytes(cost.dtype.itemsize) + cost.layout.produce_bytes
+
+    as_source = {n: StagingChunks(*(dict(c.layout.source_chunks),) * 3) for n, c in graphs.items()}
+    smallest = max(write_task(c, as_source[n]) for n, c in graphs.items())
+    if smallest > budget.per_task:
         raise InfeasiblePlanError(
             f"{in_memory}. Nor can it be staged on disk: writing one of the data's chunks "
-            f"needs {size(write_task)}, over the per-task budget of {size(budget.per_task)}: "
+            f"needs {size(smallest)}, over the per-task budget of {size(budget.per_task)}: "
             f"give the data smaller chunks first (.chunk(...))"
         ) from None
     nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
-    site = staging_site(nbytes, active_client())
+    site = staging_site(nbytes, active_client(), measure_bandwidth=measure != "never")
     if site.refusal:
         raise InfeasiblePlanError(
             f"{in_memory}. Nor can it be staged on disk: {site.refusal}"
         ) from None
-    inputs = tuple(
-        replace(c.layout, kind=InputKind.FILE) if n in graphs else c.layout
-        for n, c in costs.items()
-    )
-    note = (
-        f"the data's chunks cannot be rechunked in memory within the budget, so apply first "
-        f"writes {', '.join(graphs)} as it comes to a temporary Zarr store in {site.directory} "
-        f"({size(nbytes)}; each write task holds up to {size(write_task)}; disk measured at "
-        f"{site.bytes_per_second / 1e6:.0f} MB/s: about {site.seconds(nbytes):.0f} s written "
-        f"and read back), and each task reads its block from it"
-    )
-    staged_problem = replace(problem, inputs=inputs, notes=(*problem.notes, note))
+
+    def reading(stores: Mapping[str, Mapping[str, int]], note: str = "") -> PlanProblem:
+        """The problem of reading the graph variables from stores of the given chunks."""
+        inputs = tuple(
+            replace(c.layout, kind=InputKind.FILE, source_chunks=stores[n])
+            if n in graphs
+            else c.layout
+            for n, c in costs.items()
+        )
+        return replace(problem, inputs=inputs, notes=(*problem.notes, *([note] if note else [])))
+
+    def noted(chunks: Mapping[str, StagingChunks], chosen: bool) -> PlanProblem:
+        """``reading``, noting how the data is written; the store's alignment where chosen."""
+        written = [
+            f"{n + ' ' if len(graphs) > 1 else ''}"
+            + (chunks[n].describe() if chosen else "in the source's chunks")
+            for n in graphs
+        ]
+        held = max(write_task(c, chunks[n]) for n, c in graphs.items())
+        note = (
+            f"the data's chunks cannot be rechunked in memory within the budget, so apply "
+            f"first writes {', '.join(graphs)} to a temporary Zarr store in {site.directory} "
+            f"({size(nbytes)}; {'; '.join(written)}; each write task holds up to "
+            f"{size(held)}; {site.speed(nbytes)}), and each task reads its block from it"
+        )
+        stored = reading({n: s.store for n, s in chunks.items()}, note)
+        if not chosen:
+            return stored
+        files = [c for n, c in costs.items() if n not in graphs and c.layout.kind is InputKind.FILE]
+        own = {d: s.store[d] for s in reversed(list(chunks.values())) for d in s.store}
+        dims = tuple(  # the store's chunks, where no file variable has the dim
+            replace(d, storage_chunk=own[d.name])
+            if d.name in own and not any(d.name in c.dims for c in files)
+            else d
+            for d in problem.dims
+        )
+        return replace(stored, dims=dims)
+
     try:
-        chunk_plan = plan_chunks(staged_problem, budget)
+        first = plan_chunks(noted(as_source, chosen=False), budget)
     except InfeasiblePlanError as on_disk:
         raise InfeasiblePlanError(
             f"{in_memory}. Staged on disk, it does not fit either: {on_disk}"
         ) from None
-    return _Prepared(operator, kwargs, costs, chunk_plan, tuple(graphs), site)
+
+    def reads_fit(
+        name: str,
+        planned: ChunkPlan,
+        current: Mapping[str, StagingChunks],
+        store: Mapping[str, int],
+    ) -> bool:
+        """Whether the blocks of ``planned`` fit, ``name`` read from ``store``."""
+        stores = {n: s.store for n, s in current.items()} | {name: store}
+        return plan_for_chunks(reading(stores), budget, planned.dask_chunks).fits
+
+    # a plan made for reading the store may cut the data otherwise: choose the store's chunks
+    # for it in turn, until they stay (each plan is made for the store it reads from)
+    chosen, chunk_plan = as_source, first
+    for _ in range(STAGING_ROUNDS):
+        again = {
+            n: staging_chunks(
+                c.layout.source_chunks,
+                chunk_plan.chunks,
+                c.dtype.itemsize,
+                budget.per_task - c.layout.produce_bytes,
+                functools.partial(reads_fit, n, chunk_plan, chosen),
+            )
+            for n, c in graphs.items()
+        }
+        if again == chosen:
+            break
+        try:
+            chunk_plan = plan_chunks(noted(again, chosen=True), budget)
+        except InfeasiblePlanError:  # not expected: the last plan's chunks fit reading it
+            break
+        chosen = again
+    return _Prepared(operator, kwargs, costs, chunk_plan, tuple(graphs), site, chosen)
 
 
 def _max_extents(costs: Mapping[str, TaskCost]) -> dict[str, float]:
@@ -591,16 +943,21 @@ def plan(
     memory_limit: int | str | None = None,
     budget: Budget | None = None,
     chunks: Chunks = None,
+    measure: str = "auto",
     **op_kwargs: Any,
-) -> ChunkPlan:
+) -> Plan:
     """Plan chunks for ``op`` on ``obj``; the operator itself is not run on the data.
 
-    Planning reads metadata, with three exceptions, each stated in the plan's notes when it
-    happens: a user function without a memory model is measured on a few blocks of its own
-    (in a worker of the active cluster, or a child process); one block of a Dask graph's input
-    is computed in this process to measure what producing it holds (once per graph;
-    ``memchunk.measure-input: False`` turns it off); and where the data must be staged on disk,
-    the staging directory's write speed is measured (64 MiB written once per process).
+    Planning reads metadata, and with ``measure="auto"`` runs three things where nothing else
+    tells it what it needs, each stated in the plan's notes when it happens: a user function
+    without a memory model is measured on a few blocks of its own (in a worker of the active
+    cluster, or a child process); one block of a Dask graph's input is computed in this
+    process to measure what producing it holds (once per graph; the dask config key
+    ``memchunk.measure-input: False`` turns this one off); and where the data must be staged
+    on disk, the staging directory's write speed is measured (64 MiB written once per
+    process). ``measure="never"`` runs none of them and the notes say so: a function without
+    a memory model is refused (before anything runs), and a graph's input is planned without
+    what producing it holds. (The staging disk is still measured where data must be staged.)
 
     Parameters
     ----------
@@ -619,20 +976,28 @@ def plan(
     chunks
         Skip the search and plan for these chunks (as :meth:`xarray.Dataset.chunk` takes them);
         a :class:`MemoryBudgetWarning` is issued when their predicted peak exceeds the budget.
+    measure
+        What planning may run to measure what it needs: ``"auto"`` (the default) or
+        ``"never"`` (see above; :data:`MEASURE_CHOICES`).
     **op_kwargs
         The operator's own arguments (``dim=``, ``sigma=``, ...).
 
     Returns
     -------
     Plan
-        A :class:`ChunkPlan`; ``plan.report()`` after a run on a cluster.
+        The plan, ready to run: ``plan.apply()`` returns the lazy result without planning
+        again, and ``plan.report()`` compares a run on a ``distributed`` cluster with it. It
+        reads as its :class:`ChunkPlan` (``plan.chunks``, ``plan.explain()``...).
 
     Raises
     ------
     MemchunkError
-        Unknown operator, missing dims, invalid memory limit, or no chunking that fits.
+        Unknown operator, missing dims, invalid memory limit, a ``measure`` that is not one of
+        the choices, a function without a memory model with ``measure="never"``
+        (:class:`CalibrationError`), or no chunking that fits.
     """
-    return _prepare(obj, op, memory_limit, budget, chunks, op_kwargs).plan
+    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs, measure)
+    return Plan(obj, prepared, measure)
 
 
 def apply(
@@ -642,37 +1007,28 @@ def apply(
     memory_limit: int | str | None = None,
     budget: Budget | None = None,
     chunks: Chunks = None,
+    measure: str = "auto",
     record_plan: bool = False,
     **op_kwargs: Any,
 ) -> xr.DataArray | xr.Dataset:
-    """Rechunk ``obj`` per the plan and return the operator's lazy result.
+    """Plan, then rechunk ``obj`` per the plan and return the operator's lazy result.
 
-    Takes the same arguments as :func:`plan`, and ``record_plan``: add the plan's one-line
-    summary to the result's attributes as ``memchunk_plan`` (``memchunk run`` does, so that a
-    written file says how it was computed). Dataset in, Dataset out: the reductions keep or
-    drop the variables they do not reduce as xarray's own do, the other operators leave them
-    out. DataArray in, DataArray out, named after the operator when the input has no name.
-    Nothing is computed: call ``.compute()`` on the result, or write it with
-    ``result.memchunk.to_zarr(path)`` (or ``.memchunk.to_netcdf(path)``). Those make the planned
-    chunks uniform, as Zarr requires, and write atomically. Plain ``result.to_zarr()`` fails on
-    balanced chunks such as (17, 17, 17, 17, 16, 16): Zarr wants every chunk of a dim but the
-    last equal, and the last no larger (``plan.explain()`` says when the planned ones are not).
+    ``plan(obj, op, ...).apply(record_plan=record_plan)``: takes the same arguments as
+    :func:`plan`, and ``record_plan``: add the plan's one-line summary to the result's
+    attributes as ``memchunk_plan`` (``memchunk run`` does, so that a written file says how it
+    was computed). Keep the plan (:func:`plan`, then :meth:`Plan.apply`) to see it before the
+    run and report on the run after; :func:`report` reports on a result of this function.
+    Dataset in, Dataset out: the reductions keep or drop the variables they do not reduce as
+    xarray's own do, the other operators leave them out. DataArray in, DataArray out, named
+    after the operator when the input has no name. Nothing is computed: call ``.compute()`` on
+    the result, or write it with ``result.memchunk.to_zarr(path)`` (or
+    ``.memchunk.to_netcdf(path)``). Those make the planned chunks uniform, as Zarr requires,
+    and write atomically. Plain ``result.to_zarr()`` fails on balanced chunks such as (17, 17,
+    17, 17, 16, 16): Zarr wants every chunk of a dim but the last equal, and the last no larger
+    (``plan.explain()`` says when the planned ones are not).
     """
-    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs)
-    rechunked = _rechunk(obj, prepared)
-    operator, kwargs = prepared.operator, prepared.kwargs
-    uses = {name: cost.uses for name, cost in prepared.costs.items()}
-    if isinstance(rechunked, xr.DataArray):
-        (own,) = uses.values()
-        result = operator.compute(rechunked, own, **kwargs)
-    else:
-        result = operator.compute_dataset(rechunked, uses, **kwargs)
-    if isinstance(result, xr.DataArray) and result.name is None:
-        result = result.rename(operator.name)
-    if record_plan:
-        result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
-    track(prepared.plan, prepared, input_layers(rechunked))
-    return result
+    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs, measure)
+    return Plan(obj, prepared, measure).apply(record_plan=record_plan)
 
 
 def _rechunk(obj, prepared: _Prepared):
@@ -681,7 +1037,7 @@ def _rechunk(obj, prepared: _Prepared):
     - Read straight from a file: the tasks read the planned chunks from the file (halos are
       read by the operator itself), so no chunk waits in a worker for other tasks.
     - Produced by a Dask graph that the plan stages on disk (a rechunk in memory would not
-      fit): written as it comes to a temporary Zarr store now
+      fit): written to a temporary Zarr store now, in chunks chosen for the plan
       (:func:`~xarray_memchunk.operators.staging.stage`), then read as a file is.
     - Produced by a Dask graph: a task-based rechunk. Dask's P2P rechunk (chosen for large
       rechunks on a distributed cluster) buffers data outside tasks, beyond what the plan
@@ -695,7 +1051,7 @@ def _rechunk(obj, prepared: _Prepared):
         da = obj if isinstance(obj, xr.DataArray) else obj[name]
         own = {d: chunks[d] for d in cost.dims}
         if name in prepared.staged:
-            da = stage(da, prepared.staging)
+            da = stage(da, prepared.staging, prepared.staging_chunks.get(name))
         if cost.layout.kind is InputKind.FILE or name in prepared.staged:
             planned[name] = read_chunked(da, own)
             continue

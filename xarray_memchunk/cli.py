@@ -54,7 +54,7 @@ def _op_kwargs(op: str, options: list[str] | None, dims: list[str] | None = None
     kwargs = dict(_parse_option(o) for o in options or [])
     if dims:
         kwargs["dim"] = dims if len(dims) > 1 else dims[0]
-    get_operator(op).normalize_kwargs(**kwargs)
+    get_operator(op).check_arguments(kwargs)
     return kwargs
 
 
@@ -85,14 +85,10 @@ def _local_workers(value: int) -> int:
 
 def _scheduler_address(address: str) -> str:
     """``address`` if it names a Dask scheduler (``tcp://HOST:PORT``, ``HOST:PORT``...)."""
-    from distributed.comm.addressing import parse_address, parse_host_port
-    from distributed.comm.registry import get_backend
+    from ._dask_compat import check_scheduler_address
 
     try:
-        scheme, location = parse_address(address)
-        get_backend(scheme)
-        if scheme in ("tcp", "tls"):
-            parse_host_port(location)
+        check_scheduler_address(address)
     except ValueError as exc:
         raise MemchunkError(
             f"--scheduler {address!r} is not a scheduler address ({exc}); give it as "
@@ -114,6 +110,15 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="dim the operator acts on (name or CF axis such as T); repeatable",
     )
     _add_options(parser, "operator option, e.g. -o sigma=1.5 -o attribute=azimuth; repeatable")
+    parser.add_argument(
+        "--measure",
+        choices=("auto", "never"),
+        default="auto",
+        help="what planning may run to measure what it needs: auto (a function without a "
+        "memory model, one block of a graph's input, the staging disk; the plan's notes say "
+        "what was) or never (nothing: a function without a memory model is refused, and a "
+        "graph's input is planned without what producing it holds) (default auto)",
+    )
 
 
 def _add_cluster(parser: argparse.ArgumentParser) -> None:
@@ -143,7 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser(
         "plan",
         help="print the chunk plan for OP on INPUT (the operator is not run; what is measured "
-        "to plan it, the plan's notes say)",
+        "to plan it, the plan's notes say; --measure never measures nothing)",
     )
     _add_common(plan)
     plan.add_argument(
@@ -250,7 +255,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     obj = open_input(args.input, args.var)
     plan = obj.memchunk.plan(
-        args.op, memory_limit=args.memory_limit, **_op_kwargs(args.op, args.option, args.dim)
+        args.op,
+        memory_limit=args.memory_limit,
+        measure=args.measure,
+        **_op_kwargs(args.op, args.option, args.dim),
     )
     print(plan.explain())
     return 0
@@ -265,10 +273,12 @@ def _worker_memory(args: argparse.Namespace) -> int:
     import logging
     import os
 
-    from distributed.worker_memory import parse_memory_limit
+    from ._dask_compat import worker_memory_limit
 
     total = os.cpu_count() or 1
-    return int(parse_memory_limit("auto", args.nthreads, total, logger=logging.getLogger(__name__)))
+    return int(
+        worker_memory_limit("auto", args.nthreads, total, logger=logging.getLogger(__name__))
+    )
 
 
 @contextlib.contextmanager
@@ -329,26 +339,18 @@ def _client(args: argparse.Namespace) -> Iterator[Any]:
 def _progress(future) -> None:
     """Distributed's progress bar on a terminal; a plain line every few seconds elsewhere."""
     from distributed import progress
-    from distributed.diagnostics.progressbar import TextProgressBar
+
+    from ._dask_compat import periodic_progress
 
     if sys.stdout.isatty():
         progress(future)
         print(flush=True)
         return
 
-    class LineProgress(TextProgressBar):
-        last = -PROGRESS_PERIOD_S
+    def line(done: float, n_tasks: int, elapsed_s: float) -> None:
+        print(f"{100 * done:.0f}% of {n_tasks} tasks done, {elapsed_s:.0f} s", flush=True)
 
-        def _draw_bar(self, remaining, all, **kwargs):
-            done = 1.0 - remaining / all if all else 1.0
-            if self.elapsed - self.last >= PROGRESS_PERIOD_S or remaining == 0:
-                self.last = self.elapsed
-                print(f"{100 * done:.0f}% of {all} tasks done, {self.elapsed:.0f} s", flush=True)
-
-        def _draw_stop(self, **kwargs):
-            pass
-
-    LineProgress([future], interval="1s")
+    periodic_progress([future], line, PROGRESS_PERIOD_S)
 
 
 def _prepare_output(args: argparse.Namespace) -> None:
@@ -367,13 +369,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     kwargs = _op_kwargs(args.op, args.option, args.dim)
     _prepare_output(args)
     budget = _local_budget(args)
+    planned = None
     if budget is not None:  # plan for the cluster about to start, before starting it
-        obj.memchunk.plan(args.op, budget=budget, **kwargs)
+        with _as_on_a_cluster():
+            planned = obj.memchunk.plan(args.op, budget=budget, measure=args.measure, **kwargs)
 
     def work(client) -> None:
-        plan = obj.memchunk.plan(args.op, **kwargs)  # budget from the cluster's workers
+        plan = planned
+        # Planned once where the started cluster's workers have the budget planned for. Planned
+        # again, from its workers, only where they differ (their memory, threads or count, or a
+        # baseline already above the configured one): the plan must fit the workers that run it.
+        # With --scheduler, once, from its workers.
+        if plan is None or not _same_budget(plan.budget, _cluster_budget(obj)):
+            plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
         print(plan.explain(), flush=True)
-        result = obj.memchunk.apply(args.op, record_plan=True, **kwargs)
+        result = plan.apply(record_plan=True)
         safe_write(
             result,
             args.output,
@@ -417,6 +427,47 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
         print(f"storage chunks {sizes}: {reason}", flush=True)
 
     return _on_cluster(args, work)
+
+
+@contextlib.contextmanager
+def _as_on_a_cluster() -> Iterator[None]:
+    """Plan before a LocalCluster starts as on it: with a distributed task's overhead.
+
+    Without a client, planning takes the threaded scheduler's overhead per task; the plan is
+    for the cluster about to start, and is run there.
+    """
+    import dask
+
+    from .planning.problem import DISTRIBUTED_TASK_OVERHEAD_S
+
+    if dask.config.get("memchunk.task-overhead", None) is not None:
+        yield
+        return
+    with dask.config.set({"memchunk.task-overhead": DISTRIBUTED_TASK_OVERHEAD_S}):
+        yield
+
+
+def _cluster_budget(obj: Any):
+    """The budget of the active cluster's workers for ``obj``'s device."""
+    from .api import data_device
+    from .memory_limits import resolve_budget
+
+    return resolve_budget(None, data_device(obj))
+
+
+def _same_budget(planned, found) -> bool:
+    """Whether two budgets have the same terms (where they came from aside)."""
+    terms = (
+        "worker_memory",
+        "threads_per_worker",
+        "n_workers",
+        "per_task",
+        "worker_baseline",
+        "reserve",
+        "pause_fraction",
+        "device",
+    )
+    return all(getattr(planned, t) == getattr(found, t) for t in terms)
 
 
 def _local_budget(args: argparse.Namespace):
@@ -590,12 +641,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _forget(op: str, kwargs: dict[str, Any]) -> int:
     """Delete what runs taught about ``op`` (with these options); say what was removed."""
+    from .measure.calibrate import calibration_key
     from .models.learned import forget_learned
-    from .operators import get_operator
 
-    operator = get_operator(op)
-    key = operator.cost_terms(**operator.normalize_kwargs(**kwargs)).calibration
-    removed = forget_learned(key)
+    removed = forget_learned(calibration_key(op, kwargs))
     if not removed:
         print(f"nothing learned about {op} to forget")
     for path in removed:

@@ -360,7 +360,7 @@ def run_case(
             result.staged = any("temporary Zarr store" in n for n in plan.notes)
 
             def build() -> Any:
-                return _consume(data.memchunk.apply(case.op, **case.kwargs))
+                return _consume(plan.apply())
 
             killer = None
             if case.kill_after is not None:  # built first: a kill during apply is not the test

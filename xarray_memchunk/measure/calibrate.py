@@ -33,15 +33,17 @@ from ..models.profiling import (
     peak_method,
     profile_in_worker,
 )
-from ..operators import Operator, get_operator
-from ..operators.cost import bind_features, with_squared_extents
+from ..operators import Cost, DimUse, Operator, get_operator
+from ..operators.cost import bind_cost, with_squared_extents
 from ..planning.candidates import padded_extent
 from ..planning.problem import DimRole
 
 __all__ = [
     "SelfCalibration",
     "calibrate",
+    "calibration_key",
     "features_of",
+    "task_cost",
     "fit_profiles",
     "fit_record",
     "growing_shapes",
@@ -98,6 +100,35 @@ def _split_shape(shape: Shape) -> tuple[dict[str, int], dict[str, int]]:
     return extents, {d: int(sizes.get(d, n)) for d, n in extents.items()}
 
 
+def task_cost(
+    operator: Operator,
+    extents: Mapping[str, int],
+    dtype: str,
+    kwargs: Mapping[str, Any],
+    sizes: Mapping[str, int] | None = None,
+) -> tuple[dict[str, DimUse], Cost]:
+    """How ``operator`` uses the dims of an array of ``sizes``, and its cost there.
+
+    As planning resolves them (:func:`~xarray_memchunk.operators.cost.bind_cost`), on a
+    template of ``dtype`` that holds no data.
+
+    Parameters
+    ----------
+    extents
+        Chunk extents per dim: the template's dims, in order.
+    sizes
+        Lengths of the whole array; ``extents`` (one chunk) when None.
+    """
+    import xarray as xr
+
+    sizes = dict(sizes or extents)
+    template = xr.DataArray(
+        np.broadcast_to(np.zeros((), dtype=dtype), tuple(sizes[d] for d in extents)),
+        dims=list(extents),
+    )
+    return bind_cost(operator, template, kwargs)
+
+
 def features_of(
     operator: Operator,
     extents: Mapping[str, int],
@@ -118,15 +149,9 @@ def features_of(
         Dims whose squared extent is a feature too
         (:func:`~xarray_memchunk.operators.cost.with_squared_extents`).
     """
-    import xarray as xr
-
     sizes = dict(sizes or extents)
-    template = xr.DataArray(
-        np.broadcast_to(np.zeros((), dtype=dtype), tuple(sizes[d] for d in extents)),
-        dims=list(extents),
-    )
-    uses, features = bind_features(operator, template, kwargs)
-    features = with_squared_extents(features, list(squared_dims), np.dtype(dtype).itemsize)
+    uses, cost = task_cost(operator, extents, dtype, kwargs, sizes)
+    features = with_squared_extents(cost.features, list(squared_dims), np.dtype(dtype).itemsize)
     padded = {
         d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
         for d, n in extents.items()
@@ -180,7 +205,7 @@ def run_task(
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph
         data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
     obj = xr.DataArray(data, dims=dims)
-    uses = operator.dim_uses(obj, **kwargs)
+    uses = operator.dims(obj, **kwargs)
     result = operator.compute(obj, uses, **kwargs)
     arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
     blocks = []
@@ -212,6 +237,8 @@ def fit_profiles(
     squared_dims: Sequence[str] = (),
 ) -> tuple[LinearFit, float]:
     """Fit the memory model and the time per element and pass to profiles of one dtype."""
+    first = profiles[0]
+    passes = task_cost(operator, first.extents, first.dtype, kwargs, first.sizes)[1].passes
     rows = [
         features_of(operator, p.extents, p.dtype, kwargs, p.sizes, squared_dims) for p in profiles
     ]
@@ -220,7 +247,7 @@ def fit_profiles(
     elements = np.array([np.prod(list(p.sizes.values()), dtype=float) for p in profiles])
     seconds = np.array([p.seconds for p in profiles])
     large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
-    per_pass = seconds[large] / elements[large] / operator.cost_terms(**kwargs).passes
+    per_pass = seconds[large] / elements[large] / passes
     return fit, float(np.median(per_pass))
 
 
@@ -246,7 +273,7 @@ def calibrate(
         Input dtypes to calibrate.
     shapes
         Chunk extents to profile (dim -> length), or ``(extents, sizes)`` pairs for tasks of
-        a larger array; the operator's ``calibration_shapes()`` by default.
+        a larger array; the operator's ``calibration_setup()`` shapes by default.
     repeats
         Runs per shape (the median peak is fitted).
     client
@@ -276,14 +303,13 @@ def calibrate(
         )
     if save:  # before measuring: a directory that cannot be written fails now, not after
         writable_calibration_dir(directory)
-    kwargs = operator.normalize_kwargs(**(dict(operator.calibration_kwargs) | op_kwargs))
+    shapes = list(shapes) if shapes is not None else None  # read twice: setup, then the key
+    kwargs, cases = _setup(operator, op_kwargs, shapes)
     runner, measure = (
         (functools.partial(run_task, on_gpu=True), measure_device_peak)
         if device == "gpu"
         else (run_task, measure_peak)
     )
-    shapes = list(shapes) if shapes is not None else operator.calibration_shapes(**kwargs)
-    cases = [_split_shape(shape) for shape in shapes]
     fits: dict[str, dict[str, Any]] = {}
     with _profiling_client(client) as profiler:
         method = (
@@ -301,13 +327,52 @@ def calibrate(
             fits[dtype] = fit_record(operator, profiles, kwargs)
     if save:
         save_calibration(
-            operator.cost_terms(**kwargs).calibration,
+            calibration_key(operator, op_kwargs, shapes, next(iter(fits), "float64")),
             device,
             fits,
             _metadata(method, kwargs),
             Path(directory) if directory is not None else None,
         )
     return fits
+
+
+def _setup(
+    operator: Operator, op_kwargs: Mapping[str, Any], shapes: Sequence[Shape] | None
+) -> tuple[dict[str, Any], list[tuple[dict[str, int], dict[str, int]]]]:
+    """The arguments :func:`calibrate` profiles ``operator`` with, and its ``(extents, sizes)``.
+
+    Raises
+    ------
+    MemchunkError
+        On invalid arguments, or when no shapes are given and the operator has no default ones.
+    """
+    kwargs, default = operator.calibration_setup(**op_kwargs)
+    shapes = list(shapes) if shapes is not None else default
+    if not shapes:
+        raise MemchunkError(
+            f"operator {operator.name!r} has no default calibration shapes: pass shapes=[{{dim: "
+            f"length, ...}}, ...] to calibrate()"
+        )
+    return kwargs, [_split_shape(shape) for shape in shapes]
+
+
+def calibration_key(
+    op: str | Operator,
+    op_kwargs: Mapping[str, Any],
+    shapes: Sequence[Shape] | None = None,
+    dtype: str = "float64",
+) -> str:
+    """The key :func:`calibrate` saves ``op``'s calibration under, with these arguments.
+
+    What runs teach about the operator is kept under the same key
+    (:mod:`~xarray_memchunk.measure.runs`). It is the operator's
+    :attr:`~xarray_memchunk.operators.base.Cost.calibration_key` on the first task calibration
+    profiles (of ``dtype``).
+    """
+    operator = get_operator(op)
+    kwargs, cases = _setup(operator, op_kwargs, shapes)
+    (extents, sizes) = cases[0]
+    return task_cost(operator, extents, dtype, kwargs, sizes)[1].calibration_key
 
 
 def fit_record(
@@ -510,7 +575,7 @@ def self_calibrate(
     target = writable_calibration_dir(directory)
     limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 10))
     dtype = np.dtype(da.dtype).name
-    uses = operator.dim_uses(da, **kwargs)
+    uses, key = operator.dims(da, **kwargs), operator.cost(da, **kwargs).calibration_key
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
 
@@ -533,7 +598,7 @@ def self_calibrate(
     everything = [*profiles, *halved.values()]
     record = fit_record(operator, everything, kwargs, measured_range=True, squared_dims=squared)
     path = save_calibration(
-        operator.cost_terms(**kwargs).calibration,
+        key,
         "cpu",
         {dtype: record},
         _metadata(method, kwargs, self_calibrated=True),

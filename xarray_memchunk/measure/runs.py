@@ -1,20 +1,22 @@
 """Measure the tasks of a planned run on a Dask cluster, report them, and learn from them.
 
-``apply`` on a ``distributed`` cluster registers
-:class:`~.task_peaks.TaskPeaks` on the workers (once) and remembers the plan, when
-its graph was built, and the layers of its input (the data as rechunked for the plan). The
-workers then record every task's peak (:class:`~.task_peaks.TaskRecord`). After
-the computation, :func:`report` (``plan.report()``) gathers the operator's tasks that ran since,
-and the scheduler's events (pauses, worker deaths and why), and compares them with the plan's
-prediction.
+``plan.apply()`` on a ``distributed`` cluster registers
+:class:`~.task_peaks.TaskPeaks` on the workers (once) and keeps a :class:`Run` on the plan: the
+cluster's client (weakly), when the graph was built, the layers of its input (the data as
+rechunked for the plan) and those of its result. The workers then record every task's peak
+(:class:`~.task_peaks.TaskRecord`). After the computation, :func:`report` (``plan.report()``)
+gathers the run's tasks that ran since, and the scheduler's events (pauses, worker deaths and
+why), and compares them with the plan's prediction.
 
 - Tasks of the input's layers (a random generator, preprocessing, decoding a file, the
   rechunk) are not the operator's and are not counted, nor is the task that gathers a computed
   result into one array (``finalize-``). Where Dask fuses producing a block into
   the operator's first task, it is part of that task, as it is in calibration; and a task that
   fuses the operator's last step with what follows (``apply(...).sum()``) is named after what
-  follows and counted: it is what the worker ran. Other computations on the cluster between
-  ``apply`` and ``report`` would be counted too: report before starting another.
+  follows and counted: it is what the worker ran. The tasks of another run that is still held
+  (its plan or its result), input and result layers alike, are not counted; other
+  computations on the cluster between ``apply`` and ``report`` would be: report before
+  starting another.
 - On a worker with several threads, tasks overlap: the worker's growth while its threads were
   busy is compared with the plan's prediction for that many tasks at once.
 - A worker death counts against the plan only where memory caused it (the nanny's
@@ -36,12 +38,18 @@ per task (``benchmarks/task_measurement_overhead.py``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._dask_compat import (
+    graph_layers,
+    is_pause_event,
+    memory_restart,
+    worker_removal,
+)
 from ..clusters import active_client, memory_threshold
 from ..models.fitting import ABSOLUTE_SLACK
 from ..models.learned import Observation, record_observation
@@ -51,7 +59,7 @@ from ..planning.plan import ChunkPlan
 if TYPE_CHECKING:  # the plugin's module imports distributed: only where a cluster is in use
     from .task_peaks import TaskRecord
 
-__all__ = ["RunReport", "input_layers", "report", "signature", "track"]
+__all__ = ["Run", "RunReport", "input_layers", "record_run", "report"]
 
 #: A measured task peak counts as above the prediction past this fraction (and
 #: :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK` bytes: allocator noise).
@@ -59,14 +67,13 @@ TOLERANCE = 0.05
 #: Dask's task that gathers a computed collection into one result (``finalize-...``): the
 #: caller's, not the operator's.
 FINALIZE_PREFIX = "finalize-"
-#: The nanny's event when it restarts a worker for its memory (distributed's worker_memory).
-MEMORY_RESTART_TOPIC = "worker-restart-memory"
 
 
 def _worker_records(moment: float, dask_worker: Any = None) -> list[TaskRecord]:
+    from .._dask_compat import worker_plugin
     from .task_peaks import PLUGIN_NAME
 
-    plugin = getattr(dask_worker, "plugins", {}).get(PLUGIN_NAME)
+    plugin = worker_plugin(dask_worker, PLUGIN_NAME)
     return plugin.since(moment) if plugin is not None else []
 
 
@@ -78,50 +85,79 @@ def input_layers(source: Any) -> frozenset[str]:
     arrays = source.data_vars.values() if hasattr(source, "data_vars") else [source]
     names: set[str] = set()
     for array in arrays:
-        data = getattr(array, "data", array)
-        graph = getattr(data, "__dask_graph__", lambda: None)()
-        names |= {str(k) for k in getattr(graph, "layers", {})}
+        names |= {str(k) for k in graph_layers(getattr(array, "data", array))}
     return frozenset(names)
 
 
-@dataclass
-class _Tracked:
-    """A plan ``apply`` built a graph for: what :func:`report` needs to find its tasks."""
+@dataclass(eq=False)
+class Run:
+    """One ``apply`` of a plan on a ``distributed`` cluster: what :func:`report` needs.
 
-    plan: ChunkPlan
-    prepared: Any
+    Kept on the plan (``plan.runs``, newest last); this module knows the runs held only weakly
+    (to tell their tasks apart). A run holds its client weakly (a plan keeps no Client alive;
+    a client gone cannot report anyway), and the names of layers only, not the data.
+
+    Attributes
+    ----------
+    started
+        When the graph was built (``time.time()``): tasks that ended before are not the run's.
+    client
+        A weak reference to the cluster's ``distributed.Client``.
+    input_layers
+        Layers of the input as rechunked for the plan: tasks that are not the operator's.
+    layers
+        The result's own layers (its graph's, less the input's): the operator's tasks.
+    """
+
     started: float
-    client: Any
+    client: weakref.ref
     input_layers: frozenset[str]
+    layers: frozenset[str]
 
 
-_TRACKED: dict[tuple, _Tracked] = {}
-#: The last graph ``apply`` built per operator: a plan made before ``apply`` may differ from
-#: the one ``apply`` made (measuring a function in a worker raises the memory the workers
-#: already hold, and so the next plan's baseline).
-_LAST: dict[str, _Tracked] = {}
+#: The runs held somewhere (on a plan or for a result), weakly: their layers are told apart
+#: from another run's when both ran on one cluster. Holds no run, plan or client alive.
+_HELD: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
-def signature(plan: ChunkPlan) -> tuple:
-    """What identifies a plan between ``plan()`` and ``apply()``: operator, chunks, prediction."""
-    chunks = tuple(sorted((d, tuple(c)) for d, c in plan.dask_chunks.items()))
-    return (plan.operator, chunks, plan.predicted_task_bytes)
+def record_run(rechunked: Any, result: Any) -> Run | None:
+    """Start measuring the tasks of ``result`` on the active cluster; None without one.
 
-
-def track(plan: ChunkPlan, prepared: Any, source_layers: Iterable[str] = ()) -> None:
-    """Remember when ``apply`` built ``plan``'s graph and its input's layers; measure tasks."""
+    ``rechunked`` is the input as rechunked for the plan, ``result`` the operator's lazy result
+    built from it. Registers :class:`~.task_peaks.TaskPeaks` on the workers unless the dask
+    config key ``memchunk.measure-tasks`` is False.
+    """
     import dask
 
     client = active_client()
     if client is None:
-        return
-    tracked = _Tracked(plan, prepared, time.time(), client, frozenset(source_layers))
-    _TRACKED[signature(plan)] = _LAST[plan.operator] = tracked
-    if not dask.config.get("memchunk.measure-tasks", True):
-        return
-    from .task_peaks import PLUGIN_NAME, TaskPeaks
+        return None
+    inputs = input_layers(rechunked)
+    run = Run(time.time(), weakref.ref(client), inputs, input_layers(result) - inputs)
+    _HELD.add(run)
+    if dask.config.get("memchunk.measure-tasks", True):
+        from .task_peaks import PLUGIN_NAME, TaskPeaks
 
-    client.register_plugin(TaskPeaks(), name=PLUGIN_NAME)
+        client.register_plugin(TaskPeaks(), name=PLUGIN_NAME)
+    return run
+
+
+def _token(name: str) -> str:
+    """The last part of a layer's or a task's name: its token.
+
+    A task that Dask fused from several layers is named after them all and ends with the name
+    of the one it outputs (``rechunk-merge-rechunk-split-mean_chunk-466f...``).
+    """
+    return name.rsplit("-", 1)[-1]
+
+
+def _others(run: Run, client: Any) -> frozenset[str]:
+    """Tokens of the layers of the other runs held on ``client``, where not also ``run``'s."""
+    tokens: set[str] = set()
+    for other in list(_HELD):
+        if other is not run and other.client() is client:
+            tokens |= {_token(n) for n in other.layers | other.input_layers}
+    return frozenset(tokens - {_token(n) for n in run.layers | run.input_layers})
 
 
 @dataclass
@@ -212,20 +248,19 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
     pauses, deaths, memory_killed, in_operator = set(), set(), set(), set()
     for topic, entries in client.get_events().items():
         for stamp, msg in entries:
-            if stamp < moment or not isinstance(msg, dict):
+            if stamp < moment:
                 continue
-            if msg.get("action") == "worker-status-change" and msg.get("status") == "paused":
+            if is_pause_event(msg):
                 pauses.add((topic, stamp))
-            if topic == MEMORY_RESTART_TOPIC and msg.get("worker"):
-                memory_killed.add(str(msg["worker"]))
-            if topic == "all" and msg.get("action") == "remove-worker":
-                if msg.get("expected"):  # retired on purpose (adaptive scale-down): no death
-                    continue
-                worker = str(msg.get("worker"))
-                deaths.add((worker, stamp))
-                keys = msg.get("processing-tasks") or ()
-                if any(key_name(k) not in inputs for k in keys):
-                    in_operator.add(worker)
+            restarted = memory_restart(topic, msg)
+            if restarted:
+                memory_killed.add(restarted)
+            removal = worker_removal(topic, msg)
+            if removal is None or removal.expected:  # retired on purpose: no death
+                continue
+            deaths.add((removal.worker, stamp))
+            if any(key_name(k) not in inputs for k in removal.processing):
+                in_operator.add(removal.worker)
     memory = {(w, s) for w, s in deaths if w in memory_killed and w in in_operator}
     return _Events(len(pauses), len(deaths), len(memory))
 
@@ -266,38 +301,41 @@ def _measured_task(records: list[TaskRecord], plan: ChunkPlan) -> int | None:
     return int(max(values)) if values else None
 
 
-def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
-    """Compare the last run of ``plan`` on the cluster with its prediction, and learn from it.
+def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
+    """Compare ``run`` on its cluster with the prediction of the plan it ran, and learn from it.
 
-    The run is the one ``apply`` built with ``plan``'s chunks, else the last one of its
-    operator; it is compared with the plan it ran with.
+    ``prepared`` is what planning resolved (its ``plan``, a :class:`ChunkPlan`, and the
+    variables' ``costs``); ``plan.report()`` passes its own and its last run.
 
     Raises
     ------
     MemchunkError
-        When ``apply`` built no graph for this operator on a cluster in this process.
+        When the run's client is gone (closed and released): report before closing it.
     """
     from ..errors import MemchunkError
 
-    tracked = _TRACKED.get(signature(plan)) or _LAST.get(plan.operator)
-    if tracked is None:
+    plan = prepared.plan
+    client = run.client()
+    if client is None:
         raise MemchunkError(
-            f"no run of this {plan.operator!r} plan to report: apply it on a distributed "
-            f"cluster and compute the result first"
+            f"the client this {plan.operator!r} plan ran on is gone: report the run before "
+            f"closing its cluster"
         )
-    plan = tracked.plan
+    others = _others(run, client)
     records = [
         r
-        for worker in tracked.client.run(_worker_records, tracked.started).values()
+        for worker in client.run(_worker_records, run.started).values()
         for r in _warm(
             [
                 r
                 for r in worker
-                if r.name not in tracked.input_layers and not r.name.startswith(FINALIZE_PREFIX)
+                if r.name not in run.input_layers
+                and not r.name.startswith(FINALIZE_PREFIX)
+                and _token(r.name) not in others
             ]
         )
     ]
-    events = _events(tracked.client, tracked.started, tracked.input_layers)
+    events = _events(client, run.started, run.input_layers)
     measured = _measured_task(records, plan)
     result = RunReport(
         operator=plan.operator,
@@ -332,11 +370,11 @@ def report(plan: ChunkPlan, learn: bool = True) -> RunReport:
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(tracked, measured, floor)
+        result.learned = _learn(prepared, measured, floor)
     return result
 
 
-def _learn(tracked: _Tracked, measured: int, floor: bool) -> str:
+def _learn(prepared: Any, measured: int, floor: bool) -> str:
     """Keep the measured task beside the calibration of the variable that sets the prediction.
 
     The plan predicts the largest task over its variables, and the largest measured task is
@@ -344,7 +382,7 @@ def _learn(tracked: _Tracked, measured: int, floor: bool) -> str:
     nothing of their own models). ``floor``: ``measured`` is only what killed a worker, a floor
     under the task's peak; a self-calibrating operator is then measured again on its next plan.
     """
-    prepared, plan = tracked.prepared, tracked.plan
+    plan = prepared.plan
 
     def padded(cost: Any) -> dict[str, np.ndarray]:
         return {

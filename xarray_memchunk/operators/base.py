@@ -1,19 +1,25 @@
-"""What an operator is: the dims it needs, its task memory model, and its lazy computation.
+"""What an operator is: the dims it needs, its whole memory story, and its lazy computation.
 
-A user's operator writes four things: :meth:`~Operator.dim_uses` (which dims it needs whole,
-with a halo, or free), :meth:`~Operator.default_model` (its memory model until calibrated),
-:meth:`~Operator.compute` (the lazy computation) and, when its memory depends on more than its
-input and output bytes, :meth:`~Operator.task_features`. The rest has defaults. Planning never
-asks an operator directly: :func:`~xarray_memchunk.operators.cost.resolve_cost` resolves each
-variable once into a :class:`~xarray_memchunk.operators.cost.TaskCost`.
+A subclass of :class:`Operator` writes three things:
+
+- :meth:`~Operator.dims`: which dims of a variable it needs whole, with a halo, or free;
+- :meth:`~Operator.cost`: its memory story on a variable, in one statement, a :class:`Cost`:
+  the calibration key, the features of one task, the analytic model until calibrated, and
+  what its arguments change about the cost besides a task's shape;
+- :meth:`~Operator.compute`: the lazy computation.
+
+The other methods are hooks with defaults, overridden only where an operator family differs
+(each says why in its docstring). Planning never asks an operator directly:
+:func:`~xarray_memchunk.operators.cost.resolve_cost` resolves each variable once into a
+:class:`~xarray_memchunk.operators.cost.TaskCost`.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -21,17 +27,55 @@ import xarray as xr
 from ..models import LinearMemoryModel
 from ..planning.problem import DimUse
 
-__all__ = ["CostTerms", "DimUse", "Operator"]
+__all__ = ["Cost", "DimUse", "Features", "Operator", "input_output_features"]
+
+#: Features of one task from its padded extents per dim (arrays: one entry per candidate).
+Features = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def input_output_features(itemsize: int, output_itemsize: int | None = None) -> Features:
+    """The features of a task whose output has its input's shape.
+
+    Parameters
+    ----------
+    itemsize
+        Bytes per input element.
+    output_itemsize
+        Bytes per output element; the input's when None.
+
+    Returns
+    -------
+    Features
+        ``input_bytes`` (the padded input) and ``output_bytes`` (one task's output, the padded
+        input's shape) of padded extents.
+    """
+    out_itemsize = itemsize if output_itemsize is None else output_itemsize
+
+    def features(padded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+        return {"input_bytes": elements * itemsize, "output_bytes": elements * out_itemsize}
+
+    return features
 
 
 @dataclass(frozen=True)
-class CostTerms:
-    """What an operator's arguments change about its cost, besides the task's shape.
+class Cost:
+    """An operator's whole memory story on one variable, for its arguments.
 
     Attributes
     ----------
-    calibration
-        Name of the calibration file (variants of an operator are calibrated apart).
+    calibration_key
+        Name of the operator's calibration files (``<key>-<device>.json``) and of what runs
+        teach about it: variants of an operator (``gst3d-d2geo``, ``svd-two-pass``) are
+        calibrated apart.
+    features
+        Features of one task from its padded extents per dim, bound to the variable (its
+        itemsize, sizes, how the operator uses each dim, the output's itemsize).
+    model
+        Analytic memory model over ``features``, used until calibrated; None where there is
+        none (a NumPy function measured on its first plan).
+    seconds_per_element
+        Compute time per padded input element and pass, used until calibrated.
     passes
         Times the computation processes each input element: calibration divides the measured
         time per element by it and planning multiplies it back (the compressed SVD makes
@@ -42,17 +86,30 @@ class CostTerms:
         Share of the whole array a worker holds beside its running task, its part of
         intermediate results that wait for a later step (tsqr's first Q factors wait for the
         QR of the stacked R factors): ``held_share x array bytes / workers``.
-    held_per_chunk
+    factors_bytes_per_chunk
         Bytes held for each planned chunk until a later step, whatever the chunk's size (the
-        two-pass tsqr's ``n x n`` factors): ``held_per_chunk x chunks`` on one worker, where
-        the tree that holds them ends.
+        two-pass tsqr's ``n x n`` factors): ``factors_bytes_per_chunk x chunks`` on one worker,
+        where the tree that holds them ends (the plan's ``factors_bytes``).
+    measurable
+        Whether planning may measure the operator on blocks of the data (a NumPy function):
+        where ``model`` is None and no calibration is saved, or where runs found its model
+        wrong.
+    identity_doubt
+        Why a calibration saved under ``calibration_key`` may be another operator's (a value
+        its function depends on cannot be hashed stably); empty where there is no doubt. A
+        measurable operator in doubt is measured again rather than planned with it.
     """
 
-    calibration: str
+    calibration_key: str
+    features: Features
+    model: LinearMemoryModel | None
+    seconds_per_element: float = 1e-8
     passes: int = 1
     tasks_per_chunk: float = 1.0
     held_share: float = 0.0
-    held_per_chunk: float = 0.0
+    factors_bytes_per_chunk: float = 0.0
+    measurable: bool = False
+    identity_doubt: str = ""
 
 
 class Operator(abc.ABC):
@@ -60,7 +117,8 @@ class Operator(abc.ABC):
 
     Subclass it (or use :class:`~xarray_memchunk.operators.blockwise.BlockwiseOperator`) and
     register it with :func:`xarray_memchunk.register_operator`; built-in operators use the same
-    mechanism. See the module docstring for what a subclass writes.
+    mechanism. A subclass writes :meth:`dims`, :meth:`cost` and :meth:`compute`; the other
+    methods are hooks with defaults.
 
     The halo rule: a dim the operator uses with a halo (a :class:`DimUse` of role ``HALO``
     with a ``depth``) of a variable read straight from a file is planned assuming that each
@@ -74,23 +132,40 @@ class Operator(abc.ABC):
     worker, measured), and the plan would be too small. ``apply`` checks the rule on the lazy
     result before anything runs and raises a :class:`~xarray_memchunk.MemchunkError` where it
     is broken (:func:`~xarray_memchunk.operators.halo_rule.check_halo_reads`).
+
+    Examples
+    --------
+    A 5-point uniform filter along ``x`` (``docs/user-guide/operators.md`` runs it):
+
+    >>> class Smooth(Operator):
+    ...     name = "smooth"
+    ...
+    ...     def dims(self, da, **kwargs):
+    ...         return {"x": DimUse(DimRole.HALO, 2)}
+    ...
+    ...     def cost(self, da, **kwargs):
+    ...         model = LinearMemoryModel({"input_bytes": 2.0, "output_bytes": 1.0})
+    ...         return Cost(self.name, input_output_features(da.dtype.itemsize), model)
+    ...
+    ...     def compute(self, da, uses, **kwargs):
+    ...         axis = da.get_axis_num("x")
+    ...         data = map_blocks_with_halo(
+    ...             da.data, uniform_filter1d, {axis: uses["x"].depth}, da.dtype, size=5, axis=axis
+    ...         )
+    ...         return da.copy(data=data)
     """
 
     #: Registered name, e.g. ``"gst3d"``.
     name: str = ""
     #: One line shown by :func:`xarray_memchunk.operator_names` and ``memchunk operators``.
     description: str = ""
-    #: Default compute time per padded input element (used until calibrated).
-    default_seconds_per_element: float = 1e-8
     #: Devices whose arrays :meth:`compute` accepts: ``"cpu"`` (NumPy), ``"gpu"`` (CuPy).
     devices: tuple[str, ...] = ("cpu",)
     #: Kinds of dtype (``numpy.dtype.kind``) the operator computes on.
     dtype_kinds: str = "biufc"
-    #: Operator arguments used when calibrating (e.g. which dim a reduction reduces).
-    calibration_kwargs: ClassVar[Mapping[str, Any]] = {}
 
     @abc.abstractmethod
-    def dim_uses(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
+    def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """Say how the operator uses the dims of ``da``; dims left out are free.
 
         Raises
@@ -100,110 +175,78 @@ class Operator(abc.ABC):
         """
 
     @abc.abstractmethod
-    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """Analytic memory model, used when no calibration exists for this input dtype."""
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
+        """The operator's memory story on ``da`` with the arguments ``kwargs``, in one statement.
+
+        Raises
+        ------
+        DimensionError
+            When ``da`` lacks a dim the operator needs.
+        """
 
     @abc.abstractmethod
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Apply the operator lazily to ``da``, already chunked as planned (or numpy-backed)."""
 
-    def task_features(
-        self,
-        extents: Mapping[str, np.ndarray],
-        uses: Mapping[str, DimUse],
-        itemsize: int,
-        sizes: Mapping[str, int] | None = None,
-        **kwargs: Any,
-    ) -> dict[str, np.ndarray]:
-        """Features of one task for the memory model.
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
+    ) -> dict[str, Any]:
+        """Check the operator's keyword arguments; return them completed.
 
-        Parameters
-        ----------
-        extents
-            Padded input extents of one task per dim (arrays: one entry per candidate).
-        uses
-            How the operator uses each dim.
-        itemsize
-            Bytes per input element.
-        sizes
-            Full length of each dim of the array (the extents of a single-chunk array when
-            None), for operators whose tasks depend on the number of chunks.
-
-        Returns
-        -------
-        dict
-            ``input_bytes`` (padded input) and ``output_bytes`` (one task's output, the
-            input's shape).
-        """
-        elements = np.prod([np.asarray(v, dtype=np.float64) for v in extents.values()], axis=0)
-        return {
-            "input_bytes": elements * itemsize,
-            "output_bytes": elements * self.output_itemsize(itemsize, **kwargs),
-        }
-
-    def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
-        """Bytes per output element; the input's by default."""
-        return itemsize
-
-    def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
-        """Check and complete the operator's keyword arguments, before anything runs.
+        Hook: operators with arguments check them. Called first without ``da``, before
+        anything runs (check and complete the arguments: defaults filled in, unknown ones
+        refused), then once per planned variable with the arguments it returned and the
+        variable (resolve arguments that name dims of ``da``, e.g. CF axes, and check them
+        against its data). Returns ``kwargs`` unchanged by default.
 
         Raises
         ------
         MemchunkError
-            On unknown or invalid arguments.
+            On unknown or invalid arguments (for ``da``: the variable is left out of a
+            Dataset's result, :meth:`skipped`).
         """
-        return kwargs
+        return dict(kwargs)
 
     def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
         """Ways to run the operator, tried in order until one has a plan that fits.
 
-        Returns ``(description, kwargs, reason)``: ``kwargs`` None marks a way that cannot be
-        taken, and ``reason`` says why. One, the kwargs themselves, by default; SVD's
-        ``method="auto"`` returns exact first, then compressed.
+        Hook: for an operator that chooses among algorithms by the budget (SVD's
+        ``method="auto"`` returns exact first, then compressed). Returns ``(description,
+        kwargs, reason)``: ``kwargs`` None marks a way that cannot be taken, and ``reason``
+        says why. One, the kwargs themselves, by default.
         """
         return [("", kwargs, "")]
 
-    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Resolve arguments that name dims of ``da`` (e.g. CF axes) once, before planning."""
-        return kwargs
+    def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list]:
+        """The arguments and the task shapes :func:`xarray_memchunk.calibrate` profiles.
 
-    def cost_terms(self, **kwargs: Any) -> CostTerms:
-        """What the operator's arguments change about its cost (see :class:`CostTerms`).
-
-        Takes the operator's arguments and, when planning a variable, its ``array_sizes``,
-        ``array_dtype`` and ``array_device`` (``"cpu"`` or ``"gpu"``), for terms that depend on
-        them, such as ``held_per_chunk``.
+        Hook: for an operator whose calibration shapes and arguments are known in advance
+        (which dim a reduction reduces, shapes of its dims). ``kwargs`` over the operator's
+        calibration defaults, checked (:meth:`check_arguments`), and the task shapes to
+        profile when ``calibrate`` is given none: ``(extents, sizes)`` pairs for tasks of a
+        larger array, or extents alone. None by default: ``calibrate`` then needs
+        ``shapes=``.
         """
-        return CostTerms(self.name)
-
-    def calibration_shapes(self, **kwargs: Any) -> list:
-        """Task shapes that :func:`xarray_memchunk.calibrate` profiles by default.
-
-        Raises
-        ------
-        MemchunkError
-            Unless overridden: a custom operator's calibration needs ``shapes=``.
-        """
-        from ..errors import MemchunkError
-
-        raise MemchunkError(
-            f"operator {self.name!r} has no default calibration shapes: pass shapes=[{{dim: "
-            f"length, ...}}, ...] to calibrate()"
-        )
+        return self.check_arguments(kwargs), []
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """What becomes of a Dataset's variable the operator does not apply to, and why.
 
-        ``reason`` is the error :func:`~xarray_memchunk.operators.cost.resolve_cost` raised for
-        it. Left out of the result by default; the reductions keep some, as xarray does.
+        Hook: for an operator that keeps such variables (the reductions keep unreduced ones,
+        as xarray does). ``reason`` is the error raised for the variable. Left out of the
+        result by default.
         """
         return f"{reason}: left out of the result"
 
     def compute_dataset(
         self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
     ) -> xr.Dataset:
-        """Apply the operator to each planned variable of ``ds``; the others are left out."""
+        """Apply the operator to each planned variable of ``ds``; the others are left out.
+
+        Hook: for an operator whose Dataset result is not one variable per planned variable
+        (the reductions keep unreduced variables, SVD decomposes one variable, GST3D names its
+        outputs after the attribute).
+        """
         return xr.Dataset(
             {name: self.compute(ds[name], uses[name], **kwargs) for name in uses},
             attrs=ds.attrs,

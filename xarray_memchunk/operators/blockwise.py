@@ -27,17 +27,15 @@ import dask.utils
 import numpy as np
 import xarray as xr
 
-from ..errors import CalibrationError, DimensionError, MemchunkError
+from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import CostTerms, DimUse, Operator
+from .base import Cost, DimUse, Operator
 from .identity import Identity, identify, module_of
 from .sources import map_blocks_with_halo
 
 __all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "operator"]
 
-#: Arguments planning adds to :meth:`~Operator.cost_terms`; not the function's.
-PLANNING_ARGUMENTS = frozenset({"array_sizes", "array_dtype", "array_device"})
 #: Elements of the probe block per dim, beyond twice the halo depth.
 PROBE_LENGTH = 8
 
@@ -183,6 +181,21 @@ def probe_dtype(
     return np.dtype(checked.check(block, out).dtype)
 
 
+def _block_features(
+    padded: Mapping[str, np.ndarray],
+    itemsize: int,
+    out_itemsize: int,
+    drop_dims: Sequence[str],
+    new_elements: float,
+) -> dict[str, np.ndarray]:
+    """Input bytes; output bytes of the dims kept and of ``new_elements`` per element kept."""
+    elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+    kept = [np.asarray(v, dtype=np.float64) for d, v in padded.items() if d not in drop_dims]
+    out = np.prod(kept, axis=0) if kept else np.ones_like(elements)
+    out = out * new_elements
+    return {"input_bytes": elements * itemsize, "output_bytes": out * out_itemsize}
+
+
 class BlockwiseOperator(Operator):
     """Wrap a NumPy function ``func(block, **kwargs) -> array`` as an operator.
 
@@ -275,12 +288,7 @@ class BlockwiseOperator(Operator):
         self.calibration = f"{name}-{digest[:12]}"
         self._probed: dict[tuple, np.dtype | None] = {}
 
-    @property
-    def self_calibrating(self) -> bool:
-        """Whether the operator measures its own memory model (no ``memory_model`` given)."""
-        return self.memory_model is None
-
-    def dim_uses(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
+    def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """Whole dims and halo dims as declared; each must exist in ``da``."""
         missing = [d for d in (*self.depth, *self.whole) if d not in da.dims]
         if missing:
@@ -291,35 +299,51 @@ class BlockwiseOperator(Operator):
         uses.update({d: DimUse(DimRole.WHOLE) for d in self.whole})
         return uses
 
-    def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
-        """Input bytes; output bytes of the kept dims and the new ones."""
-        elements = np.prod([np.asarray(v, dtype=np.float64) for v in extents.values()], axis=0)
-        kept = [
-            np.asarray(v, dtype=np.float64) for d, v in extents.items() if d not in self.drop_dims
-        ]
-        out = np.prod(kept, axis=0) if kept else np.ones_like(elements)
-        out = out * float(np.prod(list(self.new_dims.values()) or [1]))
-        return {
-            "input_bytes": elements * itemsize,
-            "output_bytes": out * self.output_itemsize(itemsize),
-        }
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
+        """The model given, or none: the function is measured (it is :attr:`Cost.measurable`).
 
-    def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
-        """Bytes per output element."""
-        return self.output_dtype.itemsize if self.output_dtype is not None else itemsize
+        Features: input bytes; output bytes of the kept dims and the new ones, in the declared
+        dtype (the input's when none is declared). Calibrated under :attr:`calibration` and a
+        digest of the keyword arguments' content (:meth:`argument_identity`); in doubt where
+        either identity is unknown.
+        """
+        itemsize = np.dtype(da.dtype).itemsize
+        features = functools.partial(
+            _block_features,
+            itemsize=itemsize,
+            out_itemsize=self.output_dtype.itemsize if self.output_dtype is not None else itemsize,
+            drop_dims=self.drop_dims,
+            new_elements=float(np.prod(list(self.new_dims.values()) or [1])),
+        )
+        arguments = self.argument_identity(**kwargs)
+        key = f"{self.calibration}-{arguments.digest[:8]}" if arguments.digest else self.calibration
+        doubt = "; ".join(r for r in (self.identity_reason, arguments.reason) if r)
+        return Cost(key, features, self.memory_model, measurable=True, identity_doubt=doubt)
 
-    def normalize_kwargs(self, **kwargs: Any) -> dict[str, Any]:
-        """Check that ``func(block, **kwargs)`` matches the function's signature.
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
+    ) -> dict[str, Any]:
+        """Check ``func(block, **kwargs)`` against its signature; then probe it on ``da``.
+
+        With ``da``: its dims are checked and the function is called on a small block of its
+        dtype (:meth:`result_dtype`).
 
         Raises
         ------
         MemchunkError
-            When the function does not take these keyword arguments (or needs others).
+            When the function does not take these keyword arguments (or needs others), or
+            returns something other than an array of the expected shape.
+        DimensionError
+            When ``da`` lacks a dim the operator needs.
         """
+        if da is not None:
+            self.dims(da)
+            self.result_dtype(da, kwargs)
+            return dict(kwargs)
         try:
             signature = inspect.signature(self.func)
         except (TypeError, ValueError):  # no signature to check (some built-in functions)
-            return kwargs
+            return dict(kwargs)
         try:
             signature.bind(None, **kwargs)
         except TypeError as exc:
@@ -329,21 +353,7 @@ class BlockwiseOperator(Operator):
                 f"{function_name(self.func) or 'func'}({call}), which fails: {exc}; the "
                 f"function's signature is {signature}: pass only the keyword arguments it takes"
             ) from None
-        return kwargs
-
-    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Check the dims of ``da`` and probe the function on a small block of its dtype.
-
-        Raises
-        ------
-        DimensionError
-            When ``da`` lacks a dim the operator needs.
-        MemchunkError
-            When the function returns something other than an array of the expected shape.
-        """
-        self.dim_uses(da)
-        self.result_dtype(da, kwargs)
-        return kwargs
+        return dict(kwargs)
 
     def result_dtype(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> np.dtype:
         """The result's dtype: declared, else the probe's, else the input's."""
@@ -380,12 +390,12 @@ class BlockwiseOperator(Operator):
         )
 
     def argument_identity(self, **kwargs: Any) -> Identity:
-        """Identity of the function's keyword arguments (the planner's own are left out).
+        """Identity of the function's keyword arguments.
 
         Where they cannot be hashed stably, the digest is of the objects themselves (their
         ``id``): other objects are calibrated apart, and the reason says why.
         """
-        arguments = {k: v for k, v in kwargs.items() if k not in PLANNING_ARGUMENTS}
+        arguments = dict(kwargs)
         if not arguments:
             return Identity("")
         identity = identify(arguments, home=module_of(self.func))
@@ -393,37 +403,6 @@ class BlockwiseOperator(Operator):
             return identity
         objects = sorted((k, id(v)) for k, v in arguments.items())
         return Identity(dask.base.tokenize(objects), identity.reason)
-
-    def unknown_identity(self, **kwargs: Any) -> str:
-        """Why the calibration of these arguments may not be this function's; ``""`` if sure.
-
-        A self-calibrating operator whose identity is unknown is measured again rather than
-        planned with a saved calibration.
-        """
-        reasons = [self.identity_reason, self.argument_identity(**kwargs).reason]
-        return "; ".join(r for r in reasons if r)
-
-    def cost_terms(self, **kwargs: Any) -> CostTerms:
-        """Calibrated under the function's identity and its keyword arguments' content."""
-        arguments = self.argument_identity(**kwargs)
-        if not arguments.digest:
-            return CostTerms(self.calibration)
-        return CostTerms(f"{self.calibration}-{arguments.digest[:8]}")
-
-    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """The model given at construction.
-
-        Raises
-        ------
-        CalibrationError
-            When none was given and the operator has not calibrated itself for this dtype.
-        """
-        if self.memory_model is None:
-            raise CalibrationError(
-                f"operator {self.name!r} has no memory model for {np.dtype(array_dtype)} yet: "
-                f"plan it (it calibrates itself) or run xarray_memchunk.calibrate"
-            )
-        return self.memory_model
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Apply ``func`` block by block (with halos where declared), lazily, checked."""

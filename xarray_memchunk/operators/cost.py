@@ -2,32 +2,35 @@
 
 Planning asks the same questions of every variable many times (how is each dim used, what does
 a task of these extents need, how long does it take); the answers depend on the variable's
-dims, dtype, device and the operator's arguments only, so they are resolved once here: dims
-resolved, the calibration looked up, the features function bound.
+dims, dtype, device and the operator's arguments only, so they are resolved once here: the
+operator's :meth:`~xarray_memchunk.operators.base.Operator.dims` and
+:meth:`~xarray_memchunk.operators.base.Operator.cost` asked once (:func:`bind_cost`), then the
+calibration under the cost's key looked up, and what runs taught applied
+(:func:`resolve_cost`). Planning, runs and reports read the key from
+:attr:`TaskCost.calibration_key`; calibration from the :class:`Cost` of the tasks it profiles.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from ..errors import MemchunkError
+from ..errors import CalibrationError, MemchunkError
 from ..models import Calibration, LinearMemoryModel, load_calibration
 from ..models.learned import Learned, load_learned
 from ..planning.footprint import InputKind, InputLayout
 from ..planning.problem import DimUse
-from .base import Operator
+from .base import Cost, Features, Operator
 from .production import InputProduction, input_production
 from .sources import contiguous_storage, input_kind, source_chunks
 
 __all__ = [
     "TaskCost",
-    "bind_features",
+    "bind_cost",
     "resolve_cost",
     "squared_extent_feature",
     "with_squared_extents",
@@ -40,10 +43,10 @@ def squared_extent_feature(dim: str) -> str:
 
 
 def with_squared_extents(
-    features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
+    features: Features,
     dims: tuple[str, ...] | list[str],
     itemsize: int,
-) -> Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]:
+) -> Features:
     """``features`` plus :func:`squared_extent_feature` of each of ``dims``.
 
     Self-calibration adds them where a function's memory grows faster than its block along a
@@ -89,11 +92,13 @@ class TaskCost:
     layout
         How the data comes in (file, graph, memory; its chunks).
     features
-        The operator's task features for padded extents (already bound to this variable).
+        The operator's task features for padded extents (bound to this variable), with the
+        squared extents its calibration adds.
     calibration
         The calibration the model comes from, or None for an analytic or given model.
     calibration_key
-        The operator's calibration name for these arguments (its files are named after it).
+        The operator's calibration key for these arguments (:attr:`Cost.calibration_key`): its
+        calibration and learned files are named after it.
     learned
         What runs taught about the model (already applied to ``model``), or None.
     production
@@ -111,7 +116,7 @@ class TaskCost:
     seconds_per_element: float
     tasks_per_chunk: float
     layout: InputLayout
-    features: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+    features: Features
     calibration: Calibration | None = None
     calibration_key: str = ""
     learned: Learned | None = None
@@ -143,13 +148,13 @@ class TaskCost:
         return self.model.peak_bytes(self.features({d: padded[d] for d in self.dims}))
 
 
-def bind_features(
+def bind_cost(
     operator: Operator, da: xr.DataArray, kwargs: Mapping[str, Any]
-) -> tuple[dict[str, DimUse], Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]]:
-    """How the operator uses ``da``'s dims, and its task features bound to ``da``.
+) -> tuple[dict[str, DimUse], Cost]:
+    """How the operator uses ``da``'s dims, and its :class:`Cost` on ``da``.
 
-    The one path from a variable to the features of its tasks: planning and calibration both
-    take it.
+    The one path from a variable to the operator's cost: planning and calibration both take
+    it.
 
     Raises
     ------
@@ -164,33 +169,36 @@ def bind_features(
             f"{operator.name} does not compute on dtype {dtype}: convert the data first, e.g. "
             f".astype('float32')"
         )
-    uses = operator.dim_uses(da, **kwargs)
-    sizes = {str(d): int(n) for d, n in da.sizes.items()}
-    features = partial(
-        operator.task_features, uses=uses, itemsize=dtype.itemsize, sizes=sizes, **kwargs
-    )
-    return uses, features
+    return operator.dims(da, **kwargs), operator.cost(da, **kwargs)
 
 
 def resolve_cost(
-    operator: Operator, name: str, da: xr.DataArray, kwargs: Mapping[str, Any], device: str
+    operator: Operator,
+    name: str,
+    da: xr.DataArray,
+    uses: Mapping[str, DimUse],
+    cost: Cost,
+    device: str,
 ) -> TaskCost:
-    """Resolve ``operator`` (with its bound ``kwargs``) on variable ``da`` once.
+    """Resolve ``operator``'s cost on variable ``da`` once.
+
+    Parameters
+    ----------
+    uses, cost
+        How the operator uses ``da``'s dims, and its cost on ``da``, as :func:`bind_cost`
+        gives them: the calibration (under ``cost.calibration_key``, for ``da``'s dtype and
+        ``device``) replaces the analytic model, and what runs taught raises it.
 
     Raises
     ------
-    MemchunkError
-        When the operator does not compute on ``da``'s dtype.
-    DimensionError
-        When ``da`` lacks a dim the operator needs.
     CalibrationError
-        When a calibration file exists but is not valid.
+        When a calibration file exists but is not valid, or when neither a calibration nor
+        an analytic model exists.
     """
-    uses, features = bind_features(operator, da, kwargs)
     dtype = np.dtype(da.dtype)
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
-    terms = operator.cost_terms(**kwargs, array_sizes=sizes, array_dtype=dtype, array_device=device)
-    calibration = load_calibration(terms.calibration, device, dtype.name)
+    key, features = cost.calibration_key, cost.features
+    calibration = load_calibration(key, device, dtype.name)
     if calibration is not None:
         squared = calibration.metadata.get("fit", {}).get("squared_dims") or []
         features = with_squared_extents(features, [str(d) for d in squared], dtype.itemsize)
@@ -199,10 +207,16 @@ def resolve_cost(
             calibration.seconds_per_element,
             calibration.path,
         )
+    elif cost.model is not None:
+        model, seconds = cost.model, cost.seconds_per_element
+        source = "analytic (not calibrated)"
     else:
-        model = operator.default_model(dtype, **kwargs)
-        seconds, source = operator.default_seconds_per_element, "analytic (not calibrated)"
-    learned = load_learned(terms.calibration, device, dtype.name)
+        todo = "plan it (it calibrates itself) or " if cost.measurable else ""
+        raise CalibrationError(
+            f"operator {operator.name!r} has no memory model for {dtype} yet: {todo}run "
+            f"xarray_memchunk.calibrate"
+        )
+    learned = load_learned(key, device, dtype.name)
     factor = learned.scale(model) if learned is not None else 1.0
     if factor > 1.0:
         source = f"{source}, x{factor:.2f} learned from runs ({learned.path})"
@@ -215,25 +229,25 @@ def resolve_cost(
         sizes=sizes,
         dtype=dtype,
         device=device,
-        uses=uses,
+        uses=dict(uses),
         model=model,
         model_source=source,
-        seconds_per_element=seconds * terms.passes,
-        tasks_per_chunk=terms.tasks_per_chunk,
+        seconds_per_element=seconds * cost.passes,
+        tasks_per_chunk=cost.tasks_per_chunk,
         layout=InputLayout(
             name,
             dims,
             dtype.itemsize,
             input_kind(da),
             source_chunks(da),
-            terms.held_share,
-            terms.held_per_chunk,
+            cost.held_share,
+            cost.factors_bytes_per_chunk,
             contiguous_storage(da),
             production.extra_bytes if production else 0.0,
         ),
         production=production,
         features=features,
         calibration=calibration,
-        calibration_key=terms.calibration,
+        calibration_key=key,
         learned=learned,
     )

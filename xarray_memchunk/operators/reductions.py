@@ -31,7 +31,7 @@ from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .arguments import check_number, reject_unknown
-from .base import DimUse, Operator
+from .base import Cost, DimUse, Operator
 from .dims import resolve_dims
 from .whole_dims import check_quantile_args, keeps_attrs, median, quantile
 
@@ -159,7 +159,6 @@ class Reduction(Operator):
     ``method``.
     """
 
-    default_seconds_per_element = 2e-9
     #: xarray's reductions and ``numpy.nanmedian`` dispatch to CuPy on CuPy blocks.
     devices = ("cpu", "gpu")
 
@@ -167,18 +166,26 @@ class Reduction(Operator):
         self.spec = spec
         self.name = spec.name
         self.dtype_kinds = spec.dtype_kinds
-        self.calibration_kwargs = {"dim": "time", **spec.calibrate_with}
         kind = "reduced dims whole" if spec.whole else "tree reduction, any dim chunked"
         self.description = f"xarray .{spec.name}() over dim= ({kind})"
 
-    def normalize_kwargs(
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
+    ) -> dict[str, Any]:
+        """Check the reduction's arguments before anything runs; raise on unknown ones.
+
+        The reduced dims are resolved against each variable by :meth:`dims`.
+        """
+        return self._arguments(**kwargs) if da is None else dict(kwargs)
+
+    def _arguments(
         self,
         dim: Hashable | Iterable[Hashable] | None = None,
         skipna: bool | None = None,
         keep_attrs: bool | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        """Check the reduction's arguments; raise on unknown ones."""
+        """The reduction's arguments checked, with their defaults."""
         reject_unknown(
             self.name,
             set(kwargs) - set(self.spec.options),
@@ -200,7 +207,7 @@ class Reduction(Operator):
             kwargs = self.spec.check(kwargs)
         return {"dim": dim, "skipna": skipna, "keep_attrs": keep_attrs, **kwargs}
 
-    def dim_uses(self, da: xr.DataArray, dim=None, **kwargs: Any) -> dict[str, DimUse]:
+    def dims(self, da: xr.DataArray, dim=None, **kwargs: Any) -> dict[str, DimUse]:
         """Reduced dims are whole for median/quantile, free otherwise.
 
         Raises
@@ -231,10 +238,11 @@ class Reduction(Operator):
         """Whether the result keeps a variable without the reduced dims, as xarray's does."""
         return not self.spec.zeros_unreduced or da.dtype.kind in self.dtype_kinds
 
-    def task_features(self, extents, uses, itemsize, sizes=None, **kwargs):
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
         """Input and output bytes, and ``combine_bytes`` or ``small_axis_bytes``.
 
-        A task keeps the extents of the dims it does not reduce: its output.
+        A task keeps the extents of the dims it does not reduce: its output, in float64 for
+        mean, std and var (8 bytes an element at least).
 
         ``combine_bytes``: the partial results one combine task concatenates (``fan_in``
         partials of one chunk's output, ``partial_bytes`` each), doubled where the tree has
@@ -245,57 +253,62 @@ class Reduction(Operator):
         (~5x the input) when the reduced length is under :data:`NANMEDIAN_SMALL_AXIS`, and 1-D
         slice by slice (~1x) from there on; this is the input bytes in the first case, 0 in
         the second, so one linear model covers both.
+
+        The analytic model: temporaries proportional to the input (the spec's
+        ``input_factor``), partials combined in fours, 8 MiB fixed. Calibrated under the
+        reduction's name.
         """
-        reduced = [d for d in uses if d in extents]
-        kept = [np.asarray(v, dtype=np.float64) for d, v in extents.items() if d not in uses]
-        out_elements = np.prod(kept, axis=0) if kept else 1.0
-        input_bytes = itemsize * np.prod(
-            [np.asarray(v, dtype=np.float64) for v in extents.values()], axis=0
-        )
-        out_elements = np.broadcast_to(out_elements, np.shape(input_bytes))
-        features = {
-            "input_bytes": input_bytes,
-            "output_bytes": out_elements * self.output_itemsize(itemsize),
-        }
-        if self.spec.small_axis:
-            length = np.prod([np.asarray(extents[d], dtype=np.float64) for d in reduced], axis=0)
-            small = np.asarray(length) < NANMEDIAN_SMALL_AXIS
-            features["small_axis_bytes"] = np.where(small, input_bytes, 0.0)
-        if self.spec.whole:
-            return features
-        sizes = sizes or {d: int(np.max(v)) for d, v in extents.items()}
-        fan_in = np.ones_like(input_bytes)
-        depth = np.zeros_like(fan_in)
-        for d in reduced:
-            n = np.ceil(sizes[d] / np.asarray(extents[d], dtype=np.float64))
-            axis_fan_in, axis_depth = _tree_shape(n, len(reduced))
-            fan_in = fan_in * axis_fan_in
-            depth = np.maximum(depth, axis_depth)
-        partial = self.spec.partial_bytes or itemsize
-        levels = np.minimum(depth, 2)
-        features["combine_bytes"] = np.where(
-            fan_in > 1, out_elements * partial * fan_in * levels, 0.0
-        )
-        return features
+        spec = self.spec
+        uses = self.dims(da, **kwargs)
+        itemsize = np.dtype(da.dtype).itemsize
+        out_itemsize = max(itemsize, 8) if spec.partial_bytes > 8 else itemsize
+        sizes = {str(d): int(n) for d, n in da.sizes.items()}
 
-    def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
-        """Results of mean/std/var are computed in float64: 8 bytes an element at least."""
-        return max(itemsize, 8) if self.spec.partial_bytes > 8 else itemsize
+        def features(extents: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            reduced = [d for d in uses if d in extents]
+            kept = [np.asarray(v, dtype=np.float64) for d, v in extents.items() if d not in uses]
+            out_elements = np.prod(kept, axis=0) if kept else 1.0
+            input_bytes = itemsize * np.prod(
+                [np.asarray(v, dtype=np.float64) for v in extents.values()], axis=0
+            )
+            out_elements = np.broadcast_to(out_elements, np.shape(input_bytes))
+            values = {"input_bytes": input_bytes, "output_bytes": out_elements * out_itemsize}
+            if spec.small_axis:
+                length = np.prod(
+                    [np.asarray(extents[d], dtype=np.float64) for d in reduced], axis=0
+                )
+                small = np.asarray(length) < NANMEDIAN_SMALL_AXIS
+                values["small_axis_bytes"] = np.where(small, input_bytes, 0.0)
+            if spec.whole:
+                return values
+            fan_in = np.ones_like(input_bytes)
+            depth = np.zeros_like(fan_in)
+            for d in reduced:
+                n = np.ceil(sizes[d] / np.asarray(extents[d], dtype=np.float64))
+                axis_fan_in, axis_depth = _tree_shape(n, len(reduced))
+                fan_in = fan_in * axis_fan_in
+                depth = np.maximum(depth, axis_depth)
+            partial = spec.partial_bytes or itemsize
+            levels = np.minimum(depth, 2)
+            values["combine_bytes"] = np.where(
+                fan_in > 1, out_elements * partial * fan_in * levels, 0.0
+            )
+            return values
 
-    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """Temporaries proportional to the input, partials combined in fours, 8 MiB fixed."""
-        coefficients = {"input_bytes": self.spec.input_factor, "output_bytes": 2.0}
-        if self.spec.small_axis:
+        coefficients = {"input_bytes": spec.input_factor, "output_bytes": 2.0}
+        if spec.small_axis:
             coefficients["small_axis_bytes"] = 4.0
-        if not self.spec.whole:
+        if not spec.whole:
             coefficients["combine_bytes"] = 3.0
-        return LinearMemoryModel(coefficients, intercept=8 * 2**20)
+        model = LinearMemoryModel(coefficients, intercept=8 * 2**20)
+        return Cost(self.name, features, model, seconds_per_element=2e-9)
 
-    def calibration_shapes(self, **kwargs: Any) -> list:
-        """Chunks from 0.1 to 64 MB, long and short in the reduced dim, for ``(time, y, x)``.
+    def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list]:
+        """``dim="time"`` (and the spec's ``calibrate_with``); chunks from 0.1 to 64 MB.
 
-        Tree reductions add arrays of several chunks along ``time``, so that combine tasks
-        (short chunks, large partials) are profiled too.
+        Chunks long and short in the reduced dim, for ``(time, y, x)``. Tree reductions add
+        arrays of several chunks along ``time``, so that combine tasks (short chunks, large
+        partials) are profiled too.
         """
         sizes = [
             (30, 40, 80),
@@ -321,7 +334,7 @@ class Reduction(Operator):
             ]:
                 extents = {"time": t, "y": y, "x": x}
                 shapes.append((extents, extents | {"time": t * n}))
-        return shapes
+        return self.check_arguments({"dim": "time", **self.spec.calibrate_with} | kwargs), shapes
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Run the reduction on ``da`` (chunked per the plan), lazily."""

@@ -3,10 +3,16 @@
 A Dask graph whose chunks cut a dim the operator needs whole (climate data in one-step time
 chunks, after any preprocessing) is rechunked inside the graph, and every task then waits for
 all the source chunks it spans: a median over 1200 time steps of 100-step chunks holds all 12
-of them at once. Where that cannot fit, the data is written once, as it comes, to a temporary
-Zarr store (each write task holds one source chunk), and the operator's tasks then read their
-planned blocks from it, as they read any file (bounded reads, nothing held for other tasks).
-rechunker and Cubed stage intermediate data the same way.
+of them at once. Where that cannot fit, the data is written once to a temporary Zarr store, and
+the operator's tasks then read their planned blocks from it, as they read any file (bounded
+reads, nothing held for other tasks). rechunker and Cubed stage intermediate data the same way.
+
+The store's chunks are chosen for the plan (:func:`staging_chunks`), as rechunker chooses its
+intermediate chunks: a planned block that cuts a source chunk is stored in pieces no larger
+than the block, and source chunks thinner than the block are first merged in memory, a few per
+write task, so that a block's read decodes little beyond the block. Stored in the source's
+chunks (one time step each), a block of 3650 steps x 90 x 28 of a (3650, 4, 180, 360) cube
+would decode the whole 7 GB store, for each of the plan's 26 tasks.
 
 The store lives in the staging directory: the dask config key ``memchunk.staging-dir``, else
 dask's ``temporary-directory``, else the system's temporary directory. Where workers run on
@@ -18,11 +24,13 @@ directory lacks room for the data. The store is removed when the Python process 
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import shutil
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,23 +40,38 @@ import numpy as np
 import xarray as xr
 
 __all__ = [
+    "MERGE_COPIES",
+    "MIN_STORE_CHUNK_BYTES",
     "STAGING_DIR_KEY",
     "WRITE_COPIES",
+    "StagingChunks",
     "StagingSite",
     "disk_bandwidth",
     "stage",
+    "staging_chunks",
     "staging_site",
 ]
 
 #: The dask config key naming the directory staged data is written to.
 STAGING_DIR_KEY = "memchunk.staging-dir"
-#: Bytes a write task holds per byte of its source chunk: the chunk, its encoded copy and the
+#: Bytes a write task holds per byte of its write chunk: the chunk, its encoded copy and the
 #: compressor's buffer (measured: 2.3 x a 64 MB float64 chunk written to Zarr with zstd).
 WRITE_COPIES = 3.0
+#: Bytes a write task that merges source chunks holds beyond :data:`WRITE_COPIES`, per byte of
+#: its write chunk: the source chunks it merges (its arguments, held to its end) and the next
+#: merge's, produced ahead on its worker (measured on a 2 x 1-thread LocalCluster, the worker's
+#: peak above idle: 4.8 x a 256 MB write chunk merged from two 100-step chunks and cut into 8
+#: Zarr chunks, 3.9 x and 4.4 x ones of 197 and 100 MB merged from one-step chunks; unmerged,
+#: 3.0 x a 128 MB chunk cut into 8, 2.0 x one written whole).
+MERGE_COPIES = 2.0
 #: Room kept free on the staging disk beyond the data (fraction of the data).
 DISK_MARGIN = 0.1
 #: Bytes written to measure the staging disk's bandwidth.
 PROBE_BYTES = 64 * 2**20
+#: Smallest store chunk worth cutting a source chunk into where the planned chunk has no near
+#: divisor (measured: writing a Zarr chunk to a local disk costs about 0.65 ms beside its bytes,
+#: as much as writing 0.7 MB; 2700 chunks of 49 kB took 1.9 s, 30 of 4.4 MB 0.28 s).
+MIN_STORE_CHUNK_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,15 @@ class StagingSite:
     free_bytes: int
     bytes_per_second: float
     refusal: str = ""
+
+    def speed(self, nbytes: float) -> str:
+        """The disk's measured speed and what ``nbytes`` take there, for a plan's note."""
+        if not self.bytes_per_second:
+            return "disk speed not measured"
+        return (
+            f"disk measured at {self.bytes_per_second / 1e6:.0f} MB/s: about "
+            f"{self.seconds(nbytes):.0f} s written and read back"
+        )
 
     def seconds(self, nbytes: float) -> float:
         """Estimated time to write and read back ``nbytes`` (0 where not measured)."""
@@ -121,15 +153,19 @@ def disk_bandwidth(directory: str) -> float:
         Path(path).unlink(missing_ok=True)
 
 
-def staging_site(nbytes: int, client: Any = None) -> StagingSite:
-    """Where ``nbytes`` of staged data would be written, and whether they fit there."""
+def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True) -> StagingSite:
+    """Where ``nbytes`` of staged data would be written, and whether they fit there.
+
+    ``measure_bandwidth=False`` writes nothing to measure the disk (``plan(measure="never")``):
+    the site's bandwidth is then 0, not measured.
+    """
     directory, source = _directory(shared_only=not _workers_are_local(client))
     if directory is None:
         return StagingSite(Path(), 0, 0.0, source)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(directory).free
-        bandwidth = disk_bandwidth(str(directory))
+        bandwidth = disk_bandwidth(str(directory)) if measure_bandwidth else 0.0
     except OSError as exc:
         return StagingSite(directory, 0, 0.0, f"{directory} ({source}) cannot be written: {exc}")
     needed = nbytes * (1 + DISK_MARGIN)
@@ -144,33 +180,192 @@ def staging_site(nbytes: int, client: Any = None) -> StagingSite:
     return StagingSite(directory, free, bandwidth)
 
 
+@dataclass(frozen=True)
+class StagingChunks:
+    """How one variable is staged: the chunks of its store, and of the graph written to it.
+
+    Attributes
+    ----------
+    store
+        Zarr chunk length per dim.
+    write
+        Chunk length per dim of the graph as it is written, one write task each: whole store
+        chunks (the source's chunks, or several of them merged in memory).
+    source
+        Longest source chunk per dim.
+    """
+
+    store: dict[str, int]
+    write: dict[str, int]
+    source: dict[str, int]
+
+    @property
+    def merged(self) -> bool:
+        """Whether a write task merges source chunks in memory."""
+        return any(self.write[d] > self.source[d] for d in self.write)
+
+    def write_bytes(self, itemsize: int) -> int:
+        """Bytes of one write chunk."""
+        return itemsize * math.prod(self.write.values())
+
+    def task_bytes(self, itemsize: int) -> float:
+        """Bytes a write task holds (what producing its source chunks holds aside)."""
+        copies = WRITE_COPIES + (MERGE_COPIES if self.merged else 0.0)
+        return copies * self.write_bytes(itemsize)
+
+    def describe(self) -> str:
+        """The store's chunks, and the source chunks merged per write task where some are."""
+        text = "chunks " + ", ".join(f"{d}: {n}" for d, n in self.store.items())
+        merged = [
+            f"{self.write[d] // self.source[d]} {d} chunks"
+            for d in self.write
+            if self.write[d] > self.source[d]
+        ]
+        if merged:
+            text += f", {' x '.join(merged)} merged in memory per write task"
+        return text
+
+
+def _divisors(n: int) -> list[int]:
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return sorted({*small, *(n // k for k in small)})
+
+
+def staging_chunks(
+    source: Mapping[str, int],
+    planned: Mapping[str, int],
+    itemsize: int,
+    write_bytes: float,
+    reads_fit: Callable[[Mapping[str, int]], bool] | None = None,
+) -> StagingChunks:
+    """Store and write chunks for data that comes in ``source`` chunks and is read in ``planned``.
+
+    Per dim, ``s`` the source chunk (its longest) and ``p`` the planned one (its longest):
+
+    - ``s > p`` (the plan cuts the source chunk): the store chunk is the largest divisor of
+      ``s`` no longer than ``p``, and the source chunk is written as it is, in whole Zarr
+      chunks (no two tasks write one). A block then decodes at most one store chunk more than
+      itself on each side. Where that divisor is shorter than ``p / 2`` (``s`` prime, say) and
+      makes store chunks under :data:`MIN_STORE_CHUNK_BYTES`, the next longer divisors are
+      taken, up to ``s`` itself: tiny chunks cost more to write and to read, a file each, than
+      a longer chunk's extra decoding (and cutting the graph in memory to ``p`` instead would
+      make each write task gather two source chunks). The plan is made again for the store's
+      chunks, so that extra decoding is in its prediction.
+    - ``s < p`` (a block spans several source chunks: the dim the operator needs whole):
+      ``m`` source chunks are merged in memory per write task (a task rechunk), ``m`` as large
+      as keeps ``WRITE_COPIES + MERGE_COPIES`` x the write chunk within ``write_bytes`` (a
+      merge holds the chunks it merges), and ``m x s`` at most ``p``. Where several dims are
+      so, the thinnest against its planned chunk is merged first. The store chunk is the write
+      chunk; where ``reads_fit`` says that reading the planned blocks from such chunks would
+      not fit (a read decodes up to ten chunks at once), it is the longest ``k x s`` that
+      does, and the write chunk as many whole store chunks as fit in ``m x s`` (at least half
+      of it).
+    - ``s == p``: as it is.
+
+    Parameters
+    ----------
+    source
+        Longest source chunk per dim.
+    planned
+        Longest planned chunk per dim.
+    itemsize
+        Bytes per element.
+    write_bytes
+        Bytes one write task may hold: the per-task budget less what producing a source chunk
+        holds.
+    reads_fit
+        Whether the planned blocks, read from a store of the given chunks, fit the budget;
+        None: any store chunk does.
+
+    Returns
+    -------
+    StagingChunks
+    """
+    dims = list(source)
+    source = {d: int(source[d]) for d in dims}
+    planned = {d: int(planned.get(d, source[d])) for d in dims}
+    store, write = dict(source), dict(source)
+
+    def nbytes(chunk: Mapping[str, int]) -> int:
+        return itemsize * math.prod(chunk.values())
+
+    merged = sorted(
+        (d for d in dims if source[d] < planned[d]), key=lambda d: source[d] / planned[d]
+    )
+    by_write = int(write_bytes // ((WRITE_COPIES + MERGE_COPIES) * nbytes(write)))
+    longest = dict(source)  # the write chunk, before any merge is cut for reads
+    for d in merged:
+        m = max(1, min(planned[d] // source[d], by_write))
+        longest[d] = m * source[d]
+        by_write //= m
+    for d in dims:
+        if source[d] > planned[d]:
+            store[d] = max(k for k in _divisors(source[d]) if k <= planned[d])
+            longer = [k for k in _divisors(source[d]) if k > store[d]]
+            tiny = 2 * store[d] < planned[d]
+            while tiny and longer and nbytes({**longest, **store}) < MIN_STORE_CHUNK_BYTES:
+                store[d] = longer.pop(0)
+    store |= {d: longest[d] for d in merged}
+    write |= {d: longest[d] for d in merged}
+    for d in reversed(merged):
+        if reads_fit is None or reads_fit(store):
+            break
+        m = longest[d] // source[d]
+        low, high = 1, m  # the longest k x s whose reads fit, reads growing with the chunk
+        while low < high:
+            k = (low + high + 1) // 2
+            if reads_fit(store | {d: k * source[d]}):
+                low = k
+            else:
+                high = k - 1
+        # as many source chunks per write as fit, in whole store chunks of k to k / 2
+        k = max(range(-(-low // 2), low + 1), key=lambda k: (k * (m // k), k))
+        store[d], write[d] = k * source[d], k * (m // k) * source[d]
+    return StagingChunks(store, write, source)
+
+
 def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def stage(da: xr.DataArray, site: StagingSite) -> xr.DataArray:
+def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = None) -> xr.DataArray:
     """Write ``da`` to a new Zarr store in ``site`` now; ``da`` read from it.
 
-    The store's chunks are ``da``'s longest per dim (Zarr wants equal chunks; monthly chunks of
-    28 to 31 days become 31); the write runs on the active scheduler (a distributed client's
-    workers, or threads), each task holding about one chunk. The store is removed when this
-    process exits, and at once if the write fails.
+    ``chunks``: the store's chunks and the write tasks' (:func:`staging_chunks`, for the plan);
+    where None, the store's chunks are ``da``'s longest per dim (Zarr wants equal chunks;
+    monthly chunks of 28 to 31 days become 31). Source chunks are merged into write chunks by a
+    task rechunk (``array.rechunk.method: tasks``), which Dask fuses with the write: a write
+    task holds the chunks it merges beside the merged one (:data:`MERGE_COPIES`). The write
+    runs on the active scheduler (a distributed client's workers, or threads). The store is
+    removed when this process exits, and at once if the write fails.
 
     Raises
     ------
     MemchunkError
         When the write fails (the partial store is removed first).
     """
+    import dask
+
     from ..errors import MemchunkError
 
     path = site.directory / f"memchunk-staged-{uuid.uuid4().hex[:12]}.zarr"
     atexit.register(_remove, path)
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable
-    uniform = {d: max(c) for d, c in zip(da.dims, da.chunks, strict=True)}
-    staged = xr.Dataset({str(name): variable.chunk(uniform)})
+    if chunks is None:
+        write = {d: max(c) for d, c in zip(da.dims, da.chunks, strict=True)}
+        store = write
+    else:
+        write = {d: chunks.write[str(d)] for d in da.dims}
+        store = {d: chunks.store[str(d)] for d in da.dims}
+    chunk_bytes = da.dtype.itemsize * math.prod(write.values())
+    limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
+    with dask.config.set(limits):
+        staged = xr.Dataset({str(name): variable.chunk(write)})
     for var in staged.variables.values():
         var.encoding.clear()
+    # safe_chunks (xarray's default) refuses a write chunk that is not whole Zarr chunks
+    staged.variables[str(name)].encoding["chunks"] = tuple(store[d] for d in da.dims)
     try:
         staged.to_zarr(path, mode="w-", consolidated=False)
     except Exception as exc:

@@ -37,10 +37,10 @@ the plan's). Per task slot:
   added whole: in a task that Dask fuses with the operator's, what producing the block made
   may stay alive while the operator works (measured: std's tasks peaked 115 MB above the
   larger of the two phases, mean's at the larger).
-- ``factors``: the operator's ``held_per_chunk`` bytes per planned chunk (factors whose size
-  does not depend on the chunk's), all chunks' on one worker: a tree reduction's factors
-  gather on the worker where it ends (measured: a worker held most of the two-pass tsqr's
-  tree). Kept apart from ``held``, which is the input's, so that advice about the input looks
+- ``factors``: the operator's ``factors_bytes_per_chunk`` times the planned chunks (factors
+  whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
+  factors gather on the worker where it ends (measured: a worker held most of the two-pass
+  tsqr's tree). Kept apart from ``held``, which is the input's, so that advice about the input looks
   at the input's part alone.
 """
 
@@ -110,7 +110,7 @@ class InputLayout:
     held_share
         Share of the whole array a worker holds beside its task because of the operator's
         graph (intermediate results waiting for a later step), whatever the input.
-    held_per_chunk
+    factors_bytes_per_chunk
         Bytes the operator's graph holds for each planned chunk until a later step, whatever
         the chunk's size (the two-pass tsqr's ``n x n`` factors per row block), all on one
         worker: a tree's factors gather where it ends.
@@ -128,7 +128,7 @@ class InputLayout:
     kind: InputKind
     source_chunks: Mapping[str, int]
     held_share: float = 0.0
-    held_per_chunk: float = 0.0
+    factors_bytes_per_chunk: float = 0.0
     contiguous: bool = False
     produce_bytes: float = 0.0
 
@@ -251,7 +251,7 @@ def footprint(
         waiting = min(array_bytes, layout.held_share * array_bytes / max(1, n_workers))
         n_chunks = np.prod([c.n_chunks for c in own], axis=0, dtype=np.float64)
         # a tree gathers on one worker
-        factors = np.maximum(factors, layout.held_per_chunk * n_chunks / threads)
+        factors = np.maximum(factors, layout.factors_bytes_per_chunk * n_chunks / threads)
         if layout.kind is InputKind.FILE:
             group = _read_group(layout, cuts, padded)
             # the read ends before the task's own work starts: it adds only where it is larger

@@ -26,7 +26,7 @@ from ...errors import DimensionError, MemchunkError
 from ...models import LinearMemoryModel
 from ...planning.problem import DimRole
 from ..arguments import check_number, float_dtype, reject_unknown
-from ..base import CostTerms, DimUse, Operator
+from ..base import Cost, DimUse, Operator, input_output_features
 from ..dims import resolve_dim
 from ..sources import map_blocks_with_halo
 from .kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
@@ -124,6 +124,47 @@ def _round_down(value: float) -> str:
     return f"{math.floor(value * 10**digits) / 10**digits:g}"
 
 
+def _arguments(
+    attribute: str = "dip",
+    kernel: str = "gaussian",
+    sigma: float = 1.0,
+    rho: float = 2.0,
+    truncate: float = 3.0,
+    dims: Sequence[str] | None = None,
+    dtype: str | np.dtype = "float32",
+    **unknown: Any,
+) -> dict[str, Any]:
+    """GST3D's arguments checked, with their defaults.
+
+    Raises
+    ------
+    MemchunkError
+        Naming the unknown or invalid argument.
+    """
+    reject_unknown(GST3D.name, unknown, _arguments)
+    if attribute not in ATTRIBUTES:
+        raise MemchunkError(f"gst3d attribute must be one of {ATTRIBUTES}, got {attribute!r}")
+    if kernel not in KERNELS:
+        raise MemchunkError(f"gst3d kernel must be one of {KERNELS}, got {kernel!r}")
+    for label, value in (("sigma", sigma), ("rho", rho), ("truncate", truncate)):
+        if check_number(GST3D.name, label, value, minimum=None) <= 0:
+            raise MemchunkError(f"gst3d {label} must be a positive number, got {value!r}")
+    float_dtype(dtype, "gst3d output dtype")
+    if dims is not None and (isinstance(dims, str) or len(dims) != 3):
+        raise MemchunkError(
+            f"gst3d dims must name three dims (inline, crossline, sample), got {dims!r}"
+        )
+    return {
+        "attribute": attribute,
+        "kernel": kernel,
+        "sigma": float(sigma),
+        "rho": float(rho),
+        "truncate": float(truncate),
+        "dims": tuple(dims) if dims is not None else None,
+        "dtype": np.dtype(dtype).name,
+    }
+
+
 class GST3D(Operator):
     """Gradient structure tensor attributes of 3-D seismic amplitudes.
 
@@ -143,60 +184,28 @@ class GST3D(Operator):
 
     name = "gst3d"
     description = "GST3D seismic dip/azimuth/planarity/linearity (one map_overlap, halo-aware)"
-    default_seconds_per_element = 2e-7
-
-    def normalize_kwargs(
-        self,
-        attribute: str = "dip",
-        kernel: str = "gaussian",
-        sigma: float = 1.0,
-        rho: float = 2.0,
-        truncate: float = 3.0,
-        dims: Sequence[str] | None = None,
-        dtype: str | np.dtype = "float32",
-        **unknown: Any,
-    ) -> dict[str, Any]:
-        """Check the arguments before anything runs."""
-        reject_unknown(self.name, unknown, self.normalize_kwargs)
-        if attribute not in ATTRIBUTES:
-            raise MemchunkError(f"gst3d attribute must be one of {ATTRIBUTES}, got {attribute!r}")
-        if kernel not in KERNELS:
-            raise MemchunkError(f"gst3d kernel must be one of {KERNELS}, got {kernel!r}")
-        for label, value in (("sigma", sigma), ("rho", rho), ("truncate", truncate)):
-            if check_number(self.name, label, value, minimum=None) <= 0:
-                raise MemchunkError(f"gst3d {label} must be a positive number, got {value!r}")
-        float_dtype(dtype, "gst3d output dtype")
-        if dims is not None and (isinstance(dims, str) or len(dims) != 3):
-            raise MemchunkError(
-                f"gst3d dims must name three dims (inline, crossline, sample), got {dims!r}"
-            )
-        return {
-            "attribute": attribute,
-            "kernel": kernel,
-            "sigma": float(sigma),
-            "rho": float(rho),
-            "truncate": float(truncate),
-            "dims": tuple(dims) if dims is not None else None,
-            "dtype": np.dtype(dtype).name,
-        }
-
     #: Amplitudes: integers (counts) and float16, converted to float32 block by block, or
-    #: float32 and float64 (float128 is refused by :meth:`bind`).
+    #: float32 and float64 (float128 is refused by :meth:`check_arguments`).
     dtype_kinds = "iuf"
     #: NumPy blocks run SciPy's filters; CuPy blocks ``cupyx.scipy.ndimage`` and a fused kernel.
     devices = ("cpu", "gpu")
 
-    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Check the data's dtype and the Gaussian kernels' radii against the volume.
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
+    ) -> dict[str, Any]:
+        """Check the arguments before anything runs; then the data's dtype and the kernels' radii.
 
         Raises
         ------
         MemchunkError
-            float128 data (SciPy's filters compute in float32 or float64), or a kernel whose
-            radius is longer than the volume's longest spatial dim.
+            Unknown or invalid arguments. For ``da``: float128 data (SciPy's filters compute in
+            float32 or float64), or a kernel whose radius is longer than the volume's longest
+            spatial dim.
         DimensionError
-            When the spatial dims cannot be found.
+            For ``da``: when the spatial dims cannot be found.
         """
+        if da is None:
+            return _arguments(**kwargs)
         if da.dtype.kind == "f" and da.dtype.itemsize > 8:
             raise MemchunkError(
                 f"gst3d computes in float32 or float64 and SciPy's filters take no {da.dtype}: "
@@ -208,19 +217,35 @@ class GST3D(Operator):
             longest = max(spatial, key=lambda d: da.sizes[d])
             for label in ("sigma", "rho"):
                 _check_radius(label, kwargs[label], kwargs["truncate"], longest, da.sizes[longest])
-        return kwargs
+        return dict(kwargs)
 
-    def dim_uses(self, da: xr.DataArray, dims=None, **kwargs: Any) -> dict[str, DimUse]:
+    def dims(self, da: xr.DataArray, dims=None, **kwargs: Any) -> dict[str, DimUse]:
         """The three spatial dims are halo dims; any other dim (a stack of volumes) is free."""
         depth = halo_depth(kwargs["kernel"], kwargs["sigma"], kwargs["rho"], kwargs["truncate"])
         return {d: DimUse(DimRole.HALO, depth) for d in spatial_dims(da, dims)}
 
-    def output_itemsize(self, itemsize: int, **kwargs: Any) -> int:
-        """The output dtype's itemsize."""
-        return np.dtype(kwargs.get("dtype", "float32")).itemsize
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
+        """One fused task per chunk: 11 x its padded input until calibrated.
 
-    def calibration_shapes(self, **kwargs: Any) -> list[dict[str, int]]:
-        """Padded blocks from 32^3 to 8.2 million voxels, cubes and slabs."""
+        Calibrated as ``gst3d`` and ``gst3d-d2geo`` (the 3-point kernel) apart. The analytic
+        model: the padded input, 3 gradients, 1 product buffer and 6 tensor components in the
+        compute dtype (float64 for float64 data, else float32), the output, 8 MiB fixed.
+        """
+        itemsize = np.dtype(da.dtype).itemsize
+        compute_itemsize = 8 if np.dtype(da.dtype) == np.float64 else 4
+        model = LinearMemoryModel(
+            {"input_bytes": 11 * compute_itemsize / itemsize, "output_bytes": 1.0},
+            intercept=8 * 2**20,
+        )
+        return Cost(
+            "gst3d" if kwargs["kernel"] == "gaussian" else "gst3d-d2geo",
+            input_output_features(itemsize, np.dtype(kwargs.get("dtype", "float32")).itemsize),
+            model,
+            seconds_per_element=2e-7,
+        )
+
+    def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
+        """The arguments as given; padded blocks of 32^3 to 8.2 million voxels, cubes and slabs."""
         sizes = [
             (32, 32, 32),
             (64, 48, 40),
@@ -233,17 +258,8 @@ class GST3D(Operator):
             (200, 200, 200),
             (256, 160, 200),
         ]
-        return [{"inline": a, "crossline": b, "sample": c} for a, b, c in sizes]
-
-    def cost_terms(self, **kwargs: Any) -> CostTerms:
-        """``gst3d`` and ``gst3d-d2geo`` are calibrated separately."""
-        return CostTerms("gst3d" if kwargs["kernel"] == "gaussian" else "gst3d-d2geo")
-
-    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """Padded input, 3 gradients, 1 product buffer, 6 tensor components: 11 x the input."""
-        compute_itemsize = 8 if np.dtype(array_dtype) == np.float64 else 4
-        factor = 11 * compute_itemsize / np.dtype(array_dtype).itemsize
-        return LinearMemoryModel({"input_bytes": factor, "output_bytes": 1.0}, intercept=8 * 2**20)
+        shapes = [{"inline": a, "crossline": b, "sample": c} for a, b, c in sizes]
+        return self.check_arguments(kwargs), shapes
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Run GST3D lazily, one task per chunk with its halo (or directly on numpy data)."""

@@ -3,8 +3,9 @@
 The :class:`~xarray_memchunk.operators.svd.operator.SVD` operator stacks a DataArray to a
 matrix, ``sample`` (rows) by ``feature`` (columns), and leaves all that depends on the
 algorithm to an :class:`SVDAlgorithm`. Each algorithm states it once, in its own module: the
-dims it chunks, the features of one task's memory, its default memory model, its cost terms
-(calibration key, passes, tasks per chunk, memory held beside the tasks), the task shapes
+dims it chunks, the features of one task's memory, its cost (:meth:`SVDAlgorithm.cost`: the
+operator's :class:`~xarray_memchunk.operators.base.Cost`, with its calibration key, default
+memory model, passes, tasks per chunk and memory held beside the tasks), the task shapes
 calibration profiles, and the decomposition itself.
 """
 
@@ -16,14 +17,24 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import xarray as xr
 
 from ...models import LinearMemoryModel
-from ..base import CostTerms, DimUse
+from ..base import Cost, DimUse
 
-__all__ = ["DEFAULT_INTERCEPT", "Alternative", "SVDAlgorithm", "matrix_shape", "split_names"]
+__all__ = [
+    "DEFAULT_INTERCEPT",
+    "DEFAULT_SECONDS_PER_ELEMENT",
+    "Alternative",
+    "SVDAlgorithm",
+    "matrix_shape",
+    "split_names",
+]
 
 #: Fixed bytes per task of every default (analytic) memory model.
 DEFAULT_INTERCEPT = 16 * 2**20
+#: Compute time per element and pass of every algorithm, until calibrated.
+DEFAULT_SECONDS_PER_ELEMENT = 2e-8
 
 #: One way to run the operator: ``(description, kwargs or None, why it cannot be taken)``, as
 #: :meth:`~xarray_memchunk.operators.base.Operator.alternatives` returns them.
@@ -48,7 +59,7 @@ class SVDAlgorithm(abc.ABC):
     needs_k: ClassVar[bool] = False
     #: Key of its calibration files (``models/calibrations/<key>-<device>.json``).
     calibration: ClassVar[str]
-    #: Bytes per unit of each of its features (:meth:`task_features`) until calibrated.
+    #: Bytes per unit of each of its features (:meth:`block_features`) until calibrated.
     default_coefficients: ClassVar[Mapping[str, float]]
     #: ``(time, space)`` sizes of the single-block tasks that calibration profiles.
     calibration_sizes: ClassVar[tuple[tuple[int, int], ...]]
@@ -76,7 +87,7 @@ class SVDAlgorithm(abc.ABC):
         """
 
     @abc.abstractmethod
-    def task_features(
+    def block_features(
         self, rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], itemsize: int
     ) -> dict[str, np.ndarray]:
         """Features of one task for the memory model.
@@ -92,11 +103,11 @@ class SVDAlgorithm(abc.ABC):
         """
 
     @abc.abstractmethod
-    def cost_terms(self, kwargs: Mapping[str, Any]) -> CostTerms:
-        """The algorithm's cost terms for the operator's arguments.
+    def cost(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> Cost:
+        """The algorithm's cost on ``da`` for the operator's arguments ``kwargs``.
 
-        ``kwargs`` are the operator's arguments and, when planning a variable, its
-        ``array_sizes``, ``array_dtype`` and ``array_device``.
+        Each algorithm states its terms (passes, tasks per chunk, memory held) and takes the
+        rest from :meth:`matrix_cost`.
         """
 
     @abc.abstractmethod
@@ -113,9 +124,42 @@ class SVDAlgorithm(abc.ABC):
             The operator's arguments.
         """
 
-    def default_model(self) -> LinearMemoryModel:
-        """Analytic memory model: :attr:`default_coefficients` and a fixed intercept."""
-        return LinearMemoryModel(dict(self.default_coefficients), intercept=DEFAULT_INTERCEPT)
+    def matrix_cost(
+        self,
+        da: xr.DataArray,
+        kwargs: Mapping[str, Any],
+        *,
+        passes: int = 1,
+        tasks_per_chunk: float = 1.0,
+        held_share: float = 0.0,
+        factors_bytes_per_chunk: float = 0.0,
+    ) -> Cost:
+        """The algorithm's :class:`~xarray_memchunk.operators.base.Cost` on ``da``, these terms.
+
+        Its :meth:`block_features` of the blocks of ``da`` stacked to a matrix (``sample_dims``
+        rows), its :attr:`default_coefficients` and :data:`DEFAULT_INTERCEPT` as the analytic
+        model, and its :attr:`calibration` key.
+        """
+        sample_dims = kwargs.get("sample_dims")
+        shape = matrix_shape({str(d): int(n) for d, n in da.sizes.items()}, sample_dims)
+        itemsize = np.dtype(da.dtype).itemsize
+
+        def features(extents: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            samples, columns = split_names(extents, sample_dims)
+            rows = np.prod([np.asarray(extents[d], float) for d in samples], axis=0)
+            cols = np.prod([np.asarray(extents[d], float) for d in columns], axis=0)
+            return self.block_features(rows, cols, shape, itemsize)
+
+        return Cost(
+            self.calibration,
+            features,
+            LinearMemoryModel(dict(self.default_coefficients), intercept=DEFAULT_INTERCEPT),
+            seconds_per_element=DEFAULT_SECONDS_PER_ELEMENT,
+            passes=passes,
+            tasks_per_chunk=tasks_per_chunk,
+            held_share=held_share,
+            factors_bytes_per_chunk=factors_bytes_per_chunk,
+        )
 
     def calibration_shapes(self) -> list[dict[str, int]]:
         """Task shapes to profile: :attr:`calibration_sizes` as ``time`` by ``space``."""

@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import xarray as xr
 
 from ...clusters import ClusterFacts
 from ...planning.problem import DimRole
 from ..arrays import array_module
-from ..base import CostTerms, DimUse
+from ..base import Cost, DimUse
 from .algorithm import Alternative, SVDAlgorithm
 
 __all__ = [
@@ -93,13 +94,13 @@ class CompressedSVD(SVDAlgorithm):
         """The first dim of each side."""
         return {samples[0]: DimUse(DimRole.FREE), features[0]: DimUse(DimRole.FREE)}
 
-    def task_features(
+    def block_features(
         self, rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], itemsize: int
     ) -> dict[str, np.ndarray]:
         """``block_bytes``: one block of the input."""
         return {"block_bytes": rows * cols * itemsize}
 
-    def cost_terms(self, kwargs: Mapping[str, Any]) -> CostTerms:
+    def cost(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> Cost:
         """The sketch, two passes per power iteration and the projection.
 
         ``2 n_power_iter + 2`` passes; ``6 + 5 n_power_iter`` tasks per block, counted in
@@ -107,7 +108,7 @@ class CompressedSVD(SVDAlgorithm):
         and 16.2 per block for 0, 1 and 2 power iterations; ``tests/test_svd.py`` checks it).
         """
         q = kwargs["n_power_iter"]
-        return CostTerms(self.calibration, 2 * q + 2, 6.0 + 5.0 * q)
+        return self.matrix_cost(da, kwargs, passes=2 * q + 2, tasks_per_chunk=6.0 + 5.0 * q)
 
     def decompose(self, data: Any, xp: Any, kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         """``svd_compressed`` of ``k`` components; data in memory as one block."""

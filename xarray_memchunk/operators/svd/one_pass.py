@@ -21,8 +21,9 @@ from itertools import product
 from typing import Any, ClassVar
 
 import numpy as np
+import xarray as xr
 
-from ..base import CostTerms
+from ..base import Cost
 from .exact import ExactSVD
 
 __all__ = ["TSQR_HELD_SHARE", "OnePassTsqr"]
@@ -47,7 +48,7 @@ class OnePassTsqr(ExactSVD):
         "square_bytes": 12.0,
     }
 
-    def task_features(
+    def block_features(
         self, rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], itemsize: int
     ) -> dict[str, np.ndarray]:
         """``block_bytes`` (a block or the stacked ``R`` factors) and ``square_bytes``."""
@@ -62,9 +63,9 @@ class OnePassTsqr(ExactSVD):
             "square_bytes": n * n * itemsize,
         }
 
-    def cost_terms(self, kwargs: Mapping[str, Any]) -> CostTerms:
+    def cost(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> Cost:
         """One task per block, calibration ``svd``, tsqr's ``Q`` factors held."""
-        return CostTerms(self.calibration, held_share=TSQR_HELD_SHARE)
+        return self.matrix_cost(da, kwargs, held_share=TSQR_HELD_SHARE)
 
     def decompose_lazy(self, data: Any) -> tuple[Any, Any, Any]:
         """``dask.array.linalg.svd``."""

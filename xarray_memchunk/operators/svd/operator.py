@@ -14,9 +14,9 @@ The DataArray is stacked to 2-D: ``sample`` (the ``sample_dims``, e.g. time) by 
 :data:`ALGORITHMS` names them by their ``tsqr=`` or ``method=`` value. ``method="auto"``
 tries them in its order, those that ``method=`` and ``tsqr=`` select: the exact SVD first
 (one pass, then two), then the compressed one. Once chosen (:func:`algorithm_for`), the
-algorithm answers for the operator: its dims, its memory model and cost terms (each
-calibrated apart: ``svd``, ``svd-two-pass`` and ``svd-compressed``), its calibration shapes
-and its computation.
+algorithm answers for the operator: the dims it chunks, its cost (task features, analytic
+model, calibration key, passes, tasks and memory held; each calibrated apart: ``svd``,
+``svd-two-pass`` and ``svd-compressed``), its calibration shapes and its computation.
 
 EOF naming: ``V``'s modes are the spatial patterns (EOFs), ``U`` the principal components
 (time series), ``S`` the singular values.
@@ -25,21 +25,20 @@ EOF naming: ``V``'s modes are the spatial patterns (EOFs), ``U`` the principal c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import xarray as xr
 from xarray.indexes import PandasMultiIndex
 
 from ...errors import DimensionError, MemchunkError
-from ...models import LinearMemoryModel
 from ...planning.problem import DimRole
 from ..arguments import check_number, reject_unknown
 from ..arrays import array_module
-from ..base import CostTerms, DimUse, Operator
+from ..base import Cost, DimUse, Operator
 from ..dims import resolve_dims
 from ..slabs import slabs
-from .algorithm import Alternative, SVDAlgorithm, matrix_shape, split_names
+from .algorithm import Alternative, SVDAlgorithm, matrix_shape
 from .compressed import CompressedSVD
 from .one_pass import OnePassTsqr
 from .two_pass import TwoPassTsqr
@@ -89,6 +88,51 @@ def _sides(
     return samples, features
 
 
+def _arguments(
+    sample_dims: str | Sequence[str] | None = None,
+    method: str = "auto",
+    k: int | None = None,
+    n_power_iter: int = 2,
+    n_oversamples: int = 10,
+    seed: int = 0,
+    tsqr: str = "auto",
+    **unknown: Any,
+) -> dict[str, Any]:
+    """SVD's arguments checked, with their defaults.
+
+    Raises
+    ------
+    MemchunkError
+        Naming the unknown or invalid argument.
+    """
+    reject_unknown(SVD.name, unknown, _arguments)
+    if method not in METHODS:
+        raise MemchunkError(f"svd method must be one of {METHODS}, got {method!r}")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
+        raise MemchunkError(f"svd k must be a positive int, got {k!r}")
+    if k is None and all(a.needs_k for a in selected(method, "auto")):  # "compressed"
+        raise MemchunkError(f"svd method={method!r} needs k= (the number of components)")
+    if tsqr not in TSQR_MODES:
+        raise MemchunkError(f"svd tsqr must be one of {TSQR_MODES}, got {tsqr!r}")
+    if not selected(method, tsqr):  # method="compressed" with tsqr=
+        raise MemchunkError(
+            f"svd tsqr={tsqr!r} chooses how the exact SVD runs; method={method!r} does not "
+            f"use tsqr: leave tsqr out, or pass method='exact'"
+        )
+    check_number(SVD.name, "n_power_iter", n_power_iter, integer=True)
+    check_number(SVD.name, "n_oversamples", n_oversamples, integer=True)
+    check_number(SVD.name, "seed", seed, integer=True)
+    return {
+        "sample_dims": (sample_dims,) if isinstance(sample_dims, str) else sample_dims,
+        "method": method,
+        "k": None if k is None else int(k),
+        "n_power_iter": int(n_power_iter),
+        "n_oversamples": int(n_oversamples),
+        "seed": int(seed),
+        "tsqr": tsqr,
+    }
+
+
 class SVD(Operator):
     """Singular value decomposition of a DataArray stacked to (sample, feature).
 
@@ -115,62 +159,29 @@ class SVD(Operator):
 
     name = "svd"
     description = "SVD / EOF: exact (tsqr, one side whole) or compressed (randomized), planned"
-    default_seconds_per_element = 2e-8
-
+    #: LAPACK's types: float32, float64 and the complex ones (float16 is refused by
+    #: :meth:`check_arguments`).
+    dtype_kinds = "fc"
     #: tsqr and the randomized SVD run on NumPy (LAPACK) and CuPy (cuSOLVER, cuBLAS) blocks.
     devices = ("cpu", "gpu")
 
-    def normalize_kwargs(
-        self,
-        sample_dims: str | Sequence[str] | None = None,
-        method: str = "auto",
-        k: int | None = None,
-        n_power_iter: int = 2,
-        n_oversamples: int = 10,
-        seed: int = 0,
-        tsqr: str = "auto",
-        **unknown: Any,
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
     ) -> dict[str, Any]:
-        """Check the arguments before anything runs."""
-        reject_unknown(self.name, unknown, self.normalize_kwargs)
-        if method not in METHODS:
-            raise MemchunkError(f"svd method must be one of {METHODS}, got {method!r}")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1):
-            raise MemchunkError(f"svd k must be a positive int, got {k!r}")
-        if k is None and all(a.needs_k for a in selected(method, "auto")):  # "compressed"
-            raise MemchunkError(f"svd method={method!r} needs k= (the number of components)")
-        if tsqr not in TSQR_MODES:
-            raise MemchunkError(f"svd tsqr must be one of {TSQR_MODES}, got {tsqr!r}")
-        if not selected(method, tsqr):  # method="compressed" with tsqr=
-            raise MemchunkError(
-                f"svd tsqr={tsqr!r} chooses how the exact SVD runs; method={method!r} does not "
-                f"use tsqr: leave tsqr out, or pass method='exact'"
-            )
-        check_number(self.name, "n_power_iter", n_power_iter, integer=True)
-        check_number(self.name, "n_oversamples", n_oversamples, integer=True)
-        check_number(self.name, "seed", seed, integer=True)
-        return {
-            "sample_dims": (sample_dims,) if isinstance(sample_dims, str) else sample_dims,
-            "method": method,
-            "k": None if k is None else int(k),
-            "n_power_iter": int(n_power_iter),
-            "n_oversamples": int(n_oversamples),
-            "seed": int(seed),
-            "tsqr": tsqr,
-        }
+        """Check the arguments before anything runs; then resolve ``sample_dims`` and check ``k``.
 
-    #: LAPACK's types: float32, float64 and the complex ones (float16 is refused by bind).
-    dtype_kinds = "fc"
-    calibration_kwargs: ClassVar[dict[str, Any]] = {"sample_dims": ("time",), "method": "exact"}
-
-    def bind(self, da: xr.DataArray, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Resolve ``sample_dims`` (names or CF axes) to dim names of ``da``; check ``k``.
+        With ``da``, ``sample_dims`` (names or CF axes) become dim names of ``da``.
 
         Raises
         ------
         MemchunkError
-            float16 data, or ``k`` above what the matrix has: ``min(samples, features)``.
+            Unknown or invalid arguments. For ``da``: float16 data, or ``k`` above what the
+            matrix has: ``min(samples, features)``.
+        DimensionError
+            For ``da``: without ``sample_dims``, or when they leave no feature dim.
         """
+        if da is None:
+            return _arguments(**kwargs)
         if da.dtype.kind in "fc" and da.dtype.itemsize < 4:
             raise MemchunkError(
                 f"svd computes in float32 or float64, not {da.dtype}: convert the data first, "
@@ -184,7 +195,7 @@ class SVD(Operator):
                 f"svd k={kwargs['k']} asks for more components than the {n} a {rows}x{cols} "
                 f"matrix has; pass k <= {n}"
             )
-        return kwargs | {"sample_dims": samples}
+        return dict(kwargs) | {"sample_dims": samples}
 
     def alternatives(self, kwargs: dict[str, Any]) -> list[Alternative]:
         """Exact (one pass, then two), then compressed when ``k`` is given (``method="auto"``).
@@ -193,7 +204,7 @@ class SVD(Operator):
         """
         return [a.alternative(kwargs) for a in selected(kwargs["method"], kwargs["tsqr"])]
 
-    def dim_uses(
+    def dims(
         self, da: xr.DataArray, sample_dims: Sequence[str] | None, method: str, **kwargs: Any
     ) -> dict[str, DimUse]:
         """Every dim whole but those the chosen algorithm chunks.
@@ -206,38 +217,17 @@ class SVD(Operator):
         algorithm = algorithm_for(kwargs | {"method": method})
         return uses | algorithm.chunked_dims(da.sizes, samples, features)
 
-    def task_features(
-        self,
-        extents: Mapping[str, np.ndarray],
-        uses: Mapping[str, DimUse],
-        itemsize: int,
-        sizes: Mapping[str, int] | None = None,
-        **kwargs: Any,
-    ) -> dict[str, np.ndarray]:
-        """One task's features, the chosen algorithm's, from its block of the stacked matrix."""
-        sizes = sizes or {d: int(np.max(v)) for d, v in extents.items()}
-        samples, features = split_names(extents, kwargs.get("sample_dims"))
-        rows = np.prod([np.asarray(extents[d], float) for d in samples], axis=0)
-        cols = np.prod([np.asarray(extents[d], float) for d in features], axis=0)
-        shape = matrix_shape(sizes, kwargs.get("sample_dims"))
-        return algorithm_for(kwargs).task_features(rows, cols, shape, itemsize)
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
+        """The chosen algorithm's cost (:meth:`SVDAlgorithm.cost`): each is calibrated apart."""
+        return algorithm_for(kwargs).cost(da, kwargs)
 
-    def cost_terms(self, method: str, n_power_iter: int, **kwargs: Any) -> CostTerms:
-        """The chosen algorithm's cost terms: calibration key, passes, tasks, held memory.
+    def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
+        """``sample_dims=("time",)``, ``method="exact"``; the algorithm's task shapes to profile.
 
-        Takes the operator's arguments and, when planning a variable, ``array_sizes``,
-        ``array_dtype`` and ``array_device`` (the two-pass tsqr's held factors depend on them).
+        Shapes are ``time`` by ``space``.
         """
-        arguments = kwargs | {"method": method, "n_power_iter": n_power_iter}
-        return algorithm_for(arguments).cost_terms(arguments)
-
-    def default_model(self, array_dtype: np.dtype, **kwargs: Any) -> LinearMemoryModel:
-        """The chosen algorithm's analytic memory model."""
-        return algorithm_for(kwargs).default_model()
-
-    def calibration_shapes(self, method: str, **kwargs: Any) -> list[dict[str, int]]:
-        """The chosen algorithm's task shapes to profile (``time`` by ``space``)."""
-        return algorithm_for(kwargs | {"method": method}).calibration_shapes()
+        kwargs = self.check_arguments({"sample_dims": ("time",), "method": "exact"} | kwargs)
+        return kwargs, algorithm_for(kwargs).calibration_shapes()
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.Dataset:
         """Stack, decompose and unstack: a Dataset of ``U``, ``S`` and ``V``.

@@ -1,7 +1,7 @@
 """Exact SVD by memchunk's two-pass tsqr: only ``n x n`` factors held, the input read twice.
 
 The graph is :func:`~xarray_memchunk.operators.svd.tsqr.two_pass_svd`. Between its passes it
-holds only ``n x n`` factors per block (``held_per_chunk``,
+holds only ``n x n`` factors per block (``factors_bytes_per_chunk``,
 :func:`~xarray_memchunk.operators.svd.tsqr.held_bytes_per_block`), against Dask's one-pass
 tsqr that holds the whole matrix in float64.
 
@@ -19,8 +19,10 @@ from itertools import product
 from typing import Any, ClassVar
 
 import numpy as np
+import xarray as xr
 
-from ..base import CostTerms
+from ..base import Cost
+from ..sources import device_of
 from .algorithm import matrix_shape
 from .exact import TALL_BLOCKS, ExactSVD
 from .tsqr import held_bytes_per_block, two_pass_svd
@@ -60,7 +62,7 @@ class TwoPassTsqr(ExactSVD):
         """Blocks of at least ``n`` rows, so that every node of the tree takes ``tpqrt``."""
         return -(-n // rest)
 
-    def task_features(
+    def block_features(
         self, rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int], itemsize: int
     ) -> dict[str, np.ndarray]:
         """``task_bytes``: a block or :data:`SQUARE_TASK_BLOCKS` ``n x n``, the larger."""
@@ -68,20 +70,19 @@ class TwoPassTsqr(ExactSVD):
         square = SQUARE_TASK_BLOCKS * n * n * itemsize
         return {"task_bytes": np.maximum(rows * cols * itemsize, square)}
 
-    def cost_terms(self, kwargs: Mapping[str, Any]) -> CostTerms:
+    def cost(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> Cost:
         """Two passes, :data:`TWO_PASS_TASKS` tasks per block, the tree's factors held.
 
         The factors held per block are
-        :func:`~xarray_memchunk.operators.svd.tsqr.held_bytes_per_block` (with
-        ``array_sizes`` and ``array_dtype``; a dense tree on the GPU, ``array_device="gpu"``).
+        :func:`~xarray_memchunk.operators.svd.tsqr.held_bytes_per_block` of ``da``'s dtype (a
+        dense tree for CuPy data).
         """
-        held = 0.0
-        sizes, dtype = kwargs.get("array_sizes"), kwargs.get("array_dtype")
-        if sizes is not None and dtype is not None:
-            n = min(matrix_shape(sizes, kwargs.get("sample_dims")))
-            dense = kwargs.get("array_device") == "gpu"
-            held = held_bytes_per_block(n, np.dtype(dtype), dense)
-        return CostTerms(self.calibration, 2, TWO_PASS_TASKS, held_per_chunk=held)
+        sizes = {str(d): int(m) for d, m in da.sizes.items()}
+        n = min(matrix_shape(sizes, kwargs.get("sample_dims")))
+        held = held_bytes_per_block(n, np.dtype(da.dtype), device_of(da) == "gpu")
+        return self.matrix_cost(
+            da, kwargs, passes=2, tasks_per_chunk=TWO_PASS_TASKS, factors_bytes_per_chunk=held
+        )
 
     def decompose_lazy(self, data: Any) -> tuple[Any, Any, Any]:
         """:func:`~xarray_memchunk.operators.svd.tsqr.two_pass_svd` of a tall or wide array."""
