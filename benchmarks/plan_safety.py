@@ -190,6 +190,34 @@ def as_users_cases() -> list[SafetyCase]:
     return cases
 
 
+def staged_cases() -> list[SafetyCase]:
+    """Issue 28 item 2 at its scale: whole-dim operators on time-chunked graph data, through disk.
+
+    Each is planned at the issue's memory limit, where no rechunk in memory fits, so the data is
+    staged in a temporary Zarr store first.
+    """
+    over_time = {"dim": "time"}
+    cube = {"time": 1200, "y": 400, "x": 400}
+    thick = {"time": 100, "y": 400, "x": 400}
+    four_d = {"time": 3650, "plev": 4, "lat": 180, "lon": 360}
+    one_step = {"time": 1, "plev": 4, "lat": 180, "lon": 360}
+    return [
+        SafetyCase("median", "float64", cube, thick, "graph", over_time, "1.5GB", "median 3-D"),
+        SafetyCase(
+            "median",
+            "float64",
+            cube,
+            thick,
+            "graph",
+            over_time,
+            "1.2GB",
+            "median 3-D, separate processes",
+            deployment="processes",
+        ),
+        SafetyCase("median", "float64", four_d, one_step, "graph", over_time, "1GiB", "median 4-D"),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="operator names (or labels) to run")
@@ -199,11 +227,16 @@ def main() -> None:
     parser.add_argument(
         "--as-users", action="store_true", help="issue 28's sources and deployments only"
     )
+    parser.add_argument(
+        "--staged", action="store_true", help="issue 28's staged cases at the issue's scale"
+    )
     parser.add_argument("--out", help="the table's file (benchmarks/results/plan_safety*.md)")
     args = parser.parse_args()
     name = "plan_safety.md"
-    if args.learning or args.as_users:
-        name = "plan_safety_learning.md" if args.learning else "plan_safety_as_users.md"
+    if args.learning:
+        name = "plan_safety_learning.md"
+    elif args.as_users or args.staged:
+        name = "plan_safety_staged.md" if args.staged else "plan_safety_as_users.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
     # what the runs teach stays in this run: never in the user's own calibration directory
     os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
@@ -211,6 +244,8 @@ def main() -> None:
         cases = learning_cases()
     elif args.as_users:
         cases = as_users_cases()
+    elif args.staged:
+        cases = staged_cases()
     else:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []

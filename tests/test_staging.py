@@ -201,3 +201,24 @@ def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distr
     assert stored[2] <= planned["lat"] and 90 % stored[2] == 0
     assert stored[3] <= planned["lon"] and 180 % stored[3] == 0
     assert dict(zip(data.dims, stored, strict=True)) == plan.storage_chunks
+
+
+class _Scheduler:
+    """A client whose scheduler lists workers at the given addresses (no cluster object)."""
+
+    cluster = None
+
+    def __init__(self, *addresses):
+        self.addresses = addresses
+
+    def scheduler_info(self):
+        return {"workers": dict.fromkeys(self.addresses, {})}
+
+
+def test_dask_workers_started_on_this_machine_stage_in_its_temporary_directory():
+    # `dask scheduler` + `dask worker` started here, as HPC users start them: no LocalCluster
+    here = _Scheduler("tcp://127.0.0.1:40001", "tcp://localhost:40002")
+    assert staging.staging_site(10**6, here, measure_bandwidth=False).refusal == ""
+    elsewhere = _Scheduler("tcp://127.0.0.1:40001", "tcp://192.0.2.7:40002")  # TEST-NET-1
+    assert "share" in staging.staging_site(10**6, elsewhere, measure_bandwidth=False).refusal
+    assert "share" in staging.staging_site(10**6, _Scheduler(), measure_bandwidth=False).refusal

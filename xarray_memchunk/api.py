@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -12,12 +11,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import dask
-import dask.array
 import numpy as np
 import xarray as xr
 
-from ._dask_compat import ensure_minimum_chunksize
-from .clusters import active_client, task_overhead_seconds
+from .clusters import task_overhead_seconds
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -36,28 +33,17 @@ from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.sources import device_of, read_chunked, storage_chunks
-from .operators.staging import (
-    StagingChunks,
-    StagingSite,
-    stage,
-    staging_chunks,
-    staging_site,
-)
+from .operators.staged_plan import plan_staged
+from .operators.staging import StagingChunks, StagingSite, stage
+from .operators.user_chunks import Chunks, normalize_user_chunks
 from .planning.budget import format_size
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
-from .planning.problem import DimRole, DimSpec, PlanProblem
+from .planning.problem import PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
 
 __all__ = ["MEASURE_CHOICES", "Plan", "apply", "plan", "report", "storage_chunks"]
-
-Chunks = Mapping[str, Any] | str | int | None
-
-#: Times at most the staging store's chunks are chosen for the plan and the plan made again for
-#: reading them (they settle in one or two).
-STAGING_ROUNDS = 3
-
 
 #: What ``measure=`` takes: what planning may run to plan (see :func:`plan`).
 MEASURE_CHOICES = ("auto", "never")
@@ -487,90 +473,6 @@ def _peak_function(costs: Mapping[str, TaskCost]):
     return peak
 
 
-def _normalize_user_chunks(
-    chunks: Chunks,
-    targets: Mapping[str, xr.DataArray],
-    specs: tuple[DimSpec, ...],
-    cautions: list[str],
-    notes: list[str],
-) -> dict[str, tuple[int, ...]]:
-    """Turn ``.chunk()``-style chunks into chunk tuples for every planned dim.
-
-    Chunks that split a dim the operator needs whole are merged, with a line in ``cautions``;
-    halo chunks shorter than the halo are merged into their neighbours (as ``map_overlap``
-    would), with a line in ``notes``: the plan describes the chunks that will run.
-    """
-    da = next(iter(targets.values()))
-    if not isinstance(chunks, Mapping):
-        chunks = {s.name: chunks for s in specs}
-    unknown = set(chunks) - {s.name for s in specs}
-    if unknown:
-        raise DimensionError(
-            f"chunks name dims {sorted(map(str, unknown))} that the data lacks; "
-            f"dims are {[s.name for s in specs]}"
-        )
-    current = {
-        str(d): c
-        for t in targets.values()
-        if t.chunks
-        for d, c in zip(t.dims, t.chunks, strict=True)
-    }
-    result: dict[str, tuple[int, ...]] = {}
-    for spec in specs:
-        value = chunks.get(spec.name, current.get(spec.name, -1))
-        _check_chunk_value(spec.name, value)
-        try:
-            (normalized,) = dask.array.core.normalize_chunks(
-                (value,), shape=(spec.size,), dtype=da.dtype
-            )
-        except (ValueError, TypeError) as exc:
-            raise MemchunkError(f"invalid chunks for dim {spec.name!r}: {value!r} ({exc})") from exc
-        result[spec.name] = tuple(int(c) for c in normalized)
-    if any(v == "auto" for v in chunks.values()):  # "auto" sizes depend on every dim at once
-        shape = tuple(s.size for s in specs)
-        spec_chunks = tuple(chunks.get(s.name, result[s.name]) for s in specs)
-        auto = dask.array.core.normalize_chunks(spec_chunks, shape=shape, dtype=da.dtype)
-        result = {s.name: tuple(int(c) for c in a) for s, a in zip(specs, auto, strict=True)}
-    for spec in specs:
-        if spec.role is DimRole.WHOLE and len(result[spec.name]) > 1:
-            cautions.append(
-                f"{spec.name!r} must be one chunk for this operator; the given chunks split it "
-                f"in {len(result[spec.name])}: it will be rechunked whole"
-            )
-            result[spec.name] = (spec.size,)
-        split = result[spec.name]
-        shortest = spec.shortest_chunk
-        if len(split) > 1 and min(split) < shortest:
-            merged = ensure_minimum_chunksize(shortest, split) if spec.size >= shortest else ()
-            result[spec.name] = merged or (spec.size,)
-            halo = spec.role is DimRole.HALO and spec.depth == shortest
-            why = f"the operator's shortest chunk, {shortest}"
-            if halo:
-                why = f"its halo of {shortest}"
-            notes.append(
-                f"chunks along {spec.name!r} shorter than {why}, merged into their neighbours"
-                + (", as dask's map_overlap does" if halo else "")
-                + f": {result[spec.name]}"
-            )
-    return result
-
-
-def _check_chunk_value(dim: str, value: Any) -> None:
-    """Check one dim's ``.chunk()`` value.
-
-    A positive int, -1 or None (the whole dim), ``"auto"``, or a tuple of positive ints.
-    """
-    if value is None or value == -1 or (isinstance(value, str) and value == "auto"):
-        return
-    values = value if isinstance(value, tuple | list) else (value,)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v <= 0:
-            raise MemchunkError(
-                f"invalid chunks for dim {dim!r}: {value!r}; give a positive length, -1 for "
-                f"the whole dim, 'auto', or a tuple of positive lengths"
-            )
-
-
 def _budget(memory_limit: int | str | None, budget: Budget | None, device: str) -> Budget:
     """The given :class:`Budget`, or one from the worker memory limit (given or discovered)."""
     if budget is None:
@@ -612,6 +514,44 @@ def _prepare(
     device = _device(obj, operator)
     resolved = _budget(memory_limit, budget, device)
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
+    chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
+    label, prepared, cautions = chosen
+    for caution in cautions:
+        warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
+    notes = prepared.plan.notes
+    if len(alternatives) > 1:
+        why = [f"{label} chosen"] + [f"not {w}: {r}" for w, r in failures if w != label]
+        notes = (*notes, "; ".join(why))
+    if measure == "never":
+        notes = (*notes, _nothing_measured(prepared))
+    return replace(prepared, plan=replace(prepared.plan, notes=notes))
+
+
+def _choose(
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    resolved: Budget,
+    device: str,
+    alternatives: list[tuple[str, dict[str, Any] | None, str]],
+    chunks: Chunks,
+    measure: str,
+) -> tuple[tuple[str, _Prepared, list[str]], list[tuple[str, str]]]:
+    """The first alternative that fits (in memory, else staged), and why the others were not.
+
+    Each alternative is resolved (and measured) once for both passes. Where none fits and user
+    ``chunks`` gave plans over the budget, the one with the smallest predicted peak.
+
+    Returns
+    -------
+    tuple
+        ``((label, prepared, cautions), failures)``: the chosen alternative, its plan and the
+        warnings it issues; ``(label, why)`` of each alternative not taken in the last pass.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When no alternative has a plan: the one's reason, or each alternative's.
+    """
     chosen = None
     resolutions: dict[int, _Alternative] = {}  # resolved (and measured) once for both passes
     for staging in (False, True):
@@ -646,16 +586,7 @@ def _prepare(
                 raise InfeasiblePlanError(failures[0][1])
             raise InfeasiblePlanError("; ".join(f"{what}: {why}" for what, why in failures))
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
-    label, prepared, cautions = chosen
-    for caution in cautions:
-        warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
-    notes = prepared.plan.notes
-    if len(alternatives) > 1:
-        why = [f"{label} chosen"] + [f"not {w}: {r}" for w, r in failures if w != label]
-        notes = (*notes, "; ".join(why))
-    if measure == "never":
-        notes = (*notes, _nothing_measured(prepared))
-    return replace(prepared, plan=replace(prepared.plan, notes=notes))
+    return chosen, failures
 
 
 def _check_measure(measure: Any) -> None:
@@ -760,11 +691,14 @@ def _prepare_one(
         except InfeasiblePlanError as in_memory:
             if not staging:
                 raise
-            staged = _staged(operator, kwargs, costs, problem, resolved, in_memory, measure)
-            return staged, []
+            staged = plan_staged(costs, problem, resolved, in_memory, measure)
+            prepared = _Prepared(
+                operator, kwargs, costs, staged.plan, staged.variables, staged.site, staged.chunks
+            )
+            return prepared, []
     cautions: list[str] = []
     notes: list[str] = []
-    user_chunks = _normalize_user_chunks(chunks, alternative.targets, problem.dims, cautions, notes)
+    user_chunks = normalize_user_chunks(chunks, alternative.targets, problem.dims, cautions, notes)
     problem = replace(problem, notes=(*problem.notes, *notes))
     chunk_plan = plan_for_chunks(problem, resolved, user_chunks)
     if not chunk_plan.fits:
@@ -775,133 +709,6 @@ def _prepare_one(
             "pause or be killed. Leave chunks out to let memchunk choose."
         )
     return _Prepared(operator, kwargs, costs, chunk_plan), cautions
-
-
-def _staged(
-    operator: Operator,
-    kwargs: dict[str, Any],
-    costs: dict[str, TaskCost],
-    problem: PlanProblem,
-    budget: Budget,
-    in_memory: InfeasiblePlanError,
-    measure: str = "auto",
-) -> _Prepared:
-    """Plan with the graph variables staged on disk, where rechunking them in memory cannot fit.
-
-    Planned once reading from a store in the source's chunks, for the planned chunks; then
-    each variable's store chunks are chosen for them
-    (:func:`~xarray_memchunk.operators.staging.staging_chunks`: pieces of the source chunks no
-    larger than the planned ones, thin source chunks merged in memory per write task within
-    the budget), and the plan is made again for reading from those (a read decodes whole
-    store chunks); the store's chunks are chosen again for that plan, until they stay (at most
-    :data:`STAGING_ROUNDS` times). Each plan is made for the store it reads from; where one
-    finds nothing, the store chunks of the last plan that did stand.
-
-    Raises
-    ------
-    InfeasiblePlanError
-        ``in_memory``'s reason, and why staging cannot do it either (a write task over the
-        budget, no room on disk, no shared directory, or no plan even reading from disk).
-    """
-    graphs = {n: c for n, c in costs.items() if c.layout.kind is InputKind.GRAPH}
-    if not graphs:
-        raise in_memory
-    size = budget.format
-
-    def write_task(cost: TaskCost, chunks: StagingChunks) -> float:
-        return chunks.task_bytes(cost.dtype.itemsize) + cost.layout.produce_bytes
-
-    as_source = {n: StagingChunks(*(dict(c.layout.source_chunks),) * 3) for n, c in graphs.items()}
-    smallest = max(write_task(c, as_source[n]) for n, c in graphs.items())
-    if smallest > budget.per_task:
-        raise InfeasiblePlanError(
-            f"{in_memory}. Nor can it be staged on disk: writing one of the data's chunks "
-            f"needs {size(smallest)}, over the per-task budget of {size(budget.per_task)}: "
-            f"give the data smaller chunks first (.chunk(...))"
-        ) from None
-    nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
-    site = staging_site(nbytes, active_client(), measure_bandwidth=measure != "never")
-    if site.refusal:
-        raise InfeasiblePlanError(
-            f"{in_memory}. Nor can it be staged on disk: {site.refusal}"
-        ) from None
-
-    def reading(stores: Mapping[str, Mapping[str, int]], note: str = "") -> PlanProblem:
-        """The problem of reading the graph variables from stores of the given chunks."""
-        inputs = tuple(
-            replace(c.layout, kind=InputKind.FILE, source_chunks=stores[n])
-            if n in graphs
-            else c.layout
-            for n, c in costs.items()
-        )
-        return replace(problem, inputs=inputs, notes=(*problem.notes, *([note] if note else [])))
-
-    def noted(chunks: Mapping[str, StagingChunks], chosen: bool) -> PlanProblem:
-        """``reading``, noting how the data is written; the store's alignment where chosen."""
-        written = [
-            f"{n + ' ' if len(graphs) > 1 else ''}"
-            + (chunks[n].describe() if chosen else "in the source's chunks")
-            for n in graphs
-        ]
-        held = max(write_task(c, chunks[n]) for n, c in graphs.items())
-        note = (
-            f"the data's chunks cannot be rechunked in memory within the budget, so apply "
-            f"first writes {', '.join(graphs)} to a temporary Zarr store in {site.directory} "
-            f"({size(nbytes)}; {'; '.join(written)}; each write task holds up to "
-            f"{size(held)}; {site.speed(nbytes)}), and each task reads its block from it"
-        )
-        stored = reading({n: s.store for n, s in chunks.items()}, note)
-        if not chosen:
-            return stored
-        files = [c for n, c in costs.items() if n not in graphs and c.layout.kind is InputKind.FILE]
-        own = {d: s.store[d] for s in reversed(list(chunks.values())) for d in s.store}
-        dims = tuple(  # the store's chunks, where no file variable has the dim
-            replace(d, storage_chunk=own[d.name])
-            if d.name in own and not any(d.name in c.dims for c in files)
-            else d
-            for d in problem.dims
-        )
-        return replace(stored, dims=dims)
-
-    try:
-        first = plan_chunks(noted(as_source, chosen=False), budget)
-    except InfeasiblePlanError as on_disk:
-        raise InfeasiblePlanError(
-            f"{in_memory}. Staged on disk, it does not fit either: {on_disk}"
-        ) from None
-
-    def reads_fit(
-        name: str,
-        planned: ChunkPlan,
-        current: Mapping[str, StagingChunks],
-        store: Mapping[str, int],
-    ) -> bool:
-        """Whether the blocks of ``planned`` fit, ``name`` read from ``store``."""
-        stores = {n: s.store for n, s in current.items()} | {name: store}
-        return plan_for_chunks(reading(stores), budget, planned.dask_chunks).fits
-
-    # a plan made for reading the store may cut the data otherwise: choose the store's chunks
-    # for it in turn, until they stay (each plan is made for the store it reads from)
-    chosen, chunk_plan = as_source, first
-    for _ in range(STAGING_ROUNDS):
-        again = {
-            n: staging_chunks(
-                c.layout.source_chunks,
-                chunk_plan.chunks,
-                c.dtype.itemsize,
-                budget.per_task - c.layout.produce_bytes,
-                functools.partial(reads_fit, n, chunk_plan, chosen),
-            )
-            for n, c in graphs.items()
-        }
-        if again == chosen:
-            break
-        try:
-            chunk_plan = plan_chunks(noted(again, chosen=True), budget)
-        except InfeasiblePlanError:  # not expected: the last plan's chunks fit reading it
-            break
-        chosen = again
-    return _Prepared(operator, kwargs, costs, chunk_plan, tuple(graphs), site, chosen)
 
 
 def _max_extents(costs: Mapping[str, TaskCost]) -> dict[str, float]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import distributed  # noqa: F401  (its config loaded before any dask.config.set of its keys)
 import numpy as np
 import xarray as xr
 
@@ -267,6 +268,10 @@ def _separate_processes(case: SafetyCase, limit: str, n_workers: int, root: Path
 
     scheduler_file = root / f"scheduler-{os.getpid()}-{time.monotonic_ns()}.json"
     dask_cli = (sys.executable, "-m", "dask")
+    # the workers unpickle this module's functions (client.run): they must find ``harness``
+    benchmarks = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (benchmarks, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     started = [
         subprocess.Popen(
             [
@@ -277,6 +282,7 @@ def _separate_processes(case: SafetyCase, limit: str, n_workers: int, root: Path
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
     ]
     try:
@@ -296,6 +302,7 @@ def _separate_processes(case: SafetyCase, limit: str, n_workers: int, root: Path
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
+                env=env,
             )
         )
         yield address

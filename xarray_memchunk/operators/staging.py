@@ -24,6 +24,7 @@ directory lacks room for the data. The store is removed when the Python process 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import math
 import os
 import shutil
@@ -126,12 +127,44 @@ def _directory(shared_only: bool) -> tuple[Path | None, str]:
     return Path(tempfile.gettempdir()), "the system's temporary directory"
 
 
+def _this_machine(host: str) -> bool:
+    """Whether ``host`` (a worker's IP address or name) is this machine."""
+    import ipaddress
+    import socket
+
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    if host == "localhost":
+        return True
+    try:
+        name = socket.gethostname()
+        own = {name, socket.getfqdn(), *socket.gethostbyname_ex(name)[2]}
+    except OSError:
+        return False
+    return host in own
+
+
 def _workers_are_local(client: Any) -> bool:
+    """Whether the client's workers all run on this machine (and see its directories).
+
+    A ``LocalCluster``'s do; so do ``dask worker`` processes started here, found by their
+    addresses in the scheduler's worker list. A cluster without workers yet is not known to be.
+    """
     if client is None:
         return True
+    from urllib.parse import urlsplit
+
     from distributed import LocalCluster
 
-    return isinstance(getattr(client, "cluster", None), LocalCluster)
+    if isinstance(getattr(client, "cluster", None), LocalCluster):
+        return True
+    try:
+        addresses = list(client.scheduler_info().get("workers", {}))
+    except Exception:  # a scheduler that cannot say: assume other machines
+        return False
+    hosts = [urlsplit(a).hostname or "" for a in addresses]
+    return bool(hosts) and all(_this_machine(h) for h in hosts)
 
 
 @lru_cache(maxsize=8)

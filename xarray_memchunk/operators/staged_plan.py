@@ -1,0 +1,427 @@
+"""Plan a staged rechunk: a graph's data read from a temporary Zarr store, in chunks chosen for it.
+
+Where rechunking a Dask graph's data in memory cannot fit the budget, the plan is made for
+reading it from a temporary store instead (:mod:`~xarray_memchunk.operators.staging` writes
+it). :func:`plan_staged` plans once reading from a store in the source's chunks, then chooses
+each variable's store chunks for that plan
+(:func:`~xarray_memchunk.operators.staging.staging_chunks`: pieces of the source chunks no
+larger than the planned ones, thin source chunks merged in memory per write task within the
+budget) and plans again for reading from those (a read decodes whole store chunks); the store's
+chunks are chosen again for that plan, until they stay (at most :data:`STAGING_ROUNDS` times).
+Each plan is made for the store it reads from; where one finds nothing, the store chunks of the
+last plan that did stand.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..clusters import active_client
+from ..errors import InfeasiblePlanError
+from ..planning.budget import Budget
+from ..planning.footprint import InputKind
+from ..planning.plan import ChunkPlan
+from ..planning.problem import DimSpec, PlanProblem
+from ..planning.search import plan_chunks, plan_for_chunks
+from .cost import TaskCost
+from .staging import StagingChunks, StagingSite, staging_chunks, staging_site
+
+__all__ = ["STAGING_ROUNDS", "StagedPlan", "plan_staged"]
+
+#: Times at most the staging store's chunks are chosen for the plan and the plan made again for
+#: reading them (they settle in one or two).
+STAGING_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class StagedPlan:
+    """A plan that reads the graph variables from a temporary Zarr store.
+
+    Attributes
+    ----------
+    plan
+        The plan, made for reading from the store's chunks.
+    variables
+        The variables written to the store (those a Dask graph produces).
+    site
+        Where the store is written.
+    chunks
+        Variable name -> the chunks its store is written in.
+    """
+
+    plan: ChunkPlan
+    variables: tuple[str, ...]
+    site: StagingSite
+    chunks: Mapping[str, StagingChunks]
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """What every round of staged planning reads.
+
+    Attributes
+    ----------
+    costs
+        Every planned variable's cost.
+    graphs
+        Those of ``costs`` that a Dask graph produces: the variables staged.
+    problem
+        The problem of planning in memory.
+    budget
+        The budget planned for.
+    site
+        Where the store is written.
+    nbytes
+        Bytes of the staged data.
+    """
+
+    costs: Mapping[str, TaskCost]
+    graphs: Mapping[str, TaskCost]
+    problem: PlanProblem
+    budget: Budget
+    site: StagingSite
+    nbytes: int
+
+
+def plan_staged(
+    costs: Mapping[str, TaskCost],
+    problem: PlanProblem,
+    budget: Budget,
+    in_memory: InfeasiblePlanError,
+    measure: str = "auto",
+) -> StagedPlan:
+    """Plan with the graph variables staged on disk, where rechunking them in memory cannot fit.
+
+    Parameters
+    ----------
+    costs
+        Every planned variable's cost (variable name -> :class:`TaskCost`).
+    problem
+        The problem of planning in memory.
+    budget
+        The budget planned for.
+    in_memory
+        Why no plan fits in memory: raised again where no variable is a graph's, and the start
+        of every refusal.
+    measure
+        ``"never"``: the staging disk's speed is not measured.
+
+    Returns
+    -------
+    StagedPlan
+        The plan made for the store's chunks, the variables staged, where, and in what chunks.
+
+    Raises
+    ------
+    InfeasiblePlanError
+        ``in_memory``'s reason, and why staging cannot do it either (a write task over the
+        budget, no room on disk, no shared directory, or no plan even reading from disk).
+    """
+    graphs = {n: c for n, c in costs.items() if c.layout.kind is InputKind.GRAPH}
+    if not graphs:
+        raise in_memory
+    as_source = {n: StagingChunks(*(dict(c.layout.source_chunks),) * 3) for n, c in graphs.items()}
+    _check_writes_fit(graphs, as_source, budget, in_memory)
+    nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
+    site = _site(nbytes, measure, in_memory)
+    staging = _Staging(costs, graphs, problem, budget, site, nbytes)
+    try:
+        first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
+    except InfeasiblePlanError as on_disk:
+        raise InfeasiblePlanError(
+            f"{in_memory}. Staged on disk, it does not fit either: {on_disk}"
+        ) from None
+    chunk_plan, chosen = _settle(staging, as_source, first)
+    return StagedPlan(chunk_plan, tuple(graphs), site, chosen)
+
+
+def _write_task_bytes(cost: TaskCost, chunks: StagingChunks) -> float:
+    """Bytes a task writing one chunk of ``chunks`` holds, producing its source chunks included.
+
+    Parameters
+    ----------
+    cost
+        The variable's cost.
+    chunks
+        How it is staged.
+
+    Returns
+    -------
+    float
+    """
+    return chunks.task_bytes(cost.dtype.itemsize) + cost.layout.produce_bytes
+
+
+def _check_writes_fit(
+    graphs: Mapping[str, TaskCost],
+    as_source: Mapping[str, StagingChunks],
+    budget: Budget,
+    in_memory: InfeasiblePlanError,
+) -> None:
+    """Refuse staging where writing one source chunk as it is cannot fit the per-task budget.
+
+    Parameters
+    ----------
+    graphs
+        The variables to stage.
+    as_source
+        Each stored in its source's chunks.
+    budget
+        The budget planned for.
+    in_memory
+        Why no plan fits in memory (the start of the refusal).
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When the largest such write task is over the per-task budget.
+    """
+    smallest = max(_write_task_bytes(c, as_source[n]) for n, c in graphs.items())
+    if smallest > budget.per_task:
+        size = budget.format
+        raise InfeasiblePlanError(
+            f"{in_memory}. Nor can it be staged on disk: writing one of the data's chunks "
+            f"needs {size(smallest)}, over the per-task budget of {size(budget.per_task)}: "
+            f"give the data smaller chunks first (.chunk(...))"
+        ) from None
+
+
+def _site(nbytes: int, measure: str, in_memory: InfeasiblePlanError) -> StagingSite:
+    """Where ``nbytes`` of staged data go (its disk measured unless ``measure="never"``).
+
+    Parameters
+    ----------
+    nbytes
+        Bytes of the staged data.
+    measure
+        ``"never"``: the disk's speed is not measured.
+    in_memory
+        Why no plan fits in memory (the start of the refusal).
+
+    Returns
+    -------
+    StagingSite
+
+    Raises
+    ------
+    InfeasiblePlanError
+        When the data cannot be staged there (no room, no shared directory, not writable).
+    """
+    site = staging_site(nbytes, active_client(), measure_bandwidth=measure != "never")
+    if site.refusal:
+        raise InfeasiblePlanError(
+            f"{in_memory}. Nor can it be staged on disk: {site.refusal}"
+        ) from None
+    return site
+
+
+def _reading(
+    staging: _Staging, stores: Mapping[str, Mapping[str, int]], note: str = ""
+) -> PlanProblem:
+    """The problem of reading the graph variables from stores of the given chunks.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    stores
+        Variable name -> its store's chunk length per dim (every staged variable).
+    note
+        A note added to the problem's, where not empty.
+
+    Returns
+    -------
+    PlanProblem
+    """
+    problem = staging.problem
+    inputs = tuple(
+        replace(c.layout, kind=InputKind.FILE, source_chunks=stores[n])
+        if n in staging.graphs
+        else c.layout
+        for n, c in staging.costs.items()
+    )
+    return replace(problem, inputs=inputs, notes=(*problem.notes, *([note] if note else [])))
+
+
+def _staging_note(staging: _Staging, chunks: Mapping[str, StagingChunks], chosen: bool) -> str:
+    """The plan's note on staging: where the data is written, in what chunks, and its cost.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    chunks
+        How each variable is staged.
+    chosen
+        Whether ``chunks`` were chosen for a plan (else they are the source's).
+
+    Returns
+    -------
+    str
+    """
+    graphs, site, nbytes, size = staging.graphs, staging.site, staging.nbytes, staging.budget.format
+    written = [
+        f"{n + ' ' if len(graphs) > 1 else ''}"
+        + (chunks[n].describe() if chosen else "in the source's chunks")
+        for n in graphs
+    ]
+    held = max(_write_task_bytes(c, chunks[n]) for n, c in graphs.items())
+    return (
+        f"the data's chunks cannot be rechunked in memory within the budget, so apply "
+        f"first writes {', '.join(graphs)} to a temporary Zarr store in {site.directory} "
+        f"({size(nbytes)}; {'; '.join(written)}; each write task holds up to "
+        f"{size(held)}; {site.speed(nbytes)}), and each task reads its block from it"
+    )
+
+
+def _noted(staging: _Staging, chunks: Mapping[str, StagingChunks], chosen: bool) -> PlanProblem:
+    """:func:`_reading` the stores of ``chunks``, noting how the data is written.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    chunks
+        How each variable is staged.
+    chosen
+        Whether ``chunks`` were chosen for a plan: the dims then align with the stores' chunks
+        (:func:`_aligned_dims`).
+
+    Returns
+    -------
+    PlanProblem
+    """
+    note = _staging_note(staging, chunks, chosen)
+    stored = _reading(staging, {n: s.store for n, s in chunks.items()}, note)
+    if not chosen:
+        return stored
+    return replace(stored, dims=_aligned_dims(staging, chunks))
+
+
+def _aligned_dims(staging: _Staging, chunks: Mapping[str, StagingChunks]) -> tuple[DimSpec, ...]:
+    """The problem's dims, with the store's chunks as storage chunks where no file has the dim.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    chunks
+        How each variable is staged (the first variable's store chunks win for a shared dim).
+
+    Returns
+    -------
+    tuple of DimSpec
+    """
+    files = [
+        c
+        for n, c in staging.costs.items()
+        if n not in staging.graphs and c.layout.kind is InputKind.FILE
+    ]
+    own = {d: s.store[d] for s in reversed(list(chunks.values())) for d in s.store}
+    return tuple(
+        replace(d, storage_chunk=own[d.name])
+        if d.name in own and not any(d.name in c.dims for c in files)
+        else d
+        for d in staging.problem.dims
+    )
+
+
+def _reads_fit(
+    staging: _Staging,
+    name: str,
+    planned: ChunkPlan,
+    current: Mapping[str, StagingChunks],
+    store: Mapping[str, int],
+) -> bool:
+    """Whether the blocks of ``planned`` fit, ``name`` read from ``store``.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    name
+        The variable whose store chunks are tried.
+    planned
+        The plan whose blocks are read.
+    current
+        How each variable is staged now (the others are read from these).
+    store
+        The store chunks tried for ``name``.
+
+    Returns
+    -------
+    bool
+    """
+    stores = {n: s.store for n, s in current.items()} | {name: store}
+    return plan_for_chunks(_reading(staging, stores), staging.budget, planned.dask_chunks).fits
+
+
+def _store_chunks(
+    staging: _Staging, chunk_plan: ChunkPlan, current: Mapping[str, StagingChunks]
+) -> dict[str, StagingChunks]:
+    """Each staged variable's store and write chunks, chosen for ``chunk_plan``.
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    chunk_plan
+        The plan the store's chunks are chosen for.
+    current
+        How each variable is staged for ``chunk_plan``.
+
+    Returns
+    -------
+    dict of str to StagingChunks
+    """
+    budget = staging.budget
+    return {
+        n: staging_chunks(
+            c.layout.source_chunks,
+            chunk_plan.chunks,
+            c.dtype.itemsize,
+            budget.per_task - c.layout.produce_bytes,
+            functools.partial(_reads_fit, staging, n, chunk_plan, current),
+        )
+        for n, c in staging.graphs.items()
+    }
+
+
+def _settle(
+    staging: _Staging, as_source: dict[str, StagingChunks], first: ChunkPlan
+) -> tuple[ChunkPlan, dict[str, StagingChunks]]:
+    """Choose the store's chunks for the plan and plan again for them, until they stay.
+
+    A plan made for reading the store may cut the data otherwise: its store chunks are chosen
+    in turn, at most :data:`STAGING_ROUNDS` times (each plan is made for the store it reads
+    from).
+
+    Parameters
+    ----------
+    staging
+        What staged planning reads.
+    as_source
+        Each variable stored in its source's chunks.
+    first
+        The plan for reading ``as_source``.
+
+    Returns
+    -------
+    tuple of ChunkPlan and dict of str to StagingChunks
+        The last plan found, and the store chunks it was made for.
+    """
+    chosen, chunk_plan = as_source, first
+    for _ in range(STAGING_ROUNDS):
+        again = _store_chunks(staging, chunk_plan, chosen)
+        if again == chosen:
+            break
+        try:
+            chunk_plan = plan_chunks(_noted(staging, again, chosen=True), staging.budget)
+        except InfeasiblePlanError:  # not expected: the last plan's chunks fit reading it
+            break
+        chosen = again
+    return chunk_plan, chosen
