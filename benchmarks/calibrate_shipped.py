@@ -1,7 +1,12 @@
 """Recalibrate every built-in operator and write the calibrations shipped with the package.
 
     python benchmarks/calibrate_shipped.py            # all, float32 and float64, 3 repeats
+    python benchmarks/calibrate_shipped.py --only laplacian   # one calibration file
     python benchmarks/calibrate_shipped.py --device gpu   # the GPU calibrations, on a GPU
+
+The operators are the built-in ones (``BUILTINS`` of the modules in
+``xarray_memchunk/operators/``), each with its ``shipped_calibrations`` argument sets: a new
+built-in operator is calibrated here without being listed.
 
 Maintainers run this on a quiet machine and commit ``xarray_memchunk/models/calibrations/``.
 Users calibrate their own machine with ``memchunk calibrate OP`` instead.
@@ -16,23 +21,18 @@ from distributed import Client, LocalCluster
 
 from xarray_memchunk.measure.calibrate import calibrate, calibration_key
 from xarray_memchunk.models.calibration import shipped_dir
-from xarray_memchunk.operators import get_operator
+from xarray_memchunk.operators import Operator
+from xarray_memchunk.operators.registry import builtin_operators
 
-OPERATORS = [
-    ("sum", {}),
-    ("mean", {}),
-    ("std", {}),
-    ("var", {}),
-    ("min", {}),
-    ("max", {}),
-    ("median", {}),
-    ("quantile", {}),
-    ("gst3d", {}),
-    ("gst3d", {"kernel": "d2geo"}),
-    ("svd", {}),
-    ("svd", {"tsqr": "two-pass"}),
-    ("svd", {"method": "compressed", "k": 10}),
-]
+
+def shipped(device: str) -> list[tuple[Operator, dict, str]]:
+    """``(operator, arguments, calibration key)`` of every shipped calibration on ``device``."""
+    return [
+        (op, dict(kwargs), calibration_key(op, kwargs))
+        for op in builtin_operators()
+        if device in op.devices
+        for kwargs in op.shipped_calibrations
+    ]
 
 
 def scaled(shape, factor: int):
@@ -56,6 +56,13 @@ def main() -> None:
         "tasks are planned larger)",
     )
     args = parser.parse_args()
+    calibrations = shipped(args.device)
+    unknown = sorted(set(args.only or ()) - {key for _, _, key in calibrations})
+    if unknown:
+        parser.error(
+            f"no shipped {args.device} calibration named {unknown}; known: "
+            f"{', '.join(key for _, _, key in calibrations)}"
+        )
     print(
         f"{'operator':<14} {'dtype':<8} {'shapes':>6} {'median |err| %':>15} "
         f"{'worst under %':>14} {'worst over %':>13} {'seconds':>8}"
@@ -66,17 +73,15 @@ def main() -> None:
         ) as cluster,
         Client(cluster) as client,
     ):
-        for name, kwargs in OPERATORS:
-            operator = get_operator(name)
-            _, default_shapes = operator.calibration_setup(**kwargs)
-            label = calibration_key(operator, kwargs)
+        for operator, kwargs, label in calibrations:
             if args.only and label not in args.only:
                 continue
+            _, default_shapes = operator.calibration_setup(**kwargs)
             start = time.perf_counter()
             scale = args.scale or (2 if args.device == "gpu" else 1)
             shapes = [scaled(s, scale) for s in default_shapes]
             fits = calibrate(
-                name,
+                operator,
                 repeats=args.repeats,
                 client=client,
                 directory=args.output_dir or shipped_dir(),

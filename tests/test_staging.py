@@ -212,7 +212,7 @@ class _Scheduler:
         self.addresses = addresses
 
     def scheduler_info(self):
-        return {"workers": dict.fromkeys(self.addresses, {})}
+        return {"workers": {address: {} for address in self.addresses}}
 
 
 def test_dask_workers_started_on_this_machine_stage_in_its_temporary_directory():

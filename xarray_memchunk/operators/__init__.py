@@ -1,10 +1,15 @@
-"""Operators: what dims they need, their cost (memory models), and their lazy computations."""
+"""Operators: what dims they need, their cost (memory models), and their lazy computations.
+
+Built-in operators are the ``BUILTINS`` of the modules and packages in this folder, registered
+when it is imported (:func:`~xarray_memchunk.operators.registry.load_builtins`): a new one is a
+new module here, listed nowhere else.
+"""
 
 from .base import Cost, DimUse, Operator, input_output_features
 from .blockwise import BlockwiseOperator, operator
 from .gst3d import GST3D
-from .reductions import REDUCTIONS, Reduction
-from .registry import get_operator, operator_names, register_builtins, register_operator
+from .reductions import Reduction
+from .registry import get_operator, load_builtins, operator_names, register_operator
 from .svd import SVD
 
 __all__ = [
@@ -22,4 +27,4 @@ __all__ = [
     "register_operator",
 ]
 
-register_builtins((*REDUCTIONS, GST3D(), SVD()))
+load_builtins(__name__, __path__)

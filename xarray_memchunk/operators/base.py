@@ -163,6 +163,10 @@ class Operator(abc.ABC):
     devices: tuple[str, ...] = ("cpu",)
     #: Kinds of dtype (``numpy.dtype.kind``) the operator computes on.
     dtype_kinds: str = "biufc"
+    #: Built-in operators: the argument sets calibrated apart, one shipped calibration file
+    #: each, under the key :meth:`cost` names for them (``benchmarks/calibrate_shipped.py``
+    #: reads it). The default arguments alone by default.
+    shipped_calibrations: tuple[Mapping[str, Any], ...] = ({},)
 
     @abc.abstractmethod
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:

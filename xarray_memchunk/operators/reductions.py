@@ -371,3 +371,5 @@ class Reduction(Operator):
 
 
 REDUCTIONS = tuple(Reduction(spec) for spec in SPECS.values())
+#: Registered as built-in operators (:func:`~xarray_memchunk.operators.registry.load_builtins`).
+BUILTINS = REDUCTIONS

@@ -1,17 +1,37 @@
-"""The operator registry: names to :class:`Operator` objects."""
+"""The operator registry: names to :class:`Operator` objects.
+
+Built-in operators are found, not listed: every module (or package) directly under
+``xarray_memchunk/operators/`` that assigns ``BUILTINS = (...)`` at its top level is imported
+when the package is, and the operators in its ``BUILTINS`` are registered as built-in
+(:func:`load_builtins`). Adding a built-in operator is adding such a module (and its
+calibration files); nothing else lists it.
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pkgutil
+import re
 from collections.abc import Iterable
 
 from ..errors import MemchunkError, UnknownOperatorError
 from .base import Operator
 
-__all__ = ["get_operator", "operator_names", "register_builtins", "register_operator"]
+__all__ = [
+    "builtin_operators",
+    "get_operator",
+    "load_builtins",
+    "operator_names",
+    "register_builtins",
+    "register_operator",
+]
 
 _REGISTRY: dict[str, Operator] = {}
 #: Names of the operators xarray-memchunk ships, which no user operator may replace.
 _BUILTIN: set[str] = set()
+#: A top-level ``BUILTINS = ...`` (or ``BUILTINS: ... = ...``) assignment in a module's source.
+_DECLARES_BUILTINS = re.compile(r"^BUILTINS\b\s*(:[^=\n]*)?=", re.MULTILINE)
 
 
 def register_operator(operator: Operator, *, overwrite: bool = False) -> Operator:
@@ -61,6 +81,62 @@ def register_builtins(operators: Iterable[Operator]) -> None:
     for operator in operators:
         register_operator(operator)
         _BUILTIN.add(operator.name)
+
+
+def _declares_builtins(module_name: str) -> bool:
+    """Whether the source of ``module_name`` assigns ``BUILTINS`` at its top level.
+
+    Read without importing the module; a module whose source cannot be read (an install
+    without ``.py`` files) is imported to find out.
+    """
+    spec = importlib.util.find_spec(module_name)
+    source = None
+    if spec is not None and spec.loader is not None and hasattr(spec.loader, "get_source"):
+        source = spec.loader.get_source(module_name)
+    if source is None:
+        return hasattr(importlib.import_module(module_name), "BUILTINS")
+    return _DECLARES_BUILTINS.search(source) is not None
+
+
+def load_builtins(package: str, path: Iterable[str]) -> list[str]:
+    """Import the modules of ``package`` that declare ``BUILTINS`` and register those operators.
+
+    Parameters
+    ----------
+    package
+        The package's name, ``"xarray_memchunk.operators"``.
+    path
+        Its ``__path__``: the modules and packages directly in it are scanned, in
+        alphabetical order (:func:`pkgutil.iter_modules`); a package declares its
+        ``BUILTINS`` in its ``__init__``.
+
+    Returns
+    -------
+    list of str
+        The modules imported for their ``BUILTINS``, in the order they were registered.
+
+    Raises
+    ------
+    MemchunkError
+        When a module's ``BUILTINS`` holds something other than operators, or two built-in
+        operators share a name.
+    """
+    loaded = []
+    for info in pkgutil.iter_modules(list(path), prefix=f"{package}."):
+        if not _declares_builtins(info.name):
+            continue
+        module = importlib.import_module(info.name)
+        operators = tuple(getattr(module, "BUILTINS", ()))
+        if not all(isinstance(op, Operator) for op in operators):
+            raise MemchunkError(f"{info.name}.BUILTINS must hold Operator instances only")
+        register_builtins(operators)
+        loaded.append(info.name)
+    return loaded
+
+
+def builtin_operators() -> list[Operator]:
+    """The operators xarray-memchunk ships, in the order they were registered."""
+    return [op for name, op in _REGISTRY.items() if name in _BUILTIN]
 
 
 def get_operator(op: str | Operator) -> Operator:

@@ -8,3 +8,6 @@ closed-form eigen-solver of 3 x 3 symmetric tensors.
 from .operator import GST3D
 
 __all__ = ["GST3D"]
+
+#: Registered as built-in operators (:func:`~xarray_memchunk.operators.registry.load_builtins`).
+BUILTINS = (GST3D(),)

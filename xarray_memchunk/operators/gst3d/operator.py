@@ -189,6 +189,8 @@ class GST3D(Operator):
     dtype_kinds = "iuf"
     #: NumPy blocks run SciPy's filters; CuPy blocks ``cupyx.scipy.ndimage`` and a fused kernel.
     devices = ("cpu", "gpu")
+    #: The Gaussian kernel and the 3-point one are calibrated apart (``gst3d-d2geo``).
+    shipped_calibrations = ({}, {"kernel": "d2geo"})
 
     def check_arguments(
         self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None

@@ -3,3 +3,6 @@
 from .operator import SVD
 
 __all__ = ["SVD"]
+
+#: Registered as built-in operators (:func:`~xarray_memchunk.operators.registry.load_builtins`).
+BUILTINS = (SVD(),)

@@ -164,6 +164,8 @@ class SVD(Operator):
     dtype_kinds = "fc"
     #: tsqr and the randomized SVD run on NumPy (LAPACK) and CuPy (cuSOLVER, cuBLAS) blocks.
     devices = ("cpu", "gpu")
+    #: Each algorithm is calibrated apart: ``svd``, ``svd-two-pass``, ``svd-compressed``.
+    shipped_calibrations = ({}, {"tsqr": "two-pass"}, {"method": "compressed", "k": 10})
 
     def check_arguments(
         self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
