@@ -32,6 +32,30 @@ def test_plan_fields(volume):
     assert "<table>" in plan._repr_html_()
 
 
+def test_explain_names_each_row_for_what_it_is_and_defines_its_terms():
+    """Issue 33: two rows were labelled "chunks"; held, gathering, whole dims were undefined."""
+    tas = synthetic_climate(365, 30, 60, chunks={"time": 73}).tas
+    plan = tas.memchunk.plan("median", dim="time", memory_limit="1GB", measure="never")
+    rows = plan._lines()
+    labels = [label for label, _ in rows if label != "note"]
+    assert len(labels) == len(set(labels)), labels
+    assert "chunks" not in labels and {"planned chunks", "tasks"} <= set(labels)
+    text = dict(rows)
+    assert text["tasks"].startswith(f"{plan.n_chunks}: one task of the operator per planned chunk")
+    assert plan.held_bytes and plan.gather_bytes  # the plan cuts the input's time chunks
+    assert "keeps in memory" in text["  held"]
+    assert "concatenated from pieces" in text["  gathering its input"]
+    assert text["whole dims"] == (
+        "time: one chunk along it (the operator needs it whole in every task)"
+    )
+    assert f"(plan.binding = {plan.binding!r})" in text["decided by"]
+    assert "the input's chunks" in text["storage chunks"]
+    # the HTML repr carries the same rows, the terms of the peak indented under it
+    html = plan._repr_html_()
+    assert html.count("<tr>") == len(rows) and "keeps in memory" in html
+    assert "padding-left" in html and "<th style='text-align:left'>chunks</th>" not in html
+
+
 def test_plan_runs_nothing(volume):
     import dask
 

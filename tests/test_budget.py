@@ -1,4 +1,5 @@
 import math
+import re
 from types import SimpleNamespace
 
 import dask
@@ -92,7 +93,7 @@ def test_budget_from_distributed_client():
     ):
         budget = resolve_budget()
         explicit = resolve_budget("500MB")
-        with pytest.warns(MemoryBudgetWarning, match=r"memory_limit='2GB' is more.*700\.00 MB"):
+        with pytest.warns(MemoryBudgetWarning, match=r"memory_limit='2GB' is more.*667\.57 MiB"):
             more = resolve_budget("2GB")
     assert budget.worker_memory == 700_000_000
     assert budget.threads_per_worker == 2
@@ -165,7 +166,87 @@ def test_spec_workers_without_a_spec_cluster():
 def test_a_stated_minimum_is_rounded_up():
     from xarray_memchunk.planning.budget import format_size, format_size_up
 
-    assert format_size(0.9903e9, decimal=True) == "0.99 GB"  # what the refusal said, too little
-    assert format_size_up(0.9903e9, decimal=True) == "1.00 GB"
+    assert format_size(0.9903e9) == "0.92 GiB"  # what the refusal said, too little
+    assert format_size_up(0.9903e9) == "0.93 GiB"
     assert format_size_up(1.401 * 2**30) == "1.41 GiB"
     assert format_size_up(2 * 2**30) == "2.00 GiB"
+
+
+_SIZE = r"([\d,.]+) (B|kiB|MiB|GiB|TiB)"
+_FORMULA = re.compile(
+    rf"per-task budget {_SIZE} = \(([\d.]+) pause threshold x {_SIZE} memory_limit - {_SIZE} "
+    rf"worker baseline(?: \([^)]*\))?\) x \(1 - ([\d.]+) reserve\) / (\d+) threads? per worker"
+)
+_SCALE = {"B": 1, "kiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def _printed_arithmetic(text):
+    """The result and the terms of a budget's printed formula, as numbers in its one unit."""
+    match = _FORMULA.search(text)
+    assert match, text
+    per, unit, pause, memory, memory_unit, baseline, baseline_unit, reserve, threads = (
+        match.groups()
+    )
+    assert unit == memory_unit == baseline_unit, text  # one unit: checkable by hand
+    number = lambda s: float(s.replace(",", ""))  # noqa: E731
+    result = (number(pause) * number(memory) - number(baseline)) * (1 - number(reserve))
+    return number(per), result / int(threads), _SCALE[unit]
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        make_budget(2 * 10**9, 1, 2, "argument", reserve=0.1, worker_baseline=200 * 10**6),
+        # a LocalCluster(n_workers=2, threads_per_worker=2, memory_limit="2GB")-like layout
+        make_budget(2 * 10**9, 2, 2, "distributed client", pause_fraction=0.8, reserve=0.1),
+        make_budget(4 * 2**30, 4, 1, "with a reserve", reserve=0.25, pause_fraction=0.8),
+        make_budget(
+            10**9,
+            1,
+            2,
+            "measured",
+            worker_baseline=514 * 10**6,
+            pause_fraction=0.8,
+            baseline_source=MEASURED_BASELINE,
+        ),
+        make_budget(64 * 2**30, 32, 4, "large worker", reserve=0.1, pause_fraction=0.8),
+        make_budget(3000, 1, 1, "tiny", reserve=0.0, pause_fraction=1.0, worker_baseline=0),
+    ],
+    ids=["argument", "2-threads", "reserve", "measured-baseline", "large", "bytes"],
+)
+def test_printed_budget_arithmetic_gives_the_printed_result(budget):
+    """Issue 33: the formula printed, evaluated, gives the per-task budget printed."""
+    text = budget.explain()
+    printed, evaluated, scale = _printed_arithmetic(text)
+    # each term is rounded to the hundredth of the unit; the result too
+    assert abs(printed - evaluated) <= 0.011 if scale > 1 else abs(printed - evaluated) <= 1
+    assert abs(printed * scale - budget.per_task) <= 0.005 * scale + 1
+    assert f"{budget.threads_per_worker} thread" in text and "thread(s)" not in text
+
+
+def test_a_hand_built_budget_is_not_explained_by_a_formula_it_does_not_follow():
+    """Issue 33: Budget(per_task=...) by hand read "37.52 MiB = (1 x 0.93 GiB - 0 B) x 1 / 1"."""
+    tight = Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=39_340_000, source="nb"
+    )
+    text = tight.explain()
+    assert not tight.from_formula
+    assert _FORMULA.search(text) is None and " = (" not in text
+    assert text.startswith("per-task budget 37.52 MiB as given (source: nb)")
+    assert "2 workers x 1 thread" in text
+    # one that follows the formula, built by hand, is explained by it
+    follows = Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=10**9, source="nb"
+    )
+    assert follows.from_formula and _printed_arithmetic(follows.explain())[0] == 0.93
+
+
+def test_budgets_show_binary_units_and_the_limit_as_written():
+    """Issue 33: one unit convention, Dask's (binary); a decimal limit is converted once."""
+    decimal = resolve_budget("2GB").explain()
+    assert "memory_limit 2 GB = " in decimal
+    rest = decimal.replace("memory_limit 2 GB", "")
+    assert not re.search(r"\d (kB|MB|GB|TB)\b", rest), decimal
+    binary = resolve_budget("2GiB").explain()
+    assert "2,048.00 MiB memory_limit" in binary or "2.00 GiB memory_limit" in binary
+    assert " GB" not in binary and " MB" not in binary

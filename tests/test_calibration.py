@@ -83,6 +83,31 @@ def test_json_round_trip_and_user_precedence(user_dir):
     assert str(shipped_dir()) in load_calibration("gst3d", "cpu", "float64").path
 
 
+def test_notes_name_the_calibration_and_whose_it_is_not_its_full_path(tmp_path, monkeypatch):
+    """Issue 33: the notes printed the calibration's absolute path inside the environment."""
+    volume = xr.DataArray(np.zeros((40, 40, 40), "float32"), dims=("inline", "crossline", "sample"))
+    shipped = volume.memchunk.plan("gst3d", memory_limit="1GB").notes
+    assert "memory model: shipped calibration gst3d-cpu.json" in shipped
+    assert not any(str(shipped_dir()) in note for note in shipped)
+    # the user's, under the home directory: the home written ~
+    monkeypatch.setenv("HOME", str(tmp_path))
+    mine = tmp_path / ".local" / "share" / "xarray-memchunk" / "calibrations"
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(mine))
+    fits = {
+        "float32": {
+            "coefficients": {"input_bytes": 99.0, "output_bytes": 0.0},
+            "intercept": 1.0,
+            "seconds_per_element": 1e-7,
+            "fit": {},
+        }
+    }
+    save_calibration("gst3d", "cpu", fits, {"created": "test"})
+    notes = volume.memchunk.plan("gst3d", memory_limit="1GB").notes
+    expected = "your calibration ~/.local/share/xarray-memchunk/calibrations/gst3d-cpu.json"
+    assert f"memory model: {expected}" in notes
+    assert not any(str(tmp_path) in note for note in notes)
+
+
 def test_malformed_calibration_is_a_clear_error(user_dir):
     (user_dir / "gst3d-cpu.json").write_text("{not json")
     with pytest.raises(xm.CalibrationError, match="cannot read calibration"):

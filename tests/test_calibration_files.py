@@ -275,3 +275,18 @@ def test_calibrate_operator_named_like_a_path(user_dir):
     )
     assert any(str(written) in note for note in plan.notes)
     assert os.listdir(user_dir) == [written.name]  # no temporary file left
+
+
+def test_calibration_files_are_written_readable_by_all_not_private(tmp_path):
+    import os
+    import stat
+
+    from xarray_memchunk.models.calibration import write_json_atomically
+
+    umask = os.umask(0o022)
+    try:
+        target = tmp_path / "x-cpu.json"
+        write_json_atomically({"a": 1}, target)
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644  # mkstemp's 0o600 before

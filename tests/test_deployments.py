@@ -44,7 +44,7 @@ def test_memory_limit_above_the_workers_plans_with_theirs(quiet_distributed):
         ) as cluster,
         Client(cluster) as client,
     ):
-        with pytest.warns(MemoryBudgetWarning, match=r"'3GB' is more.*800\.00 MB") as caught:
+        with pytest.warns(MemoryBudgetWarning, match=r"'3GB' is more.*762\.94 MiB") as caught:
             plan = tas.memchunk.plan("median", dim="time", memory_limit="3GB")
         honoured = tas.memchunk.plan("median", dim="time", memory_limit="600MB")
         asked = lambda: tas.memchunk.apply("median", dim="time", memory_limit="3GB")  # noqa: E731

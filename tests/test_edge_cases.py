@@ -7,6 +7,7 @@ numerics (scale invariance, NaN semantics), Datasets as xarray has them, the com
 interrupted at their worst moment.
 """
 
+import re
 import signal
 import subprocess
 import sys
@@ -313,11 +314,14 @@ def test_svd_of_nan_is_a_clear_error_when_computed(threaded):
         result.compute()  # NaNs are only known once the data is read
 
 
-def test_plan_explains_sizes_in_the_units_given():
+def test_plan_explains_every_size_in_one_unit_convention():
+    """Issue 33: binary units, as Dask prints them; a decimal limit is converted once."""
     decimal = field().memchunk.plan("mean", dim="time", memory_limit="1GB").explain()
-    assert "1.00 GB memory_limit" in decimal and "GiB" not in decimal
+    assert "953.67 MiB memory_limit" in decimal and "memory_limit 1 GB = 953.67 MiB" in decimal
+    assert not re.search(r"\d (kB|MB|GB|TB)\b", decimal.replace("memory_limit 1 GB", ""))
     binary = field().memchunk.plan("mean", dim="time", memory_limit="1GiB").explain()
-    assert "1.00 GiB memory_limit" in binary
+    assert "1,024.00 MiB memory_limit" in binary or "1.00 GiB memory_limit" in binary
+    assert not re.search(r"\d (kB|MB|GB|TB)\b", binary)
     # the percentage of the budget is true arithmetic
     plan = field().memchunk.plan("mean", dim="time", memory_limit="1GB")
     assert f"({100 * plan.predicted_peak_bytes / plan.budget.per_task:.0f}% of budget" in (

@@ -35,7 +35,7 @@ def test_the_plan_reads_as_its_chunk_plan():
     array = series(1)
     plan = xm.plan(array, "mean", dim="time", memory_limit="1GB")
     assert isinstance(plan, xm.Plan) and isinstance(plan.chunk_plan, xm.ChunkPlan)
-    assert plan.obj is array and plan.measure == "auto" and plan.runs == []
+    assert plan.obj.data is array.data and plan.measure == "auto" and plan.runs == []
     inner = plan.chunk_plan
     for name in ("chunks", "dask_chunks", "predicted_peak_bytes", "budget", "binding", "notes"):
         assert getattr(plan, name) == getattr(inner, name)
@@ -75,7 +75,7 @@ def test_the_shortcuts_are_plan_then_apply(monkeypatch):
     monkeypatch.setattr(api.Plan, "apply", apply)
     array = series(3)
     out = array.memchunk.apply("mean", dim="time", memory_limit="1GB", record_plan=True)
-    assert len(made) == 1 and made[0].obj is array
+    assert len(made) == 1 and made[0].obj.data is array.data
     assert out.attrs["memchunk_plan"].startswith("mean: chunks")
     xm.apply(array, "mean", dim="time", memory_limit="1GB")
     assert len(made) == 2
@@ -216,6 +216,23 @@ def test_two_datasets_with_equal_plans_report_their_own_tasks(inproc_client):
     assert first.report(learn=False).n_tasks == alone  # the second run's tasks are not its
     assert second.report(learn=False).n_tasks == alone  # the same plan on other data
     assert first.runs[-1].client() is inproc_client and len(first.runs) == 1
+
+
+@pytest.mark.cluster
+def test_a_report_before_the_compute_says_to_compute_first(inproc_client):
+    plan = random_field(5).memchunk.plan("mean", dim="time", chunks={"time": 100, "x": 30})
+    plan.apply()
+    assert "compute the result first" in plan.report(learn=False).explain()
+
+
+def test_a_plan_runs_the_data_it_was_made_for():
+    """A Dataset changed in place after planning: the plan's chunks and dtype were for the old."""
+    ds = xr.Dataset({"t": random_field(6).astype("float32")})
+    plan = ds.memchunk.plan("median", dim="time", memory_limit="1GB")
+    ds["t"] = ds["t"].astype("float64") * 10
+    result = plan.apply()
+    assert result["t"].dtype == np.float32
+    xr.testing.assert_allclose(result["t"].compute(), plan.obj["t"].median("time").compute())
 
 
 @pytest.mark.cluster

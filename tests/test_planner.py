@@ -193,3 +193,18 @@ def test_infeasible_names_memory_left_from_earlier_work(measured):
     with pytest.raises(InfeasiblePlanError) as err:
         plan_chunks(problem, held)
     assert ("client.restart()" in str(err.value)) is measured
+
+
+def test_infeasible_under_a_hand_built_budget_asks_for_a_larger_per_task_budget():
+    """Issue 33: a given per_task was answered "give each worker at least 84.73 MiB" (of 1 GB)."""
+    specs = (DimSpec("time", 10_000, DimRole.WHOLE), DimSpec("x", 10))
+    problem = PlanProblem("median", specs, linear_peak(16.0))
+    given = Budget(
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=100_000, source="test"
+    )
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, given)
+    message = str(err.value)
+    assert "give each task at least 156.25 kiB (Budget.per_task)" in message
+    assert "give each worker" not in message and "fewer threads" not in message
+    assert "per-task budget 97.66 kiB as given (source: test)" in message

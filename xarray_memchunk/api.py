@@ -93,7 +93,9 @@ class Plan:
     def __init__(
         self, obj: xr.DataArray | xr.Dataset, prepared: _Prepared, measure: str = "auto"
     ) -> None:
-        self._obj = obj
+        # a shallow copy: what the plan was made for, even if the user's Dataset is changed in
+        # place later (ds["t"] = ...); the data themselves are shared, not copied
+        self._obj = obj.copy(deep=False)
         self._prepared = prepared
         self.measure = measure
         self.runs: list[Run] = []

@@ -105,9 +105,9 @@ def make_budget(
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
     try:
-        per_task = per_task_bytes(worker_memory, threads_per_worker, decimal=decimal, **terms)
+        per_task = per_task_bytes(worker_memory, threads_per_worker, **terms)
     except BudgetError as err:
-        remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source, decimal)
+        remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source)
         if not remedy:
             raise
         raise BudgetError(f"{err}; {remedy}") from None

@@ -207,11 +207,19 @@ class RunReport:
     def explain(self) -> str:
         """A few lines: predicted and measured, what the cluster went through, what was learned."""
         size = self.format
-        measured = (
-            f"{size(self.measured_task_bytes)} (x{self.ratio:.2f} the prediction)"
-            if self.measured_task_bytes is not None and self.ratio is not None
-            else "not measured (no task of the operator was recorded)"
-        )
+        if self.measured_task_bytes is None:
+            measured = (
+                "not measured: no task of this run has ended yet (compute the result first)"
+                if not self.n_tasks
+                else "not measured (no task of the operator was recorded)"
+            )
+        elif self.ratio is None:  # a multi-threaded worker's growth, less what the plan holds
+            measured = (
+                "below what the plan counts beside each task (held and gathered chunks): the "
+                "workers' growth, shared among their busy threads, was smaller"
+            )
+        else:
+            measured = f"{size(self.measured_task_bytes)} (x{self.ratio:.2f} the prediction)"
         deaths = f"{self.worker_deaths}"
         if self.worker_deaths:
             deaths += f" ({self.memory_deaths} from memory in an operator task)"
@@ -361,8 +369,9 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     over = measured is not None and measured > limit
     if not over:
         result.learned = (
-            "nothing: every operator task within its prediction"
-            if measured
+            f"nothing: every operator task within its prediction and the measurement's "
+            f"tolerance ({TOLERANCE:.0%} + {plan.budget.format(ABSOLUTE_SLACK)})"
+            if measured is not None
             else "nothing: no operator task measured"
         )
         if events.deaths > events.memory_deaths:

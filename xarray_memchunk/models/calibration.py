@@ -60,7 +60,9 @@ __all__ = [
     "Calibration",
     "calibration_dir",
     "calibration_file_name",
+    "describe_calibration",
     "load_calibration",
+    "short_path",
     "save_calibration",
     "read_json",
     "shipped_dir",
@@ -112,6 +114,26 @@ class Calibration:
 def shipped_dir() -> Path:
     """Directory of the calibrations shipped with the package."""
     return Path(__file__).parent / "calibrations"
+
+
+def short_path(path: str | os.PathLike) -> str:
+    """``path`` with the user's home directory written ``~``: ``~/.local/share/...``."""
+    full = Path(path).expanduser()
+    home = Path.home()
+    if home != Path(home.anchor) and full.is_relative_to(home):
+        return str(Path("~") / full.relative_to(home))
+    return str(full)
+
+
+def describe_calibration(path: str | os.PathLike) -> str:
+    """A calibration file as a plan's notes name it: whose it is, and which.
+
+    ``shipped calibration median-cpu.json`` for one shipped with the package, ``your
+    calibration ~/.local/share/xarray-memchunk/calibrations/f-cpu.json`` for the user's.
+    """
+    if Path(path).parent == shipped_dir():
+        return f"shipped calibration {Path(path).name}"
+    return f"your calibration {short_path(path)}"
 
 
 def calibration_dir() -> Path:
@@ -381,9 +403,14 @@ def _existing(path: Path, operator: str, device: str) -> dict[str, Any]:
 
 
 def write_json_atomically(document: Mapping[str, Any], path: Path) -> None:
-    """Write ``document`` as JSON to ``path`` through a temporary file, removed on failure."""
+    """Write ``document`` as JSON to ``path`` through a temporary file, removed on failure.
+
+    The file is readable by all (``0o644``), not private as the temporary file is (``0o600``):
+    a calibration is shipped with the package and shared, not a secret.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(document, f, indent=1, sort_keys=True)
             f.write("\n")

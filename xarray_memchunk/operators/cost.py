@@ -21,6 +21,7 @@ import xarray as xr
 
 from ..errors import CalibrationError, MemchunkError
 from ..models import Calibration, LinearMemoryModel, load_calibration
+from ..models.calibration import describe_calibration, short_path
 from ..models.learned import Learned, load_learned
 from ..planning.footprint import InputKind, InputLayout
 from ..planning.problem import DimUse
@@ -84,7 +85,9 @@ class TaskCost:
     model
         The memory model: peak bytes of one task from its features.
     model_source
-        Where the model came from: a calibration file, or ``"analytic (not calibrated)"``.
+        Where the model came from, in words: ``"shipped calibration median-cpu.json"``, ``"your
+        calibration ~/...json"`` (:func:`~xarray_memchunk.models.calibration.describe_calibration`),
+        or ``"analytic (not calibrated)"``.
     seconds_per_element
         Compute time per padded input element of one task, every pass over the data included.
     tasks_per_chunk
@@ -205,7 +208,7 @@ def resolve_cost(
         model, seconds, source = (
             calibration.model,
             calibration.seconds_per_element,
-            calibration.path,
+            describe_calibration(calibration.path),
         )
     elif cost.model is not None:
         model, seconds = cost.model, cost.seconds_per_element
@@ -219,7 +222,7 @@ def resolve_cost(
     learned = load_learned(key, device, dtype.name)
     factor = learned.scale(model) if learned is not None else 1.0
     if factor > 1.0:
-        source = f"{source}, x{factor:.2f} learned from runs ({learned.path})"
+        source = f"{source}, x{factor:.2f} learned from runs ({short_path(learned.path)})"
         model = learned.applied_to(model)
     dims = tuple(str(d) for d in da.dims)
     production = input_production(da) if input_kind(da) is InputKind.GRAPH else None

@@ -50,7 +50,8 @@ class InputProduction:
         return (
             f"producing one block of the input ({size(self.block_bytes)}) was measured now, in "
             f"this process: it holds {size(self.extra_bytes)} more while it is made "
-            f"({self.seconds:.2f} s); each task slot keeps room for it"
+            f"({self.seconds:.2f} s); each task slot (a worker thread: it runs one task at a time) "
+            f"keeps room for it"
         )
 
 

@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..units import format_size, format_size_up
+
 __all__ = [
     "MERGE_COPIES",
     "MIN_STORE_CHUNK_BYTES",
@@ -101,7 +103,7 @@ class StagingSite:
         if not self.bytes_per_second:
             return "disk speed not measured"
         return (
-            f"disk measured at {self.bytes_per_second / 1e6:.0f} MB/s: about "
+            f"disk measured at {format_size(self.bytes_per_second)}/s: about "
             f"{self.seconds(nbytes):.0f} s written and read back"
         )
 
@@ -207,8 +209,8 @@ def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True
             directory,
             free,
             bandwidth,
-            f"{directory} ({source}) has {free / 1e9:.2f} GB free, and staging needs "
-            f"{needed / 1e9:.2f} GB: free space there or set {STAGING_DIR_KEY!r}",
+            f"{directory} ({source}) has {format_size(free)} free, and staging needs "
+            f"{format_size_up(needed)}: free space there or set {STAGING_DIR_KEY!r}",
         )
     return StagingSite(directory, free, bandwidth)
 

@@ -23,6 +23,10 @@ plus those chunks against ``per_task``.
 
 Discovering ``worker_memory`` and the baseline (a Dask cluster, the dask config, this machine,
 a GPU) is :mod:`xarray_memchunk.memory_limits`'s job; nothing here looks outside its arguments.
+A :class:`Budget` built by hand may state any ``per_task``: :meth:`Budget.explain` shows the
+formula only where ``per_task`` is what it gives, and says ``as given`` otherwise.
+
+Sizes are written in binary units, as Dask prints them (:mod:`xarray_memchunk.units`).
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import BudgetError
-from ..units import format_bytes
+from ..units import format_decimal, format_in_unit_of, format_size, format_size_up
 
 __all__ = [
     "MEASURED_BASELINE",
     "Budget",
+    "format_size",
     "format_size_up",
     "held_memory_remedy",
     "min_worker_memory",
@@ -48,11 +53,16 @@ __all__ = [
 #: (more than the configured one: memory left from earlier work).
 MEASURED_BASELINE = "the largest worker's process memory now"
 
-#: How :meth:`Budget.explain` names pause_fraction, worker_memory and worker_baseline.
+#: How :meth:`Budget.explain` names pause_fraction, worker_memory, worker_baseline and a worker.
 _TERM_NAMES = {
-    "cpu": ("pause threshold", "memory_limit", "worker baseline"),
-    "gpu": ("usable fraction", "device memory", "in use"),
+    "cpu": ("pause threshold", "memory_limit", "worker baseline", "worker"),
+    "gpu": ("usable fraction", "device memory", "in use", "GPU"),
 }
+
+
+def _count(n: int, what: str) -> str:
+    """``1 thread``, ``2 threads``."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,9 @@ class Budget:
     baseline_source
         Where ``worker_baseline`` came from (a default, or measured on the cluster).
     decimal
-        Show sizes in decimal units (MB, GB) in :meth:`explain`, as the user wrote them.
+        Whether ``worker_memory`` was written in decimal units (``"2GB"``): :meth:`explain`
+        then states it so too (``memory_limit 2 GB = 1.86 GiB``); every size is shown in binary
+        units, as Dask prints them (:mod:`xarray_memchunk.units`).
     """
 
     worker_memory: int
@@ -101,52 +113,61 @@ class Budget:
         return self.n_workers * self.threads_per_worker
 
     def format(self, nbytes: float) -> str:
-        """Format ``nbytes`` in the units the user gave the memory in (decimal or binary)."""
-        return format_size(nbytes, decimal=self.decimal)
+        """Format ``nbytes`` as every size is shown: binary units, as Dask prints them."""
+        return format_size(nbytes)
 
     def format_minimum(self, nbytes: float) -> str:
         """As :meth:`format`, rounded up: a minimum stated is one that suffices."""
-        return format_size_up(nbytes, decimal=self.decimal)
+        return format_size_up(nbytes)
+
+    @property
+    def from_formula(self) -> bool:
+        """Whether ``per_task`` is what the module's formula gives for the other terms.
+
+        True of every budget :func:`~xarray_memchunk.memory_limits.make_budget` builds; a
+        :class:`Budget` built by hand may state any ``per_task``.
+        """
+        try:
+            formula = per_task_bytes(
+                self.worker_memory,
+                self.threads_per_worker,
+                worker_baseline=self.worker_baseline,
+                reserve=self.reserve,
+                pause_fraction=self.pause_fraction,
+            )
+        except BudgetError:
+            return False
+        return formula == self.per_task
 
     def explain(self) -> str:
-        """State the per-task budget and the arithmetic behind it."""
-        fraction, memory, baseline = _TERM_NAMES[self.device]
+        """State the per-task budget and the arithmetic behind it, in one unit.
+
+        The formula's sizes are written in the unit of the result, so that the arithmetic
+        printed gives the result printed (to the rounding of the last digit). A budget whose
+        ``per_task`` does not follow from its terms (built by hand) is said to be given.
+        """
+        fraction, memory, baseline, worker = _TERM_NAMES[self.device]
+        threads, per = self.threads_per_worker, self.per_task
+        layout = f"{_count(self.n_workers, worker)} x {_count(threads, 'thread')}"
+        if not self.from_formula:
+            return (
+                f"per-task budget {self.format(per)} as given (source: {self.source}), not "
+                f"computed from the {memory} ({self.format(self.worker_memory)}); {layout}"
+            )
         measured = f" ({self.baseline_source})" if self.baseline_source else ""
-        return (
-            f"per-task budget {self.format(self.per_task)} = "
-            f"({self.pause_fraction:g} {fraction} x {self.format(self.worker_memory)} {memory} "
-            f"- {self.format(self.worker_baseline)} {baseline}{measured}) "
-            f"x (1 - {self.reserve:g} reserve) / {self.threads_per_worker} thread(s) per worker; "
-            f"source: {self.source}; {self.n_workers} worker(s) x {self.threads_per_worker} "
-            f"thread(s)"
+        written = (  # the limit as the user wrote it, beside the binary units it is shown in
+            f"; {memory} {format_decimal(self.worker_memory)} = "
+            f"{format_in_unit_of(self.worker_memory, per)}"
+            if self.decimal
+            else ""
         )
-
-
-def format_size(nbytes: float, *, decimal: bool = False) -> str:
-    """``1.50 GB`` (decimal) or ``1.40 GiB`` (binary, as Dask prints sizes)."""
-    if not decimal:
-        return format_bytes(int(nbytes))
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(nbytes) >= 0.9 * scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{int(nbytes)} B"
-
-
-def format_size_up(nbytes: float, *, decimal: bool = False) -> str:
-    """As :func:`format_size`, rounded up to the hundredth of the unit shown.
-
-    ``1.40 GiB`` is printed for 1.399 GiB and for 1.401 GiB alike; a stated minimum must not be
-    the smaller one: 1.401 GiB is said ``1.41 GiB``.
-    """
-    units = (
-        (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
-        if decimal
-        else (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("kiB", 2**10))
-    )
-    for unit, scale in units:
-        if abs(nbytes) >= 0.9 * scale:
-            return f"{math.ceil(nbytes / scale * 100 - 1e-9) / 100:.2f} {unit}"
-    return f"{math.ceil(nbytes)} B"
+        return (
+            f"per-task budget {format_in_unit_of(per, per)} = "
+            f"({self.pause_fraction:g} {fraction} x {format_in_unit_of(self.worker_memory, per)} "
+            f"{memory} - {format_in_unit_of(self.worker_baseline, per)} {baseline}{measured}) "
+            f"x (1 - {self.reserve:g} reserve) / {_count(threads, 'thread')} per {worker}"
+            f"{written}; source: {self.source}; {layout}"
+        )
 
 
 def per_task_bytes(
@@ -156,7 +177,6 @@ def per_task_bytes(
     worker_baseline: int,
     reserve: float,
     pause_fraction: float,
-    decimal: bool = False,
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
 
@@ -169,7 +189,7 @@ def per_task_bytes(
     usable = pause_fraction * worker_memory - worker_baseline
     per_task = int(usable * (1.0 - reserve) / max(1, threads_per_worker))
     if per_task <= 0:
-        size = lambda n: format_size(n, decimal=decimal)  # noqa: E731
+        size = format_size
         raise BudgetError(
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
             f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
@@ -193,7 +213,7 @@ def tightest_worker(
     return min(workers, key=lambda w: (pause_fraction * w[0] - worker_baseline) / max(1, w[1]))
 
 
-def held_memory_remedy(worker_baseline: int, baseline_source: str, decimal: bool = False) -> str:
+def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
     """The remedy for a baseline left by earlier work on the workers, or ``""``.
 
     Parameters
@@ -203,13 +223,11 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str, decimal: bool
     baseline_source
         Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` names memory the
         workers hold now, which a restart frees; a configured baseline has no such remedy.
-    decimal
-        Show the size in decimal units (MB), as the user wrote the memory limit.
     """
     if baseline_source != MEASURED_BASELINE:
         return ""
     return (
-        f"or free the {format_size(worker_baseline, decimal=decimal)} a worker process holds "
+        f"or free the {format_size(worker_baseline)} a worker process holds "
         f"now from earlier work: client.restart() starts fresh workers (it drops the data they "
         f"hold)"
     )

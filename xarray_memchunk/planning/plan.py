@@ -34,6 +34,20 @@ class Binding:
     }
 
 
+#: What each term of the predicted peak is, as :meth:`ChunkPlan.explain` defines it.
+_TASK = "the operator's own work on one chunk, halo included (its memory model)"
+_GATHERING = (
+    "its input concatenated from pieces (a halo, merged chunks) or decoded from the storage "
+    "chunks it reads"
+)
+_HELD = (
+    "input chunks a worker keeps in memory for each of its threads while the task runs "
+    "(produced ahead, cut by a rechunk, a stencil's neighbours)"
+)
+_FACTORS = "what the operator keeps from every chunk until a later step, per thread"
+_PRODUCING = "what making one block of the input's Dask graph holds beyond the block"
+
+
 @dataclass(frozen=True)
 class ChunkPlan:
     """How an operator's input will be chunked, and what one task is predicted to need.
@@ -121,42 +135,65 @@ class ChunkPlan:
         for dim in self.dims:
             lengths = self.dask_chunks[dim]
             parts.append(f"{dim}: {len(lengths)} x {self.chunks[dim]}")
-        return ", ".join(parts)
+        return ", ".join(parts) + " (per dim: number of chunks x longest chunk)"
+
+    def _peak_rows(self) -> list[tuple[str, str]]:
+        """The predicted peak, and each of its terms on a row of its own, defined there."""
+        share = f"{100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget"
+        terms = [
+            (f"  {name}", f"{self.budget.format(nbytes)}: {meaning}")
+            for name, nbytes, meaning in (
+                ("task", self.predicted_task_bytes, _TASK),
+                ("gathering its input", self.gather_bytes, _GATHERING),
+                ("held", self.held_bytes, _HELD),
+                ("factors held", self.factors_bytes, _FACTORS),
+                ("producing its input", self.produce_bytes, _PRODUCING),
+            )
+            if nbytes or name == "task"
+        ]
+        peak = f"{self.budget.format(self.predicted_peak_bytes)} ({share})"
+        if len(terms) == 1:
+            return [("predicted peak per task", peak)]
+        return [("predicted peak per task", f"{peak}, the sum of:"), *terms]
 
     def _lines(self) -> list[tuple[str, str]]:
-        size = self.budget.format
-        terms = [f"task {size(self.predicted_task_bytes)}"]
-        if self.gather_bytes:
-            terms.append(f"gathering its input {size(self.gather_bytes)}")
-        if self.held_bytes:
-            terms.append(f"held {size(self.held_bytes)}")
-        if self.factors_bytes:
-            terms.append(f"factors held {size(self.factors_bytes)}")
-        if self.produce_bytes:
-            terms.append(f"producing its input {size(self.produce_bytes)}")
+        binding = Binding.DESCRIPTIONS.get(self.binding, self.binding)
         rows = [
             ("operator", self.operator),
-            ("chunks", self._chunk_text()),
-            ("chunks", f"{self.n_chunks}"),
+            ("planned chunks", self._chunk_text()),
             (
-                "predicted peak per task",
-                f"{size(self.predicted_peak_bytes)} "
-                f"({100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget"
-                + (f": {' + '.join(terms)}" if len(terms) > 1 else "")
-                + ")",
+                "tasks",
+                f"{self.n_chunks}: one task of the operator per planned chunk (the graph has "
+                f"more: reading, halos, combining)",
             ),
+            *self._peak_rows(),
             ("budget", self.budget.explain()),
-            ("decided by", Binding.DESCRIPTIONS.get(self.binding, self.binding)),
+            ("decided by", f"{binding} (plan.binding = {self.binding!r})"),
         ]
         if self.whole_dims:
-            rows.append(("whole dims", ", ".join(self.whole_dims) + " (one chunk each)"))
+            them = "it" if len(self.whole_dims) == 1 else "each"
+            rows.append(
+                (
+                    "whole dims",
+                    f"{', '.join(self.whole_dims)}: one chunk along {them} (the operator needs "
+                    f"{them} whole in every task)",
+                )
+            )
         if self.halo:
             rows.append(("halo", ", ".join(f"{d}: {k} per side" for d, k in self.halo.items())))
         known = {d: c for d, c in self.storage_chunks.items() if c}
         if known:
-            state = "aligned" if self.storage_aligned else "not aligned"
+            state = (
+                "aligned: each planned chunk is whole storage chunks"
+                if self.storage_aligned
+                else "not aligned: planned chunks cut them"
+            )
             rows.append(
-                ("storage chunks", ", ".join(f"{d}: {c}" for d, c in known.items()) + f" ({state})")
+                (
+                    "storage chunks",
+                    ", ".join(f"{d}: {c}" for d, c in known.items())
+                    + f" (the input's chunks: on disk, else in its Dask graph; {state})",
+                )
             )
         if not math.isnan(self.estimated_seconds):
             rows.append(("estimated time", f"{self.estimated_seconds:.3g} s (ranking only)"))
@@ -193,7 +230,7 @@ class ChunkPlan:
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<tr><th style='text-align:left{_indent(k)}'>{html.escape(k.strip())}</th>"
             f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
             for k, v in self._lines()
         )
@@ -202,3 +239,8 @@ class ChunkPlan:
             f"<div><strong>memchunk ChunkPlan</strong> ({html.escape(status)})"
             f"<table>{rows}</table></div>"
         )
+
+
+def _indent(label: str) -> str:
+    """CSS that indents a row whose label is indented (a term of the row above)."""
+    return ";padding-left:1.5em;font-weight:normal" if label.startswith(" ") else ""

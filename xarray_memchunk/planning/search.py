@@ -126,12 +126,16 @@ def _infeasible(
             f"xarray.open_dataset(..., chunks={{}}), and memchunk reads each task's block "
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
-    advice += [
-        f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-        f"{budget.threads_per_worker} thread(s) per worker",
-        "or run fewer threads per worker (each thread runs a task at once)",
-    ]
-    remedy = held_memory_remedy(budget.worker_baseline, budget.baseline_source, budget.decimal)
+    threads = budget.threads_per_worker
+    if budget.from_formula:
+        advice += [
+            f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
+            f"{threads} thread{'' if threads == 1 else 's'} per worker",
+            "or run fewer threads per worker (each thread runs a task at once)",
+        ]
+    else:  # a per-task budget given by hand: neither memory_limit nor threads decide it
+        advice.append(f"give each task at least {budget.format_minimum(total)} (Budget.per_task)")
+    remedy = held_memory_remedy(budget.worker_baseline, budget.baseline_source)
     if remedy:
         advice.append(remedy)
     if whole:
