@@ -165,7 +165,7 @@ def test_cli_run_writes_netcdf_and_refuses_to_overwrite(files, tmp_path):
         (["plan", "median", "{root}/volume.zarr", "--dim", "T"], "no dim 'T'"),
         (
             ["plan", "gst3d", "{root}/volume.zarr", "--memory-limit", "lots"],
-            "cannot parse memory_limit",
+            "cannot parse --memory-limit",
         ),
         (["run", "gst3d", "{root}/volume.zarr", "{root}/tas.nc"], "exists"),
         (["plan", "gst3d", "{root}/volume.zarr", "-o", "sigma"], "KEY=VALUE"),
@@ -363,3 +363,25 @@ def test_an_interrupt_while_the_command_starts_is_one_line():
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert len(err.strip().splitlines()) == 1 and "interrupted by SIGTERM" in err
+
+
+@pytest.mark.cluster
+def test_plan_shows_the_plan_that_run_runs(tmp_path, capsys):
+    """`memchunk plan` planned for the threaded scheduler, `memchunk run` for its LocalCluster."""
+    from xarray_memchunk import cli
+    from xarray_memchunk.datasets import synthetic_climate
+
+    path = tmp_path / "tas.nc"
+    synthetic_climate(120, 18, 24).to_netcdf(path)
+    common = ["mean", str(path), "--dim", "time"]
+    assert cli._main(["plan", *common]) == 0
+    planned = capsys.readouterr().out
+    assert cli._main(["run", *common, str(tmp_path / "mean.zarr")]) == 0
+    ran = capsys.readouterr().out
+
+    def lines(out: str, start: str) -> list[str]:
+        return [line for line in out.splitlines() if line.startswith(start)]
+
+    for row in ("planned chunks", "predicted peak per task", "budget"):
+        assert lines(planned, row) == lines(ran, row)[:1], row
+    assert "the LocalCluster to start" in lines(planned, "budget")[0]

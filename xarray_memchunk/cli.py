@@ -151,12 +151,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "to plan it, the plan's notes say; --measure never measures nothing)",
     )
     _add_common(plan)
-    plan.add_argument(
-        "--memory-limit",
-        metavar="SIZE",
-        help="memory limit of one worker, written as Dask writes sizes: 1.5GB, "
-        "1.5GiB (default: discovered)",
-    )
+    _add_cluster(plan)  # the cluster `memchunk run` would run on, with the same defaults
 
     run = sub.add_parser(
         "run", help="compute OP on INPUT and write OUTPUT (Zarr, or netCDF by suffix)"
@@ -254,12 +249,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .io import open_input
 
     obj = open_input(args.input, args.var)
-    plan = obj.memchunk.plan(
-        args.op,
-        memory_limit=args.memory_limit,
-        measure=args.measure,
-        **_op_kwargs(args.op, args.option, args.dim),
-    )
+    kwargs = _op_kwargs(args.op, args.option, args.dim)
+    budget = _local_budget(args)
+    if budget is None:  # --scheduler: the budget of its workers, as `memchunk run` takes it
+        with _scheduler_client(args.scheduler):
+            plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
+    else:  # the LocalCluster `memchunk run` starts with these options: the plan it runs
+        with _as_on_a_cluster():
+            plan = obj.memchunk.plan(args.op, budget=budget, measure=args.measure, **kwargs)
     print(plan.explain())
     return 0
 
