@@ -87,7 +87,7 @@ def test_a_report_without_a_run_says_how_to_get_one():
     with pytest.raises(xm.MemchunkError, match=r"run it with plan\.apply\(\)"):
         plan.report()
     result = plan.apply()
-    with pytest.raises(xm.MemchunkError, match="not built on a distributed cluster"):
+    with pytest.raises(xm.MemchunkError, match="result built without one has no run"):
         xm.report(result)
     with pytest.raises(xm.MemchunkError, match="not a result of memchunk's apply"):
         xm.report(result + 1)
@@ -291,3 +291,45 @@ def test_memchunk_run_plans_once_on_the_cluster_it_planned_for(tmp_path, monkeyp
     assert "source: the LocalCluster to start" in out
     tasks = next(line for line in out.splitlines() if line.startswith("tasks measured"))
     assert int(tasks.split()[-1]) > 0
+
+
+def test_a_plan_pickles_as_its_chunk_plan_and_compares_by_it():
+    import pickle
+
+    array = random_field(8)
+    plan = array.memchunk.plan("mean", dim="time", memory_limit="2GB")
+    again = array.memchunk.plan("mean", dim="time", memory_limit="2GB")
+    assert plan == again and plan == plan.chunk_plan  # equal as ChunkPlans were
+    sent = pickle.loads(pickle.dumps(plan))  # its costs hold local functions: it failed
+    assert sent == plan.chunk_plan and sent.explain() == plan.explain()
+
+
+def test_a_result_computed_without_a_cluster_keeps_no_input_alive():
+    source = np.random.default_rng(0).random((1000, 100))
+    alive = weakref.ref(source)
+    result = xm.apply(xr.DataArray(source, dims=("t", "x")), "mean", dim="t", memory_limit="2GB")
+    result.load()
+    del source
+    gc.collect()
+    assert alive() is None  # the module's registry kept the plan, and the plan the input
+
+
+def test_a_staged_plan_applied_twice_writes_its_store_once(tmp_path, monkeypatch):
+    from xarray_memchunk.operators import staging
+
+    written = []
+    stage = staging.stage
+
+    def counted(*args, **kwargs):
+        written.append(args[0].name)
+        return stage(*args, **kwargs)
+
+    monkeypatch.setattr(api, "stage", counted)
+    data = da.random.default_rng(3).random((600, 200, 200), chunks=(50, 200, 200))
+    array = xr.DataArray(data, dims=("time", "y", "x"), name="t")
+    with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path), "scheduler": "threads"}):
+        plan = array.memchunk.plan("median", dim="time", memory_limit="0.5GB")
+        assert plan.notes and any("temporary Zarr store" in n for n in plan.notes)
+        first, second = plan.apply(), plan.apply()
+    assert written == ["t"]  # a second full store, with no new check of free space, before
+    assert first.data.name == second.data.name

@@ -88,6 +88,10 @@ class Plan:
     >>> dip = plan.apply()                    # doctest: +SKIP
     >>> dip.compute()                         # doctest: +SKIP
     >>> print(plan.report())                  # doctest: +SKIP
+
+    Two plans are equal when their :class:`ChunkPlan` are (as plans were before they ran
+    themselves). A plan pickles as its :class:`ChunkPlan` (chunks, prediction, budget, notes):
+    the operator and the data it holds stay in this process.
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class Plan:
         self._prepared = prepared
         self.measure = measure
         self.runs: list[Run] = []
+        self._staged: dict[str, xr.DataArray] = {}  # written once, read by every apply
 
     @property
     def chunk_plan(self) -> ChunkPlan:
@@ -129,6 +134,18 @@ class Plan:
     def __str__(self) -> str:
         return self.chunk_plan.explain()
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Plan):
+            return self.chunk_plan == other.chunk_plan
+        return self.chunk_plan == other if isinstance(other, ChunkPlan) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.chunk_plan)
+
+    def __reduce__(self) -> tuple[Any, tuple[ChunkPlan]]:
+        """Pickled as its :class:`ChunkPlan`: the operator's costs and the data are not sent."""
+        return (_as_chunk_plan, (self.chunk_plan,))
+
     def apply(self, *, record_plan: bool = False) -> xr.DataArray | xr.Dataset:
         """Rechunk the object per this plan and return the operator's lazy result.
 
@@ -147,7 +164,7 @@ class Plan:
             See :func:`apply`.
         """
         prepared = self._prepared
-        rechunked = _rechunk(self._obj, prepared)
+        rechunked = _rechunk(self._obj, prepared, self._staged)
         operator, kwargs = prepared.operator, prepared.kwargs
         uses = {name: cost.uses for name, cost in prepared.costs.items()}
         if isinstance(rechunked, xr.DataArray):
@@ -163,7 +180,8 @@ class Plan:
         run = record_run(rechunked, result)
         if run is not None:
             self.runs.append(run)
-        _RESULTS.remember(result, self, run)
+        if run is not None:  # what reporting needs, not the plan: it holds the data
+            _RESULTS.remember(result, prepared, run)
         return result
 
     def report(self, learn: bool = True) -> RunReport:
@@ -203,9 +221,9 @@ class _ResultPlans:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref, Plan, Run | None]] = {}
+        self._entries: dict[int, tuple[weakref.ref, _Prepared, Run]] = {}
 
-    def remember(self, result: Any, plan: Plan, run: Run | None) -> None:
+    def remember(self, result: Any, prepared: _Prepared, run: Run) -> None:
         key = id(result)
 
         def forget(ref: weakref.ref) -> None:
@@ -213,9 +231,9 @@ class _ResultPlans:
             if entry is not None and entry[0] is ref:
                 del self._entries[key]
 
-        self._entries[key] = (weakref.ref(result, forget), plan, run)
+        self._entries[key] = (weakref.ref(result, forget), prepared, run)
 
-    def find(self, result: Any) -> tuple[Plan, Run | None] | None:
+    def find(self, result: Any) -> tuple[_Prepared, Run] | None:
         entry = self._entries.get(id(result))
         if entry is None or entry[0]() is not result:
             return None
@@ -223,6 +241,11 @@ class _ResultPlans:
 
 
 _RESULTS = _ResultPlans()
+
+
+def _as_chunk_plan(chunk_plan: ChunkPlan) -> ChunkPlan:
+    """What an unpickled :class:`Plan` is: its :class:`ChunkPlan`."""
+    return chunk_plan
 
 
 def report(result: xr.DataArray | xr.Dataset, learn: bool = True) -> RunReport:
@@ -248,18 +271,13 @@ def report(result: xr.DataArray | xr.Dataset, learn: bool = True) -> RunReport:
     found = _RESULTS.find(result)
     if found is None:
         raise MemchunkError(
-            "this object is not a result of memchunk's apply (a new object made from one, by "
-            ".compute(), a selection or arithmetic, is not): report with the result apply "
-            "returned, or keep the plan: plan = xm.plan(obj, op); result = plan.apply(); ...; "
-            "plan.report()"
+            "this object is not a result of memchunk's apply on a distributed cluster (a result "
+            "built without one has no run to report; a new object made from one, by .compute(), "
+            "a selection or arithmetic, is not one): report with the result apply returned, or "
+            "keep the plan: plan = xm.plan(obj, op); result = plan.apply(); ...; plan.report()"
         )
-    plan, run = found
-    if run is None:
-        raise MemchunkError(
-            f"this {plan.chunk_plan.operator!r} result was not built on a distributed cluster: "
-            f"there is no run to report"
-        )
-    return _report_run(run, plan._prepared, learn)
+    prepared, run = found
+    return _report_run(run, prepared, learn)
 
 
 @dataclass(frozen=True)
@@ -765,8 +783,8 @@ def plan(
     ``memchunk.measure-input: False`` turns this one off); and where the data must be staged
     on disk, the staging directory's write speed is measured (64 MiB written once per
     process). ``measure="never"`` runs none of them and the notes say so: a function without
-    a memory model is refused (before anything runs), and a graph's input is planned without
-    what producing it holds. (The staging disk is still measured where data must be staged.)
+    a memory model is refused (before anything runs), a graph's input is planned without
+    what producing it holds, and the staging disk's speed is not measured.
 
     Parameters
     ----------
@@ -840,8 +858,11 @@ def apply(
     return Plan(obj, prepared, measure).apply(record_plan=record_plan)
 
 
-def _rechunk(obj, prepared: _Prepared):
+def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
     """Bring each planned variable to the planned chunks, in the way that holds least.
+
+    ``staged``: the variables already staged by an earlier apply of the same plan (read again,
+    not written again); those staged now are added to it.
 
     - Read straight from a file: the tasks read the planned chunks from the file (halos are
       read by the operator itself), so no chunk waits in a worker for other tasks.
@@ -860,7 +881,9 @@ def _rechunk(obj, prepared: _Prepared):
         da = obj if isinstance(obj, xr.DataArray) else obj[name]
         own = {d: chunks[d] for d in cost.dims}
         if name in prepared.staged:
-            da = stage(da, prepared.staging, prepared.staging_chunks.get(name))
+            if name not in staged:
+                staged[name] = stage(da, prepared.staging, prepared.staging_chunks.get(name))
+            da = staged[name]
         if cost.layout.kind is InputKind.FILE or name in prepared.staged:
             planned[name] = read_chunked(da, own)
             continue
