@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ._dask_compat import (
     adaptive_bounds,
@@ -28,6 +28,7 @@ __all__ = [
     "no_workers_error",
     "spec_workers",
     "task_overhead_seconds",
+    "workers_on_this_machine",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -340,3 +341,45 @@ def device_facts(client) -> DeviceFacts:
         device_memory_limit=min(limits) if limits else None,
         address=info.get("address", "?"),
     )
+
+
+def _this_machine(host: str) -> bool:
+    """Whether ``host`` (a worker's IP address or name) is this machine."""
+    import ipaddress
+    import socket
+
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return True
+    except ValueError:  # a name, not an address
+        pass
+    if host == "localhost":
+        return True
+    try:
+        name = socket.gethostname()
+        own = {name, socket.getfqdn(), *socket.gethostbyname_ex(name)[2]}
+    except OSError:
+        return False
+    return host in own
+
+
+def workers_on_this_machine(client: Any) -> bool:
+    """Whether the client's workers all run on this machine (and see its directories).
+
+    A ``LocalCluster``'s do; so do ``dask worker`` processes started here, found by their
+    addresses in the scheduler's worker list. A cluster without workers yet is not known to be.
+    """
+    if client is None:
+        return True
+    from urllib.parse import urlsplit
+
+    from distributed import LocalCluster
+
+    if isinstance(getattr(client, "cluster", None), LocalCluster):
+        return True
+    try:
+        addresses = list(client.scheduler_info().get("workers", {}))
+    except Exception:  # a scheduler that cannot say: assume other machines
+        return False
+    hosts = [urlsplit(a).hostname or "" for a in addresses]
+    return bool(hosts) and all(_this_machine(h) for h in hosts)

@@ -207,19 +207,18 @@ class RunReport:
     def explain(self) -> str:
         """A few lines: predicted and measured, what the cluster went through, what was learned."""
         size = self.format
-        if self.measured_task_bytes is None:
-            measured = (
-                "not measured: no task of this run has ended yet (compute the result first)"
-                if not self.n_tasks
-                else "not measured (no task of the operator was recorded)"
-            )
-        elif self.ratio is None:  # a multi-threaded worker's growth, less what the plan holds
+        if self.measured_task_bytes is None:  # no record at all: nothing has run yet
+            measured = "not measured: no task of this run has ended yet (compute the result first)"
+        elif self.measured_task_bytes == 0:  # e.g. a multi-threaded worker's shared growth
             measured = (
                 "below what the plan counts beside each task (held and gathered chunks): the "
                 "workers' growth, shared among their busy threads, was smaller"
             )
         else:
-            measured = f"{size(self.measured_task_bytes)} (x{self.ratio:.2f} the prediction)"
+            ratio = self.ratio
+            measured = size(self.measured_task_bytes) + (
+                f" (x{ratio:.2f} the prediction)" if ratio is not None else ""
+            )
         deaths = f"{self.worker_deaths}"
         if self.worker_deaths:
             deaths += f" ({self.memory_deaths} from memory in an operator task)"

@@ -24,7 +24,6 @@ directory lacks room for the data. The store is removed when the Python process 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import math
 import os
 import shutil
@@ -40,6 +39,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..clusters import workers_on_this_machine
 from ..units import format_size, format_size_up
 
 __all__ = [
@@ -129,46 +129,6 @@ def _directory(shared_only: bool) -> tuple[Path | None, str]:
     return Path(tempfile.gettempdir()), "the system's temporary directory"
 
 
-def _this_machine(host: str) -> bool:
-    """Whether ``host`` (a worker's IP address or name) is this machine."""
-    import ipaddress
-    import socket
-
-    with contextlib.suppress(ValueError):
-        if ipaddress.ip_address(host).is_loopback:
-            return True
-    if host == "localhost":
-        return True
-    try:
-        name = socket.gethostname()
-        own = {name, socket.getfqdn(), *socket.gethostbyname_ex(name)[2]}
-    except OSError:
-        return False
-    return host in own
-
-
-def _workers_are_local(client: Any) -> bool:
-    """Whether the client's workers all run on this machine (and see its directories).
-
-    A ``LocalCluster``'s do; so do ``dask worker`` processes started here, found by their
-    addresses in the scheduler's worker list. A cluster without workers yet is not known to be.
-    """
-    if client is None:
-        return True
-    from urllib.parse import urlsplit
-
-    from distributed import LocalCluster
-
-    if isinstance(getattr(client, "cluster", None), LocalCluster):
-        return True
-    try:
-        addresses = list(client.scheduler_info().get("workers", {}))
-    except Exception:  # a scheduler that cannot say: assume other machines
-        return False
-    hosts = [urlsplit(a).hostname or "" for a in addresses]
-    return bool(hosts) and all(_this_machine(h) for h in hosts)
-
-
 @lru_cache(maxsize=8)
 def disk_bandwidth(directory: str) -> float:
     """Write bandwidth of ``directory`` in bytes per second, measured once per process.
@@ -194,7 +154,7 @@ def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True
     ``measure_bandwidth=False`` writes nothing to measure the disk (``plan(measure="never")``):
     the site's bandwidth is then 0, not measured.
     """
-    directory, source = _directory(shared_only=not _workers_are_local(client))
+    directory, source = _directory(shared_only=not workers_on_this_machine(client))
     if directory is None:
         return StagingSite(Path(), 0, 0.0, source)
     try:
