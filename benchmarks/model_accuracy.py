@@ -5,8 +5,9 @@
     python benchmarks/model_accuracy.py --upstream      # input made by a graph upstream
 
 With ``--upstream`` the input is ``(standard_normal(...) * 2 + 1).astype(dtype)``, produced in
-the task's graph (issue 28): the prediction is the plan's, the operator's model plus what
-producing the input was measured to hold (``xarray_memchunk.operators.production``).
+the task's graph (issue 28): the prediction is the plan's, the larger of making the block
+(measured as a plan measures it, ``xarray_memchunk.operators.production``) and the operator's
+model plus what its fused task keeps of the input's graph.
 
 For each operator and dtype, tasks of held-out shapes (one of them ~10x the largest fitted task)
 run inside a Dask worker as the graph that ``apply`` builds runs them, measured as calibration
@@ -91,17 +92,23 @@ CASES = {
 }
 
 
-def _produce_bytes(extents, dtype) -> float:
-    """What producing the ``--upstream`` input holds beyond its block, as a plan measures it."""
+def _with_production(task: float, extents, dtype, fuses: bool) -> float:
+    """The plan's peak of a one-chunk task on the ``--upstream`` input.
+
+    The larger of making the block (as a plan measures it) and running the operator (with what
+    the fused task keeps of the input's graph), as the plan's footprint counts them.
+    """
     import dask.array as da
     import xarray as xr
 
     from xarray_memchunk.operators.production import input_production
+    from xarray_memchunk.planning.footprint import production_phases
 
     shape = tuple(extents.values())
     normal = da.random.default_rng(0).standard_normal(shape, chunks=shape)
-    array = xr.DataArray((normal * 2.0 + 1.0).astype(dtype), dims=list(extents))
-    return float(input_production(array).extra_bytes)
+    made = input_production(xr.DataArray((normal * 2.0 + 1.0).astype(dtype), dims=list(extents)))
+    held = made.held_bytes if fuses else 0
+    return task + float(production_phases(task, made.block_bytes, made.extra_bytes, held))
 
 
 def measure(client, name, dtypes, big, repeats, upstream=False):
@@ -113,16 +120,17 @@ def measure(client, name, dtypes, big, repeats, upstream=False):
     for dtype in dtypes:
         cases = [(s, s, (operator, kwargs, s, s, dtype)) for s in shapes(big)]
         profiles = profile_in_worker(client, runner, cases, dtype, repeats)
-        key = task_cost(operator, shapes(big)[0], dtype, kwargs)[1].calibration_key
+        cost = task_cost(operator, shapes(big)[0], dtype, kwargs)[1]
+        key = cost.calibration_key
         calibration = load_calibration(key, "cpu", dtype)
         model = calibration.model
         predicted, measured = [], []
         for p in profiles:
             feats = features_of(operator, p.extents, dtype, kwargs)
             task = float(model.peak_bytes({k: np.array([v]) for k, v in feats.items()})[0])
-            # as the plan's footprint counts it: what producing the block holds, added whole
-            produce = _produce_bytes(p.extents, dtype) if upstream else 0.0
-            predicted.append(task + produce)
+            if upstream:
+                task = _with_production(task, p.extents, dtype, cost.fuses_with_input)
+            predicted.append(task)
             measured.append(p.peak_bytes)
         errors = prediction_errors(np.array(predicted), np.array(measured))
         largest = int(np.argmax(measured))

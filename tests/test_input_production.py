@@ -5,8 +5,10 @@ import dask.array as da
 import pytest
 import xarray as xr
 
-from xarray_memchunk.operators import production
+from xarray_memchunk.operators import get_operator, production
+from xarray_memchunk.operators.cost import bind_cost, resolve_cost
 from xarray_memchunk.operators.production import input_production
+from xarray_memchunk.planning.footprint import production_phases
 
 
 def preprocessed(shape=(400, 221, 300), seed=1):
@@ -25,6 +27,21 @@ def test_producing_a_float32_block_from_float64_is_measured_once():
     assert array.data.name in production._CACHE
 
 
+def test_what_a_fused_task_keeps_of_the_graph_is_the_float64_block():
+    """A function fused onto ``astype`` runs while the float64 block it came from is held."""
+    made = input_production(preprocessed(seed=5))
+    float64_block = 8 * 100 * 221 * 300
+    assert 0.9 * float64_block <= made.held_bytes <= made.extra_bytes
+    assert made.held_bytes < 1.5 * float64_block  # the steps' temporaries are freed
+
+
+def test_a_slot_needs_the_larger_phase_not_their_sum():
+    # making the block needs 100 + 250; the operator 200, plus 80 the fused task keeps
+    assert production_phases(200.0, 100.0, 250.0, 80.0) == pytest.approx(150.0)
+    assert production_phases(400.0, 100.0, 250.0, 80.0) == pytest.approx(80.0)
+    assert production_phases(400.0, 100.0, 250.0, 0.0) == pytest.approx(0.0)
+
+
 def test_data_cut_from_numpy_or_a_generator_is_not_measured():
     numpy_cut = xr.DataArray(da.zeros((100, 100), chunks=50), dims=("y", "x"))
     generated = xr.DataArray(
@@ -36,12 +53,28 @@ def test_data_cut_from_numpy_or_a_generator_is_not_measured():
         assert input_production(preprocessed(seed=2)) is None
 
 
+@pytest.mark.parametrize(("operator", "fused"), [("mean", True), ("median", False)])
+def test_only_an_operator_fused_with_its_input_counts_what_its_task_keeps(operator, fused):
+    """mean's chunk function fuses into the task that makes its block; median's nanmedian not."""
+    array = preprocessed(seed=3)
+    op = get_operator(operator)
+    uses, cost = bind_cost(op, array, op.check_arguments({"dim": "time"}))
+    resolved = resolve_cost(op, "anomaly", array, uses, cost, "cpu")
+    made = input_production(array)
+    assert resolved.layout.produce_bytes == made.extra_bytes
+    assert resolved.layout.produce_held_bytes == (made.held_bytes if fused else 0)
+
+
 def test_the_plan_keeps_room_for_producing_its_input():
     array = preprocessed(seed=3)
     plan = array.memchunk.plan("mean", dim="time", memory_limit="1GB")
-    assert plan.produce_bytes >= 1.5 * 4 * 100 * 221 * 300  # the float64 block, at least
-    assert plan.produce_bytes == input_production(array).extra_bytes
-    assert plan.predicted_peak_bytes >= plan.predicted_task_bytes + plan.produce_bytes
+    made = input_production(array)
+    task, block = plan.predicted_task_bytes, made.block_bytes
+    # planned in the source chunks: the fused task keeps the float64 block while mean runs
+    assert dict(plan.chunks) == {"time": 100, "y": 221, "x": 300}
+    expected = max(task + made.held_bytes, block + made.extra_bytes) - task
+    assert plan.produce_bytes == pytest.approx(expected, abs=1)
+    assert plan.predicted_peak_bytes >= block + made.extra_bytes
     assert "producing its input" in plan.explain()
     assert any("measured now, in this process" in n for n in plan.notes)
 

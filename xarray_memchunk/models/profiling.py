@@ -41,6 +41,7 @@ __all__ = [
     "measure_peak",
     "peak_method",
     "profile_in_worker",
+    "release_freed_memory",
     "reset_high_water_mark",
     "status_bytes",
 ]
@@ -114,7 +115,8 @@ def peak_method() -> str:
     return "hwm" if reset_high_water_mark() else "sampling"
 
 
-def _trim() -> None:
+def release_freed_memory() -> None:
+    """Collect garbage and hand the allocator's freed pages back to the system (glibc)."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -166,7 +168,7 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
         Peak resident memory above the baseline before the call, wall time of the call, and
         the measuring method.
     """
-    _trim()
+    release_freed_memory()
     method = peak_method()
     if method == "hwm":
         before = status_bytes("VmRSS")
@@ -183,7 +185,7 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
             seconds = time.perf_counter() - start
             del result
         peak = sampler.peak - sampler.baseline
-    _trim()
+    release_freed_memory()
     return max(0, int(peak)), seconds, method
 
 

@@ -98,6 +98,14 @@ class Cost:
         Why a calibration saved under ``calibration_key`` may be another operator's (a value
         its function depends on cannot be hashed stably); empty where there is no doubt. A
         measurable operator in doubt is measured again rather than planned with it.
+    fuses_with_input
+        Whether the operator's first step on a block fuses with the element-wise steps that
+        produce its input (Dask's blockwise fusion of ``map_blocks``, ``map_overlap`` on one
+        chunk, a reduction's chunk function): the fused task then holds the graph's inputs to
+        those steps (a float64 block cast to float32) until it ends, and the plan counts them
+        beside the operator's own peak. False where the first step is a task of its own
+        (``median`` and ``quantile``: ``nanmedian`` runs after the input's steps end). True,
+        the safer of the two, by default.
     """
 
     calibration_key: str
@@ -110,6 +118,7 @@ class Cost:
     factors_bytes_per_chunk: float = 0.0
     measurable: bool = False
     identity_doubt: str = ""
+    fuses_with_input: bool = True
 
 
 class Operator(abc.ABC):

@@ -247,6 +247,7 @@ def resolve_cost(
             cost.factors_bytes_per_chunk,
             contiguous_storage(da),
             production.extra_bytes if production else 0.0,
+            production.held_bytes if production and cost.fuses_with_input else 0.0,
         ),
         production=production,
         features=features,

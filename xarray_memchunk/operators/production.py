@@ -5,8 +5,16 @@ conversion) is produced in the workers, block by block, beside the operator's ta
 block made from a float64 one holds three times its bytes while it is made. The operator's
 memory model knows nothing of that graph. So before planning, one block of the input is
 computed in this process (the synchronous scheduler, as a worker's thread would) and its peak
-measured (:func:`~xarray_memchunk.models.profiling.measure_peak`); what it holds beyond the
-block is the plan's *producing its input* term (:mod:`~xarray_memchunk.planning.footprint`).
+measured (:func:`~xarray_memchunk.models.profiling.measure_peak`), with what is still held
+beside the block when a function fused onto it starts (a ``map_blocks`` probe, fused by Dask's
+blockwise optimisation as an operator's first step is).
+
+A task goes through two phases (:mod:`~xarray_memchunk.planning.footprint`): making the block,
+which holds the block and what producing it needs at once; then the operator, which frees what
+production made and used, except the graph's inputs that the fused task keeps until it ends (a
+float64 block cast to float32, with ``astype`` fused into ``map_blocks``). The plan takes the
+larger phase, not their sum: summed, the predictions of ``benchmarks/model_accuracy.py
+--upstream`` were 17-60% over the measured peaks.
 
 Graphs of one layer (data cut from a NumPy array, a random generator) produce a block in place
 and are not measured. Results are cached per graph (its name), so planning the same data again
@@ -18,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from .._dask_compat import graph_layers
@@ -36,27 +45,63 @@ class InputProduction:
     block_bytes
         The block's own bytes.
     extra_bytes
-        What producing it held beyond the block (the term the plan adds).
+        What producing it held beyond the block, at its peak.
+    held_bytes
+        What is still held beside the block when a function fused onto it starts (the
+        graph's inputs a fused task keeps until it ends).
     seconds
         How long producing it took.
     """
 
     block_bytes: int
     extra_bytes: int
+    held_bytes: int
     seconds: float
 
     def explain(self, size: Any = str) -> str:
         """One line for the plan's notes."""
         return (
             f"producing one block of the input ({size(self.block_bytes)}) was measured now, in "
-            f"this process: it holds {size(self.extra_bytes)} more while it is made "
-            f"({self.seconds:.2f} s); each task slot (a worker thread: it runs one task at a time) "
-            f"keeps room for it"
+            f"this process ({self.seconds:.2f} s): it holds {size(self.extra_bytes)} more while "
+            f"it is made, and {size(self.held_bytes)} more stays held while an operator fused "
+            f"onto it runs; each task slot (a worker thread: it runs one task at a time) keeps "
+            f"room for the larger of making the block and running the operator"
         )
 
 
 def _layers(data: Any) -> int:
     return len(graph_layers(data))
+
+
+def _resident_beside(block: np.ndarray) -> np.ndarray:
+    """Resident bytes of this process beyond ``block`` (freed memory handed back first)."""
+    from ..models.profiling import release_freed_memory, status_bytes
+
+    release_freed_memory()
+    resident = status_bytes("VmRSS") - block.nbytes
+    return np.full((1,) * block.ndim, resident, dtype=np.int64)
+
+
+def _compute_with_probe(data: Any, index: tuple[int, ...], found: list[int]) -> None:
+    """Compute block ``index`` of ``data`` synchronously with a probe fused onto it.
+
+    The probe (:func:`_resident_beside`) is mapped over the whole array, as an operator is, and
+    then its block taken: mapped over a block taken first, it would not fuse into the task of
+    the input's last steps. What it finds resident beyond what stays resident after the
+    computation (modules imported and caches filled on the way stay) is what the fused task
+    held: appended to ``found``.
+    """
+    from ..models.profiling import release_freed_memory, status_bytes
+
+    probe = data.map_blocks(
+        _resident_beside,
+        chunks=tuple((1,) * n for n in data.numblocks),
+        dtype=np.int64,
+        meta=np.empty((0,) * data.ndim, dtype=np.int64),
+    )
+    during = int(probe.blocks[index].compute(scheduler="synchronous").ravel()[0])
+    release_freed_memory()
+    found.append(max(0, during - status_bytes("VmRSS")))
 
 
 def _compute(block: Any) -> None:
@@ -83,11 +128,16 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
         return None
     name = str(data.name)
     if name not in _CACHE:
-        block = data.blocks[tuple(n // 2 for n in data.numblocks)]
-        block_bytes = int(block.nbytes)
+        index = tuple(n // 2 for n in data.numblocks)
+        block_bytes = int(data.blocks[index].nbytes)
+        found: list[int] = []
         try:
-            peak, seconds, _ = measure_peak(_compute, block)
+            peak, seconds, _ = measure_peak(_compute_with_probe, data, index, found)
+        except OSError:  # no /proc/self/status to probe: count all of production as held
+            peak, seconds, _ = measure_peak(_compute, data.blocks[index])
+            found = [max(0, peak - block_bytes)]
         except Exception:  # e.g. persisted keys that only the cluster's workers hold
             return None
-        _CACHE[name] = InputProduction(block_bytes, max(0, peak - block_bytes), seconds)
+        extra = max(0, peak - block_bytes)
+        _CACHE[name] = InputProduction(block_bytes, extra, min(found[0], extra), seconds)
     return _CACHE[name]

@@ -301,7 +301,10 @@ class Reduction(Operator):
         if not spec.whole:
             coefficients["combine_bytes"] = 3.0
         model = LinearMemoryModel(coefficients, intercept=8 * 2**20)
-        return Cost(self.name, features, model, seconds_per_element=2e-9)
+        # the whole-dim ones compute after a task of their own (``nanmedian``): not fused
+        return Cost(
+            self.name, features, model, seconds_per_element=2e-9, fuses_with_input=not spec.whole
+        )
 
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list]:
         """``dim="time"`` (and the spec's ``calibrate_with``); chunks from 0.1 to 64 MB.

@@ -32,11 +32,14 @@ the plan's). Per task slot:
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
   among its threads.
-- ``produce``: what producing one block of a graph's input holds beyond the block (measured on
-  one block of the real graph: an ``astype`` of a float64 generator holds the float64 block),
-  added whole: in a task that Dask fuses with the operator's, what producing the block made
-  may stay alive while the operator works (measured: std's tasks peaked 115 MB above the
-  larger of the two phases, mean's at the larger).
+- ``produce``: producing a graph's input (measured on one block of the real graph:
+  :mod:`~xarray_memchunk.operators.production`). A slot makes a source chunk, then runs the
+  operator; its peak is the larger phase. Making the chunk holds it and what producing it needs
+  (an ``astype`` of a float64 generator holds the float64 block). Where the planned chunk is
+  the source chunk, the operator's first step fuses into the same task, which keeps the
+  graph's inputs to the fused steps until it ends (measured: std's tasks peaked 115 MB, the
+  float64 block, above the larger phase), unless the operator says its first step is a task of
+  its own (``Cost.fuses_with_input``). The term is what the larger phase adds to the task.
 - ``factors``: the operator's ``factors_bytes_per_chunk`` times the planned chunks (factors
   whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
   factors gather on the worker where it ends (measured: a worker held most of the two-pass
@@ -64,6 +67,7 @@ __all__ = [
     "InputKind",
     "InputLayout",
     "footprint",
+    "production_phases",
 ]
 
 #: Source chunks a worker holds beyond one per thread when the plan cuts them (measured: 3
@@ -118,8 +122,11 @@ class InputLayout:
         A file variable stored without chunks (contiguous netCDF): a read touches its own
         range only, whatever ``source_chunks`` say, and holds up to ``READ_GROUP_BYTES`` of it.
     produce_bytes
-        What producing one source chunk of a graph holds beyond the chunk (measured:
-        :mod:`~xarray_memchunk.operators.production`).
+        What producing one source chunk of a graph holds beyond the chunk, at its peak
+        (measured: :mod:`~xarray_memchunk.operators.production`).
+    produce_held_bytes
+        What stays held beside the chunk while an operator fused onto its production runs
+        (measured likewise; 0 where the operator's first step does not fuse with it).
     """
 
     name: str
@@ -131,6 +138,7 @@ class InputLayout:
     factors_bytes_per_chunk: float = 0.0
     contiguous: bool = False
     produce_bytes: float = 0.0
+    produce_held_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +221,46 @@ def _read_group(layout: InputLayout, cuts: Mapping[str, DimCut], padded: np.ndar
     return np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
 
 
+def _production(
+    layout: InputLayout, cuts: Mapping[str, DimCut], task: np.ndarray, fused: np.ndarray
+) -> np.ndarray:
+    """What producing a graph's input adds to the task's own peak, per candidate.
+
+    A slot first makes a source chunk (the chunk and what making it needs), then runs the
+    operator: where the planned chunk is the source chunk and no halo is gathered (``fused``),
+    in the same task, which keeps the graph's inputs to the fused steps until it ends. The
+    slot's peak is the larger phase; the term is what it adds to ``task``.
+    """
+    source = float(layout.itemsize)
+    for dim in layout.dims:
+        source *= min(layout.source_chunks.get(dim, cuts[dim].size), cuts[dim].size)
+    held = np.where(fused, layout.produce_held_bytes, 0.0)
+    return production_phases(task, source, layout.produce_bytes, held)
+
+
+def production_phases(
+    task: np.ndarray | float,
+    block: float,
+    making: float,
+    held: np.ndarray | float,
+) -> np.ndarray:
+    """What the larger of a slot's two phases adds to the operator's ``task`` peak.
+
+    Parameters
+    ----------
+    task
+        The operator's predicted peak (its input block included).
+    block
+        Bytes of the block being made.
+    making
+        What making it holds beyond the block, at its peak.
+    held
+        What the operator's task keeps of the input's graph while it runs (0 unless fused).
+    """
+    task = np.asarray(task, dtype=np.float64)
+    return np.maximum(task + held, block + making) - task
+
+
 def footprint(
     task: np.ndarray,
     cuts: Mapping[str, DimCut],
@@ -261,8 +309,6 @@ def footprint(
             gather = np.where(worst, read, gather)
             held = np.where(worst, extra_held, held)
             continue
-        if layout.kind is InputKind.GRAPH:
-            produce = np.maximum(produce, layout.produce_bytes)
         covering = np.full(task.shape, float(layout.itemsize))
         identical = np.ones(task.shape, dtype=bool)
         merged = np.zeros(task.shape, dtype=bool)
@@ -274,6 +320,8 @@ def footprint(
                 covering = covering * span
                 identical &= same
                 merged |= ~same & (span > min(source, cut.size))
+        if layout.kind is InputKind.GRAPH and (layout.produce_bytes or layout.produce_held_bytes):
+            produce = np.maximum(produce, _production(layout, cuts, task, identical & ~stencil))
         extra_gather = np.where(stencil | merged, padded, 0.0)
         cut_sources = np.where(identical, 0.0, (threads + HELD_AHEAD) * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))

@@ -45,7 +45,7 @@ _HELD = (
     "(produced ahead, cut by a rechunk, a stencil's neighbours)"
 )
 _FACTORS = "what the operator keeps from every chunk until a later step, per thread"
-_PRODUCING = "what making one block of the input's Dask graph holds beyond the block"
+_PRODUCING = "what making a block of the input's Dask graph adds to the task's own peak"
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class ChunkPlan:
         Factors the operator keeps from every chunk until a later step (the two-pass tsqr's
         ``n x n`` factors), all on one worker, per thread.
     produce_bytes
-        What producing one block of a graph's input holds beyond the block (measured).
+        What making a block of a graph's input adds to the task's own peak (measured).
     estimated_seconds
         Estimated wall time of the blockwise step, from the calibrated time per element and a
         1 ms per-task overhead; used to rank plans, not a promise.
