@@ -6,6 +6,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --issue            # issue 17's reproduction only
     python benchmarks/plan_safety.py --learning         # issue 27: user functions, a kill
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
+    python benchmarks/plan_safety.py --xarray           # issue 30: xarray expressions
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``harness.plan_safety.LIMITS``) at which the plan's binding
@@ -218,6 +219,25 @@ def staged_cases() -> list[SafetyCase]:
     ]
 
 
+def xarray_cases() -> list[SafetyCase]:
+    """Issue 30: climatologies, anomalies, resampling, rolling, weighting, a fit and a chain.
+
+    Each a function of an xarray object (:mod:`harness.climate_functions`), measured on its
+    first plan; 4 years of daily data in one-day chunks, from a Zarr store and from 4 netCDF
+    files opened with ``open_mfdataset``; float32 and float64.
+    """
+    import harness.climate_functions as functions
+
+    one_day = {"time": 1, "lat": 180, "lon": 360}
+    return [
+        SafetyCase(name, dtype, DAILY, one_day, source, dates=True, label=f"{name} ({source})")
+        for name in functions.FUNCTIONS
+        for dtype in ("float32", "float64")
+        for source in ("file", "mfdataset")
+        if (source == "file") == (dtype == "float32")  # each dtype from one source
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="operator names (or labels) to run")
@@ -230,6 +250,7 @@ def main() -> None:
     parser.add_argument(
         "--staged", action="store_true", help="issue 28's staged cases at the issue's scale"
     )
+    parser.add_argument("--xarray", action="store_true", help="issue 30's xarray expressions")
     parser.add_argument("--out", help="the table's file (benchmarks/results/plan_safety*.md)")
     args = parser.parse_args()
     name = "plan_safety.md"
@@ -237,6 +258,8 @@ def main() -> None:
         name = "plan_safety_learning.md"
     elif args.as_users or args.staged:
         name = "plan_safety_staged.md" if args.staged else "plan_safety_as_users.md"
+    elif args.xarray:
+        name = "plan_safety_xarray.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
     # what the runs teach stays in this run: never in the user's own calibration directory
     os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
@@ -246,6 +269,8 @@ def main() -> None:
         cases = as_users_cases()
     elif args.staged:
         cases = staged_cases()
+    elif args.xarray:
+        cases = xarray_cases()
     else:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []

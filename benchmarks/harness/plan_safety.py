@@ -78,6 +78,10 @@ class SafetyCase:
         ``"local"``: a ``LocalCluster``; ``"adaptive"``: a ``LocalCluster`` of no worker that
         adapts up to the workers the case runs on; ``"processes"``: ``dask scheduler`` and
         ``dask worker`` started as separate processes, the client connected by address.
+    dates
+        Give ``time`` a daily calendar (from 2001-01-01) and ``lat`` degrees from -89.5 to
+        89.5, as climate data has (climatologies need them); the result is also compared with
+        the operator's function run by xarray, on a strip of the data.
     """
 
     op: str
@@ -91,6 +95,7 @@ class SafetyCase:
     kill_after: float | None = None
     threads: int = 1
     deployment: str = "local"
+    dates: bool = False
 
     @property
     def name(self) -> str:
@@ -124,6 +129,7 @@ class SafetyResult:
     learned: str = ""
     replanned_same: bool | None = None
     staged: bool = False
+    equal: bool | None = None
 
     @property
     def predicted_worker(self) -> int:
@@ -148,6 +154,13 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
         dtype=case.dtype,
     )
     array = xr.DataArray(data, dims=dims, name="v")
+    if case.dates:
+        import pandas as pd
+
+        array = array.assign_coords(
+            time=pd.date_range("2001-01-01", periods=case.shape["time"], freq="D"),
+            lat=np.linspace(-89.5, 89.5, case.shape["lat"]),
+        )
     if case.source == "graph":
         return array
     if case.source == "preprocessed":
@@ -185,7 +198,8 @@ def _files(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
         with dask.config.set(scheduler="threads"):
             for path, start, stop in zip(paths, bounds[:-1], bounds[1:], strict=True):
                 piece = array.isel({first: slice(start, stop)}).to_dataset()
-                piece = piece.assign_coords({first: np.arange(start, stop)})
+                if first not in piece.coords:
+                    piece = piece.assign_coords({first: np.arange(start, stop)})
                 piece.to_netcdf(path, engine="netcdf4", encoding=encoding)
     opened = xr.open_mfdataset(paths, chunks={}, combine="by_coords", engine="netcdf4")
     return opened["v"]
@@ -380,6 +394,8 @@ def run_case(
                 killer.cancel()
             if outcome.completed:
                 result.learned = plan.report().learned
+                if case.dates:
+                    result.equal = _equal_to_xarray(case, data, plan)
         if outcome.completed:
             after = _plan(case, data, limit, n_workers)
             result.replanned_same = (
@@ -394,6 +410,26 @@ def run_case(
             outcome.error,
         )
     return result
+
+
+def _equal_to_xarray(case: SafetyCase, data: xr.DataArray, plan: Any) -> bool:
+    """The plan's result on a strip of the data equals the operator's function run by xarray.
+
+    The strip is the first 4 elements of a dim the plan cuts (where the function works on
+    each location apart), all of the data where it cuts none. The reference is computed in
+    this process (threads), not on the case's cluster, whose workers are sized for the plan.
+    """
+    from xarray_memchunk.operators import get_operator
+
+    func = get_operator(case.op)
+    cut = [d for d in data.dims if plan.chunks.get(d, data.sizes[d]) < data.sizes[d]]
+    strip = {cut[-1]: slice(0, 4)} if cut else {}
+    result = plan.apply()
+    result = (result if isinstance(result, xr.DataArray) else result.to_array()).isel(strip)
+    expected = func(data.isel(strip).compute(scheduler="threads"))
+    expected = expected if isinstance(expected, xr.DataArray) else expected.to_array()
+    computed = result.compute(scheduler="threads").values
+    return bool(np.allclose(computed, expected.values, equal_nan=True, rtol=1e-5))
 
 
 def _killer(client: Any, seconds: float | None) -> threading.Timer | None:
@@ -424,6 +460,8 @@ def format_table(results: Sequence[SafetyResult]) -> str:
         chunks = "x".join(str(n) for n in r.chunks.values())
         pause = 0.8 * to_bytes(r.memory_limit)
         outcome = "completed" if r.completed else (r.error.split(":")[0] or "failed")
+        if r.equal is not None:
+            outcome += ", equal to xarray's" if r.equal else ", NOT equal to xarray's"
         where = c.source + (", staged on disk" if r.staged else "")
         if c.threads > 1 or c.deployment != "local":
             where += f"; {c.deployment}, {c.threads} threads"
@@ -452,9 +490,16 @@ def summary(results: Sequence[SafetyResult]) -> str:
     memory_bound = sum(r.binding == "memory" for r in ran)
     replanned = [r for r in ran if r.replanned_same is not None]
     same = sum(bool(r.replanned_same) for r in replanned)
+    compared = [r for r in ran if r.equal is not None]
+    equal = (
+        f"; results equal to xarray's in {sum(bool(r.equal) for r in compared)} of "
+        f"{len(compared)} compared"
+        if compared
+        else ""
+    )
     return (
         f"{safe} of {len(ran)} planned runs completed with 0 pauses and 0 deaths (a worker "
         f"killed on purpose not counted) "
         f"({memory_bound} memory-bound); largest measured / predicted worker peak: {worst}; "
-        f"the next plan after the run was the same in {same} of {len(replanned)}"
+        f"the next plan after the run was the same in {same} of {len(replanned)}{equal}"
     )

@@ -169,6 +169,7 @@ def run_task(
     *,
     on_gpu: bool = False,
     upstream: bool = False,
+    coords: Mapping[str, np.ndarray] | None = None,
 ) -> None:
     """Run one task of ``operator`` as the graph that ``apply`` builds runs it.
 
@@ -180,6 +181,8 @@ def run_task(
     chunked dim, its chunk tasks and the combine tasks that hold their partial results.
     ``upstream``: the input is float64 normal data scaled, shifted and cast to ``dtype`` in the
     graph, as preprocessing makes it (producing it then holds more than the block).
+    ``coords``: dimension coordinates of the data the operator is measured for, each cut to
+    its first ``sizes[dim]`` values (a climatology needs the data's dates).
     """
     import dask
     import dask.array as da
@@ -204,7 +207,8 @@ def run_task(
         data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph
         data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
-    obj = xr.DataArray(data, dims=dims)
+    own = {d: np.asarray(v)[: sizes[d]] for d, v in (coords or {}).items() if d in sizes}
+    obj = xr.DataArray(data, dims=dims, coords=own)
     uses = operator.dims(obj, **kwargs)
     result = operator.compute(obj, uses, **kwargs)
     arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
@@ -579,9 +583,13 @@ def self_calibrate(
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
 
+    # the data's own dimension coordinates: a function of dates (a climatology) finds them
+    coords = {str(d): np.asarray(da.indexes[d]) for d in da.dims if d in da.indexes}
+    runner = functools.partial(run_task, coords=coords)
+
     def measure(extents: Mapping[str, int], repeats: int = 1) -> list[TaskProfile]:
         case = (extents, extents, (operator, dict(kwargs), extents, extents, dtype))
-        return profile_in_worker(profiler, run_task, [case], dtype, repeats=repeats)
+        return profile_in_worker(profiler, runner, [case], dtype, repeats=repeats)
 
     profiles: list[TaskProfile] = []
     with _profiling_client(client or active_client()) as profiler:

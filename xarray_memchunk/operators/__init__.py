@@ -6,11 +6,13 @@ new module here, listed nowhere else.
 """
 
 from .base import Cost, DimUse, Operator, input_output_features
-from .blockwise import BlockwiseOperator, operator
+from .blockwise import BlockwiseOperator
+from .decorator import operator
 from .gst3d import GST3D
 from .reductions import Reduction
 from .registry import get_operator, load_builtins, operator_names, register_operator
 from .svd import SVD
+from .xarray_function import XarrayFunctionOperator
 
 __all__ = [
     "BlockwiseOperator",
@@ -20,6 +22,7 @@ __all__ = [
     "Operator",
     "Reduction",
     "SVD",
+    "XarrayFunctionOperator",
     "get_operator",
     "input_output_features",
     "operator",

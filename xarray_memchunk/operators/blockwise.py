@@ -34,7 +34,7 @@ from .base import Cost, DimUse, Operator
 from .identity import Identity, identify, module_of
 from .sources import map_blocks_with_halo
 
-__all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "operator"]
+__all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "function_name"]
 
 #: Elements of the probe block per dim, beyond twice the halo depth.
 PROBE_LENGTH = 8
@@ -437,62 +437,3 @@ class BlockwiseOperator(Operator):
             **kwargs,
         )
         return xr.DataArray(data, dims=dims, coords=coords, name=da.name)
-
-
-def operator(
-    name: str | None = None,
-    *,
-    depth: Mapping[str, int] | None = None,
-    whole: Sequence[str] = (),
-    dtype: np.dtype | str | None = None,
-    drop_dims: Sequence[str] = (),
-    new_dims: Mapping[str, int] | None = None,
-    memory_model: LinearMemoryModel | None = None,
-    description: str = "",
-    register: bool = True,
-) -> Callable[[Callable[..., np.ndarray]], BlockwiseOperator]:
-    """Decorate a NumPy block function to make it a (self-calibrating) operator.
-
-    Takes :class:`BlockwiseOperator`'s arguments; the name defaults to the function's (a
-    ``functools.partial``'s function's). The operator is registered (replacing a user operator
-    of the same name, so a notebook cell can be run again; never a built-in one) unless
-    ``register=False``.
-
-    Examples
-    --------
-    >>> @operator(depth={"inline": 2, "crossline": 2, "sample": 2})
-    ... def smoothed(block):
-    ...     return scipy.ndimage.uniform_filter(block, 5)
-    >>> dip = volume.memchunk.apply(smoothed)      # doctest: +SKIP
-    """
-
-    def wrap(func: Callable[..., np.ndarray]) -> BlockwiseOperator:
-        from .registry import register_operator
-
-        op = BlockwiseOperator(
-            name or _decorated_name(func),
-            func,
-            memory_model=memory_model,
-            depth=depth,
-            whole=whole,
-            dtype=dtype,
-            drop_dims=drop_dims,
-            new_dims=new_dims,
-            description=description,
-        )
-        if register:
-            register_operator(op, overwrite=True)
-        return op
-
-    return wrap
-
-
-def _decorated_name(func: Callable[..., Any]) -> str:
-    """The name :func:`operator` gives ``func``'s operator: the function's name."""
-    name = function_name(func)
-    if name is None:
-        raise MemchunkError(
-            f"@xarray_memchunk.operator cannot name an operator after {func!r}, which has no "
-            f"function name: give one with @xarray_memchunk.operator(name=...)"
-        )
-    return name

@@ -1,0 +1,165 @@
+"""A function of an xarray object as an operator: climatologies, resampling, rolling, chains."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk.errors import DimensionError, MemchunkError
+from xarray_memchunk.operators.xarray_function import XarrayFunctionOperator
+
+MODEL = xm.LinearMemoryModel({"input_bytes": 6.0})
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    return tmp_path
+
+
+def daily(years=3, lat=12, lon=16, chunks=None, dtype="float32"):
+    """Daily data of ``years`` years, in one-day chunks unless told otherwise."""
+    time = pd.date_range("2001-01-01", periods=365 * years, freq="D")
+    values = np.random.default_rng(0).standard_normal((time.size, lat, lon)).astype(dtype)
+    array = xr.DataArray(
+        values,
+        dims=("time", "lat", "lon"),
+        coords={"time": time, "lat": np.linspace(-80, 80, lat), "lon": np.arange(lon) * 10.0},
+        name="tas",
+    )
+    return array.chunk(chunks or {"time": 1})
+
+
+def anomaly_p90(tas: xr.DataArray) -> xr.DataArray:
+    anomaly = tas.groupby("time.month") - tas.groupby("time.month").mean()
+    return anomaly.groupby("time.month").quantile(0.9)
+
+
+def monthly(tas: xr.DataArray) -> xr.DataArray:
+    return tas.resample(time="1MS").mean()
+
+
+def smooth(tas: xr.DataArray) -> xr.DataArray:
+    return tas.rolling(time=30, center=True).mean()
+
+
+def trend(tas: xr.DataArray) -> xr.Dataset:
+    return tas.polyfit("time", 1)
+
+
+def area_mean(tas: xr.DataArray) -> xr.DataArray:
+    return tas.weighted(np.cos(np.deg2rad(tas.lat))).mean(("lat", "lon"))
+
+
+@pytest.mark.parametrize(
+    ("func", "dims"),
+    [
+        (anomaly_p90, {"whole": ["time"]}),
+        (monthly, {"whole": ["time"]}),
+        (smooth, {"whole": ["time"]}),
+        (area_mean, {"free": ["time"]}),
+    ],
+)
+def test_results_equal_the_expression_run_by_xarray(func, dims, threaded):
+    op = xm.operator(memory_model=MODEL, register=False, **dims)(func)
+    data = daily()
+    plan = data.memchunk.plan(op, memory_limit="1GB")
+    whole = ["time"] if "whole" in dims else ["lat", "lon"]
+    assert all(plan.chunks[d] == data.sizes[d] for d in whole)
+    result = plan.apply()
+    assert result.chunks is not None  # lazy
+    expected = func(data.load())
+    xr.testing.assert_allclose(result.compute(), expected)
+
+
+def test_a_dataset_result_is_named_after_the_variable(threaded):
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(trend)
+    ds = daily(years=2).to_dataset()
+    result = ds.memchunk.apply(op, memory_limit="1GB").compute()
+    expected = trend(ds.tas.load())
+    xr.testing.assert_allclose(result["tas_polyfit_coefficients"], expected["polyfit_coefficients"])
+
+
+def test_the_decorator_tells_xarray_functions_from_numpy_ones():
+    assert isinstance(xm.operator(whole=["time"], register=False)(monthly), XarrayFunctionOperator)
+
+    def plain(tas):  # no annotation: declared by free=, or xarray=True
+        return tas.mean("time")
+
+    assert isinstance(xm.operator(free=["lat"], register=False)(plain), XarrayFunctionOperator)
+    declared = xm.operator(whole=["time"], xarray=True, register=False)(plain)
+    assert isinstance(declared, XarrayFunctionOperator)
+    assert isinstance(xm.operator(register=False)(plain), xm.BlockwiseOperator)
+    assert declared(daily(years=1)).dims == ("lat", "lon")  # still callable as a function
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "which dims the function needs whole"),
+        ({"whole": ["time"], "free": ["lat"]}, "not both"),
+        ({"whole": ["time"], "depth": {"time": 2}}, "depth apply to NumPy block functions"),
+    ],
+)
+def test_unclear_dims_are_refused_when_decorated(kwargs, message):
+    with pytest.raises(MemchunkError, match=message):
+        xm.operator(register=False, **kwargs)(monthly)
+
+
+def test_a_function_that_fails_on_the_data_fails_before_anything_runs(produced):
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def broken(tas: xr.DataArray) -> xr.DataArray:
+        return tas.groupby("time.nonsense").mean()
+
+    data = daily(years=1)
+    counted = data.copy(data=data.data.map_blocks(produced))
+    produced.shapes.clear()
+    with pytest.raises(MemchunkError, match="its function raised AttributeError"):
+        counted.memchunk.plan(broken, memory_limit="1GB")
+    assert produced.shapes == []
+    with pytest.raises(DimensionError, match="needs dims"):
+        daily(years=1).rename(time="t").memchunk.plan(
+            xm.operator(whole=["time"], memory_model=MODEL, register=False)(monthly)
+        )
+
+
+def test_it_measures_itself_with_the_data_dates(user_dir, monkeypatch):
+    """Self-calibration runs the function on blocks that carry the data's own dates."""
+    import dask
+
+    op = xm.operator(whole=["time"], register=False)(anomaly_p90)
+    data = daily(years=2, lat=20, lon=40)
+    with dask.config.set({"memchunk.self-calibration-seconds": 3}):
+        plan = data.memchunk.plan(op, memory_limit="1GB")
+    assert any("calibrated now" in note for note in plan.notes)
+    assert list(user_dir.glob("anomaly_p90-*-cpu.json"))
+    # a task of the plan holds at least its input block and the anomalies made from it
+    block = 4 * np.prod(list(plan.chunks.values()))
+    assert plan.predicted_task_bytes >= 2 * block
+
+
+def test_a_reduction_over_a_dim_the_plan_may_cut_is_refused():
+    @xm.operator(free=["lat", "lon"], memory_model=MODEL, register=False)
+    def zonal(tas: xr.DataArray) -> xr.DataArray:
+        return tas.mean("lon")  # lon is free: a block's mean is not the mean
+
+    with pytest.raises(MemchunkError, match=r"reduces over \['lon'\].*declare them whole"):
+        daily(years=1).memchunk.plan(zonal, memory_limit="1GB")
+
+
+def test_a_file_read_fuses_into_the_function_s_task(tmp_path):
+    """One task per block, as for the built-in operators: no read waits beside it."""
+    import dask
+
+    path = tmp_path / "tas.zarr"
+    daily(years=1, chunks={"time": 73}).to_dataset().to_zarr(path)
+    stored = xr.open_zarr(path)
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(monthly)
+    result = stored.memchunk.apply(op, memory_limit="1GB")["tas"]
+    (optimized,) = dask.optimize(result.data)
+    graph = dict(optimized.__dask_graph__())
+    n_blocks = int(np.prod(result.data.numblocks))
+    assert len(graph) <= 2 * n_blocks  # a task per block (and an alias), no read tasks apart
+    reads = [str(k[0]) for k in graph if "memchunk-read" in str(k[0])]
+    assert reads and all("monthly" in name for name in reads)  # each read fused with monthly

@@ -1,0 +1,330 @@
+"""Any function of an xarray object (a climatology, a resample, a rolling mean...) as an operator.
+
+``func(obj, **kwargs)`` takes a DataArray and returns a DataArray or a Dataset, written with
+xarray's own methods: ``obj.groupby("time.month").mean()``, ``obj.resample(time="1MS").mean()``,
+``obj.rolling(time=30, center=True).mean()``, ``obj.polyfit("time", 1)``, or a chain of them.
+The dims it needs whole (``whole=["time"]``, or every dim but ``free=[...]``) are one chunk in
+every task; the plan cuts the others. Each task rebuilds its block as a DataArray, with its
+part of each coordinate, and calls ``func`` on it (a blockwise task, into which a read from a
+file fuses, as for the other operators): a per-location computation gives the same result as
+the expression run by xarray on the whole array, and a task holds what one call of ``func`` on
+one block holds, which is what is measured.
+
+With no memory model given, the operator measures itself on its first plan, as a NumPy block
+function does (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`): ``func`` runs on
+growing blocks of the data's dtype, with the data's own coordinates along the whole dims (so
+that ``groupby("time.month")`` finds its months), and the fit is saved under the function's
+identity (:mod:`~xarray_memchunk.operators.identity`).
+
+The result's structure (its dims, coordinates, dtype) is found by calling ``func`` once on a
+sample of ones: the whole dims entire, two elements of each dim the plan may cut. ``func``
+must not reduce over those (declare them whole).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from ..errors import DimensionError, MemchunkError
+from ..models import LinearMemoryModel
+from ..planning.problem import DimRole
+from .base import Cost, DimUse, Operator
+from .identity import identify, module_of
+
+__all__ = ["XarrayFunctionOperator", "takes_xarray"]
+
+
+def _input_features(padded: Mapping[str, np.ndarray], itemsize: int) -> dict[str, np.ndarray]:
+    """The task's input bytes (what the function makes of a block grows with them)."""
+    elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+    return {"input_bytes": elements * itemsize}
+
+
+def _ones_like(da: xr.DataArray, lengths: Mapping[str, int]) -> xr.DataArray:
+    """NumPy ones of ``da``'s dtype and dims, cut to ``lengths``, with its coordinates."""
+    cut = {d: slice(0, n) for d, n in lengths.items()}
+    shape = tuple(lengths.get(str(d), n) for d, n in da.sizes.items())
+    coords = {
+        k: v.isel({d: cut[d] for d in v.dims if d in cut}).compute() for k, v in da.coords.items()
+    }
+    return xr.DataArray(
+        np.ones(shape, dtype=da.dtype), dims=da.dims, coords=coords, name=da.name, attrs=da.attrs
+    )
+
+
+def _on_block(
+    block: np.ndarray,
+    *,
+    function: Callable[..., Any],
+    arguments: Mapping[str, Any],
+    dims: tuple[str, ...],
+    coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]],
+    name_: Any,
+    order: tuple[str, ...],
+    variable: Any,
+    block_info: Mapping[Any, Any] | None = None,
+) -> np.ndarray:
+    """``function`` on one block, rebuilt as a DataArray with its part of each coordinate.
+
+    Returns the result (its ``variable`` for a Dataset result) as NumPy, dims in ``order``.
+    """
+    location = dict(zip(dims, block_info[0]["array-location"], strict=True))
+    own = {k: (d, v[tuple(slice(*location[dim]) for dim in d)]) for k, (d, v) in coords.items()}
+    out = function(xr.DataArray(block, dims=dims, coords=own, name=name_), **arguments)
+    if variable is not None:
+        out = out[variable]
+    return np.asarray(out.transpose(*order).data)
+
+
+def takes_xarray(func: Callable[..., Any]) -> bool:
+    """Whether ``func``'s first parameter is annotated as an xarray DataArray or Dataset."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not parameters:
+        return False
+    annotation = parameters[0].annotation
+    if isinstance(annotation, str):
+        return any(name in annotation for name in ("DataArray", "Dataset"))
+    return isinstance(annotation, type) and issubclass(annotation, (xr.DataArray, xr.Dataset))
+
+
+class XarrayFunctionOperator(Operator):
+    """Wrap ``func(obj: xr.DataArray, **kwargs) -> xr.DataArray | xr.Dataset`` as an operator.
+
+    Parameters
+    ----------
+    name
+        Name to register it under.
+    func
+        A function of an xarray object, lazy on Dask data.
+    whole
+        Dims ``func`` needs whole (one chunk per task).
+    free
+        Instead of ``whole``: the dims the plan may cut; every other dim is whole.
+    memory_model
+        Peak bytes of one task from ``input_bytes``; left out, the operator measures itself
+        on its first plan.
+    description
+        One line for :func:`xarray_memchunk.operator_names`.
+
+    Examples
+    --------
+    >>> @operator(whole=["time"])                       # doctest: +SKIP
+    ... def anomaly_p90(tas: xr.DataArray) -> xr.DataArray:
+    ...     anomaly = tas.groupby("time.month") - tas.groupby("time.month").mean()
+    ...     return anomaly.groupby("time.month").quantile(0.9)
+    >>> ds.memchunk.apply(anomaly_p90)                  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        name: str,
+        func: Callable[..., Any],
+        *,
+        whole: Sequence[str] = (),
+        free: Sequence[str] | None = None,
+        memory_model: LinearMemoryModel | None = None,
+        description: str = "",
+    ) -> None:
+        if not callable(func):
+            raise MemchunkError(f"operator {name!r} needs a function, got {func!r}")
+        if free is not None and whole:
+            raise MemchunkError(
+                f"operator {name!r}: give the dims it needs whole (whole=...) or the dims the "
+                f"plan may cut (free=...), not both"
+            )
+        if free is None and not whole:
+            raise MemchunkError(
+                f"operator {name!r}: say which dims the function needs whole, e.g. "
+                f"whole=['time'] for a climatology over time, or which it leaves free, e.g. "
+                f"free=['lat', 'lon']: every task sees the whole dims entire"
+            )
+        self.name = name
+        self.func = func
+        self.whole = tuple(map(str, whole))
+        self.free = tuple(map(str, free)) if free is not None else None
+        self.memory_model = memory_model
+        self.description = description or f"user xarray operator {name!r}"
+        identity = identify(func, self.whole, self.free)
+        self.identity_known = identity.known
+        self.identity_reason = identity.reason
+        digest = identity.digest if identity.known else uuid.uuid4().hex
+        self.calibration = f"{name}-{digest[:12]}"
+
+    def __call__(self, obj: Any, **kwargs: Any) -> Any:
+        """``func(obj, **kwargs)``, as xarray runs it: the decorated function still works."""
+        return self.func(obj, **kwargs)
+
+    def _whole_dims(self, da: xr.DataArray) -> tuple[str, ...]:
+        if self.free is None:
+            return self.whole
+        return tuple(str(d) for d in da.dims if d not in self.free)
+
+    def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
+        """The whole dims (given, or every dim but the free ones); each must exist in ``da``."""
+        named = self.whole if self.free is None else self.free
+        missing = [d for d in named if d not in da.dims]
+        if missing:
+            raise DimensionError(
+                f"operator {self.name!r} needs dims {missing}, missing from dims {tuple(da.dims)}"
+            )
+        return {d: DimUse(DimRole.WHOLE) for d in self._whole_dims(da)}
+
+    def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
+        """The model given, or none: the function is measured on its first plan.
+
+        One feature, the task's input bytes: the whole dims are the same in every task, so
+        whatever ``func`` makes of them grows with the block. Calibrated under
+        :attr:`calibration` and the keyword arguments' identity.
+        """
+        features = functools.partial(_input_features, itemsize=np.dtype(da.dtype).itemsize)
+        arguments = identify(dict(kwargs), home=module_of(self.func)) if kwargs else None
+        key = self.calibration
+        if arguments is not None:
+            key = f"{key}-{arguments.digest[:8]}"
+        doubt = "; ".join(
+            r for r in (self.identity_reason, arguments.reason if arguments else "") if r
+        )
+        return Cost(key, features, self.memory_model, measurable=True, identity_doubt=doubt)
+
+    def check_arguments(
+        self, kwargs: Mapping[str, Any], da: xr.DataArray | None = None
+    ) -> dict[str, Any]:
+        """Check the dims and build the result lazily once: a failing ``func`` fails here.
+
+        Raises
+        ------
+        DimensionError
+            When ``da`` lacks a dim the operator needs.
+        MemchunkError
+            When ``func`` raises on the lazy input or returns something other than a
+            DataArray or a Dataset.
+        """
+        if da is not None:
+            self.dims(da)
+            self.template(da, kwargs)
+        return dict(kwargs)
+
+    def template(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> xr.DataArray | xr.Dataset:
+        """``func`` on a sample of ones shaped as ``da``: whole dims entire, 2 of each free one.
+
+        It gives the result's dims, coordinates and dtypes at once, with nothing read.
+
+        Raises
+        ------
+        MemchunkError
+            When ``func`` raises on the sample, returns something other than a DataArray or a
+            Dataset, or reduces over a dim the plan may cut.
+        """
+        free = [d for d in da.dims if d not in self._whole_dims(da)]
+        sample = _ones_like(da, {d: min(2, da.sizes[d]) for d in free})
+        try:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = self.func(sample, **kwargs)
+        except Exception as exc:
+            raise MemchunkError(
+                f"operator {self.name!r}: its function raised {type(exc).__name__} on a sample "
+                f"of the input ({da.name or 'array'}, its whole dims entire): {exc}"
+            ) from exc
+        if not isinstance(out, xr.DataArray | xr.Dataset):
+            raise MemchunkError(
+                f"operator {self.name!r}: its function returned a {type(out).__name__}; it "
+                f"must return an xarray DataArray or Dataset"
+            )
+        arrays = out.data_vars.values() if isinstance(out, xr.Dataset) else [out]
+        for array in arrays:
+            lost = [d for d in free if d not in array.dims]
+            if lost:
+                raise MemchunkError(
+                    f"operator {self.name!r}: its function reduces over {lost}, which the plan "
+                    f"may cut (free dims: {free}): declare them whole"
+                )
+        return out
+
+    def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> Any:
+        """``func`` on each block, lazily: one task per planned chunk.
+
+        Each task rebuilds its block as a DataArray with its coordinates and calls ``func``;
+        a task of Dask's blockwise kind, so that a read from a file fuses into it as it does
+        for the other operators. A Dataset result is computed per variable. NumPy data is
+        computed now, by ``func`` itself.
+        """
+        if da.chunks is None:
+            return self.func(da, **kwargs)
+        out = self.template(da, kwargs)
+        if isinstance(out, xr.Dataset):
+            variables = {
+                name: self._blockwise(da, array, name, kwargs)
+                for name, array in out.data_vars.items()
+            }
+            return xr.Dataset(variables, attrs=out.attrs)
+        return self._blockwise(da, out, None, kwargs)
+
+    def _blockwise(
+        self, da: xr.DataArray, like: xr.DataArray, variable: Any, kwargs: Mapping[str, Any]
+    ) -> xr.DataArray:
+        """One output array (``like``, from the template) computed block by block."""
+        import dask.array
+
+        free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
+        other = [str(d) for d in like.dims if d not in free]
+        drop = [da.get_axis_num(d) for d in da.dims if d not in free]
+        chunks = [da.chunks[da.get_axis_num(d)] for d in free]
+        chunks += [(like.sizes[d],) for d in other]
+        coords = {
+            str(k): (tuple(map(str, v.dims)), np.asarray(v.values))
+            for k, v in da.coords.items()
+            if not isinstance(v.data, dask.array.Array)
+        }
+        data = dask.array.map_blocks(
+            _on_block,
+            da.data,
+            function=self.func,
+            arguments=dict(kwargs),
+            dims=tuple(map(str, da.dims)),
+            coords=coords,
+            name_=da.name,
+            order=(*free, *other),
+            variable=variable,
+            drop_axis=drop,
+            new_axis=list(range(len(free), len(free) + len(other))) if other else None,
+            chunks=tuple(chunks),
+            dtype=like.dtype,
+            meta=np.empty((0,) * (len(free) + len(other)), dtype=like.dtype),
+            name=f"{self.name}-{dask.base.tokenize(da.data.name, self.func, kwargs, variable)}",
+        )
+        own = {k: v for k, v in like.coords.items() if not set(v.dims) & set(free)}
+        own.update({k: v for k, v in da.coords.items() if set(v.dims) <= set(free)})
+        result = xr.DataArray(
+            data, dims=(*free, *other), coords=own, name=like.name, attrs=like.attrs
+        )
+        return result.transpose(*like.dims)
+
+    def compute_dataset(
+        self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
+    ) -> xr.Dataset:
+        """``func`` on each planned variable; a Dataset result's variables are prefixed by it.
+
+        ``polyfit`` returns ``polyfit_coefficients``: on variable ``tas`` it becomes
+        ``tas_polyfit_coefficients``.
+        """
+        results: dict[Any, Any] = {}
+        for name in uses:
+            out = self.compute(ds[name], uses[name], **kwargs)
+            if isinstance(out, xr.Dataset):
+                results.update({f"{name}_{v}": out[v] for v in out.data_vars})
+            else:
+                results[name] = out
+        return xr.Dataset(results, attrs=ds.attrs)
