@@ -3,6 +3,12 @@
     pip install -e ".[peers]"                  # cubed + cubed-xarray
     python benchmarks/peers.py                  # every row, median of 3 (~25 min on 2 cores)
     python benchmarks/peers.py --only mean svd-exact --repeats 1
+    python benchmarks/peers.py --only clim-month anomaly monthly rolling-30 --out <file>
+
+The climate rows (issue 30) run xarray expressions on the cube: Dask's row is xarray with flox
+(its groupby engine) and Dask's auto chunks, ``flox-cohorts`` the same with
+``method="cohorts"`` (groupby rows), memchunk the same function decorated
+(:mod:`harness.climate_functions`).
 
 Every tool gets 2 processes x 1 thread x ``--memory-limit``. Dask and memchunk run on a fresh
 ``LocalCluster`` with that ``memory_limit`` per run; Cubed runs on its ``processes`` executor
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import logging
 import platform
 import sys
@@ -34,6 +41,7 @@ from typing import Any
 
 import dask
 import dask.array
+import harness.climate_functions  # noqa: F401  (registers the climate rows' operators)
 import numpy as np
 import xarray as xr
 from dask.utils import parse_bytes
@@ -45,7 +53,16 @@ from xarray_memchunk.models.profiling import RssSampler
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block, halo_depth
 from xarray_memchunk.testing import RunOutcome, watch
 
-TOOLS = ("dask", "cubed", "memchunk")
+TOOLS = ("dask", "flox-cohorts", "cubed", "memchunk")
+#: The xarray expressions (issue 30): row -> name in :mod:`harness.climate_functions`.
+CLIMATE = {
+    "clim-month": "clim-month",
+    "anomaly": "anomaly",
+    "monthly": "monthly",
+    "rolling-30": "rolling-30",
+}
+#: Rows with a groupby, where flox's method can be chosen.
+GROUPED = ("clim-month", "anomaly")
 GST3D_HALO = halo_depth("gaussian", 1.0, 2.0, 3.0)
 #: What a Cubed user states as ``extra_projected_mem`` for GST3D: bytes per padded voxel of
 #: float32 work in the fused kernel (36 measured in a worker, rounded up).
@@ -102,8 +119,29 @@ def _reduction(op: str) -> Callable[[xr.DataArray], xr.DataArray]:
     return lambda a: getattr(a, op)("time")
 
 
-def dask_work(row: str, inputs: Inputs) -> tuple[Work, str]:
+def _climate(row: str, tas: xr.DataArray, method: str | None = None) -> xr.DataArray:
+    """The row's xarray expression, as a user writes it (flox's ``method`` where given)."""
+    grouped = {"method": method} if method else {}
+    if row == "clim-month":
+        return tas.groupby("time.month").mean(**grouped)
+    if row == "anomaly":
+        return tas.groupby("time.month") - tas.groupby("time.month").mean(**grouped)
+    if row == "monthly":
+        return tas.resample(time="1MS").mean()
+    return tas.rolling(time=30, center=True).mean()
+
+
+def _climate_summary(result: xr.DataArray) -> Callable[[], np.ndarray]:
+    """The sum over time of the result, per month or per location: small, and a value check."""
+    total = result.astype("float64").sum([d for d in result.dims if d in ("time", "lat")])
+    return lambda: _summary(total.values)
+
+
+def dask_work(row: str, inputs: Inputs, method: str | None = None) -> tuple[Work, str]:
     """Dask's auto chunks and the call a Dask user writes."""
+    if row in CLIMATE:
+        tas = xr.open_zarr(inputs.cube, chunks="auto")["tas"]
+        return _climate_summary(_climate(row, tas, method)), _chunks(tas)
     if row in ("mean", "median", "quantile"):
         tas = xr.open_zarr(inputs.cube, chunks="auto")["tas"]
         if row == "quantile":  # xarray's quantile needs time in one chunk: the user asks for it
@@ -126,6 +164,10 @@ def dask_work(row: str, inputs: Inputs) -> tuple[Work, str]:
 
 def memchunk_work(row: str, inputs: Inputs) -> tuple[Work, str]:
     """memchunk's plan on the same store (the active client's workers set the budget)."""
+    if row in CLIMATE:
+        tas = xr.open_zarr(inputs.cube)["tas"]
+        plan = tas.memchunk.plan(CLIMATE[row])
+        return _climate_summary(plan.apply()), _chunks_of(plan.chunks)
     if row in ("mean", "median", "quantile"):
         tas = xr.open_zarr(inputs.cube)["tas"]
         kwargs = {"dim": "time"} | ({"q": 0.9} if row == "quantile" else {})
@@ -160,6 +202,9 @@ def cubed_work(row: str, inputs: Inputs, spec: Any) -> tuple[Work, str]:
         tas = open_(inputs.cube, "tas")
         result = _reduction(row)(tas)
         return (lambda: _summary(result.values)), _chunks(tas)
+    if row in CLIMATE:
+        tas = open_(inputs.cube, "tas")
+        return _climate_summary(_climate(row, tas)), _chunks(tas)
     if row == "svd-exact":
         field = open_(inputs.tall, "field").data
         n_rows, n_cols = field.chunksize[0], field.shape[1]
@@ -211,7 +256,14 @@ def _chunks_of(chunks: dict[str, int]) -> str:
 
 # --- running and measuring ---------------------------------------------------------------------
 
-ROWS = ("mean", "median", "quantile", "svd-exact", "svd-compressed", "gst3d")
+ROWS = ("mean", "median", "quantile", "svd-exact", "svd-compressed", "gst3d", *CLIMATE)
+
+
+def applies(row: str, tool: str) -> bool:
+    """Whether ``tool`` runs ``row``: flox's cohorts method is for groupby rows only."""
+    return tool != "flox-cohorts" or row in GROUPED
+
+
 #: Relative tolerance of the value check against memchunk's result (randomized SVD: looser).
 RTOL = {"svd-compressed": 1e-2}
 
@@ -272,7 +324,11 @@ def run_one(row: str, tool: str, inputs: Inputs, limit: str, spec: Any, timeout:
                 warnings.catch_warnings(),
             ):
                 warnings.simplefilter("ignore")
-                build = memchunk_work if tool == "memchunk" else dask_work
+                if tool == "memchunk":
+                    build = memchunk_work
+                else:
+                    method = "cohorts" if tool == "flox-cohorts" else None
+                    build = functools.partial(dask_work, method=method)
                 result.outcome = watch(client, tool, timed(lambda: build(row, inputs)))
     result.client_peak = client_peak.peak
     result.value = values[0] if values else None
@@ -337,7 +393,7 @@ def format_table(best: dict[tuple[str, str], Result], limit: str) -> str:
         "peak MB | pauses | deaths | memchunk / best peer | values |",
         "| " + " | ".join(["---"] * 12) + " |",
     ]
-    for row in ROWS:
+    for row in [r for r in ROWS if any(key[0] == r for key in best)]:
         reference = best.get((row, "memchunk"))
         peers = [best[(row, t)] for t in TOOLS if t != "memchunk" and (row, t) in best]
         done = [p for p in peers if p.completed]
@@ -392,6 +448,8 @@ def main() -> None:
             for row in rows:
                 for i in range(len(TOOLS)):  # each repeat starts one tool later
                     tool = TOOLS[(i + repeat) % len(TOOLS)]
+                    if not applies(row, tool):
+                        continue
                     result = run_one(row, tool, inputs, args.memory_limit, spec, args.timeout)
                     print(
                         f"[{repeat + 1}/{args.repeats}] {row:<15} {tool:<9} "

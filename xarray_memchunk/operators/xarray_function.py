@@ -5,10 +5,10 @@ xarray's own methods: ``obj.groupby("time.month").mean()``, ``obj.resample(time=
 ``obj.rolling(time=30, center=True).mean()``, ``obj.polyfit("time", 1)``, or a chain of them.
 The dims it needs whole (``whole=["time"]``, or every dim but ``free=[...]``) are one chunk in
 every task; the plan cuts the others. Each task rebuilds its block as a DataArray, with its
-part of each coordinate, and calls ``func`` on it (a blockwise task, into which a read from a
-file fuses, as for the other operators): a per-location computation gives the same result as
-the expression run by xarray on the whole array, and a task holds what one call of ``func`` on
-one block holds, which is what is measured.
+part of each coordinate, and calls ``func`` on it once (a blockwise task, into which a read
+from a file fuses, as for the other operators; each output is then taken from its result). A
+per-location computation gives the same result as the expression run by xarray on the whole
+array, and a task holds what one call of ``func`` on one block holds: what is measured.
 
 With no memory model given, the operator measures itself on its first plan, as a NumPy block
 function does (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`): ``func`` runs on
@@ -37,6 +37,7 @@ from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import Cost, DimUse, Operator
 from .identity import identify, module_of
+from .sources import file_backend
 
 __all__ = ["XarrayFunctionOperator", "takes_xarray"]
 
@@ -60,27 +61,49 @@ def _ones_like(da: xr.DataArray, lengths: Mapping[str, int]) -> xr.DataArray:
 
 
 def _on_block(
-    block: np.ndarray,
+    source: Any,
     *,
     function: Callable[..., Any],
     arguments: Mapping[str, Any],
     dims: tuple[str, ...],
     coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]],
     name_: Any,
-    order: tuple[str, ...],
-    variable: Any,
+    orders: Mapping[Any, tuple[str, ...]],
+    free: tuple[str, ...] = (),
+    bounds: Mapping[str, tuple[int, ...]] | None = None,
     block_info: Mapping[Any, Any] | None = None,
 ) -> np.ndarray:
     """``function`` on one block, rebuilt as a DataArray with its part of each coordinate.
 
-    Returns the result (its ``variable`` for a Dataset result) as NumPy, dims in ``order``.
+    ``source`` is the block, or a file's backend array to read it from: the block of task
+    ``block_info[None]["chunk-location"]`` (an index per free dim) within ``bounds`` (each
+    dim's chunk boundaries). Returns a one-element object array holding ``{output name: NumPy
+    array, dims in its order}`` (the name None for a DataArray result).
     """
-    location = dict(zip(dims, block_info[0]["array-location"], strict=True))
+    if bounds is None:
+        block = source
+        location = dict(zip(dims, block_info[0]["array-location"], strict=True))
+    else:
+        index = dict(zip(free, block_info[None]["chunk-location"], strict=True))
+        location = {
+            d: (b[index[d]], b[index[d] + 1]) if d in index else (0, b[-1])
+            for d, b in bounds.items()
+        }
+        block = np.asarray(source[tuple(slice(*location[d]) for d in dims)])
     own = {k: (d, v[tuple(slice(*location[dim]) for dim in d)]) for k, (d, v) in coords.items()}
     out = function(xr.DataArray(block, dims=dims, coords=own, name=name_), **arguments)
-    if variable is not None:
-        out = out[variable]
-    return np.asarray(out.transpose(*order).data)
+    arrays = {
+        name: np.asarray((out if name is None else out[name]).transpose(*order).data)
+        for name, order in orders.items()
+    }
+    held = np.empty((1,) * len(block_info[None]["chunk-shape"]), dtype=object)
+    held.flat[0] = arrays
+    return held
+
+
+def _take(results: np.ndarray, *, variable: Any) -> np.ndarray:
+    """Output ``variable`` from a task's results (:func:`_on_block`)."""
+    return results.flat[0][variable]
 
 
 def takes_xarray(func: Callable[..., Any]) -> bool:
@@ -254,62 +277,84 @@ class XarrayFunctionOperator(Operator):
         return out
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> Any:
-        """``func`` on each block, lazily: one task per planned chunk.
+        """``func`` on each block, lazily: one call per planned chunk.
 
-        Each task rebuilds its block as a DataArray with its coordinates and calls ``func``;
-        a task of Dask's blockwise kind, so that a read from a file fuses into it as it does
-        for the other operators. A Dataset result is computed per variable. NumPy data is
-        computed now, by ``func`` itself.
+        Each task rebuilds its block as a DataArray with its coordinates and calls ``func``
+        once; a block of a file's data is read by that task itself, so that no read task
+        waits beside it (as for the other operators). Each output array is then taken from the
+        task's result by a small task of its own. NumPy data is computed now, by ``func``.
         """
+        import dask.array
+
         if da.chunks is None:
             return self.func(da, **kwargs)
         out = self.template(da, kwargs)
-        if isinstance(out, xr.Dataset):
-            variables = {
-                name: self._blockwise(da, array, name, kwargs)
-                for name, array in out.data_vars.items()
-            }
-            return xr.Dataset(variables, attrs=out.attrs)
-        return self._blockwise(da, out, None, kwargs)
-
-    def _blockwise(
-        self, da: xr.DataArray, like: xr.DataArray, variable: Any, kwargs: Mapping[str, Any]
-    ) -> xr.DataArray:
-        """One output array (``like``, from the template) computed block by block."""
-        import dask.array
-
+        arrays = dict(out.data_vars) if isinstance(out, xr.Dataset) else {None: out}
         free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
-        other = [str(d) for d in like.dims if d not in free]
-        drop = [da.get_axis_num(d) for d in da.dims if d not in free]
-        chunks = [da.chunks[da.get_axis_num(d)] for d in free]
-        chunks += [(like.sizes[d],) for d in other]
+        orders = {
+            name: (*free, *(str(d) for d in like.dims if d not in free))
+            for name, like in arrays.items()
+        }
         coords = {
             str(k): (tuple(map(str, v.dims)), np.asarray(v.values))
             for k, v in da.coords.items()
             if not isinstance(v.data, dask.array.Array)
         }
-        data = dask.array.map_blocks(
-            _on_block,
-            da.data,
-            function=self.func,
-            arguments=dict(kwargs),
-            dims=tuple(map(str, da.dims)),
-            coords=coords,
-            name_=da.name,
-            order=(*free, *other),
-            variable=variable,
-            drop_axis=drop,
-            new_axis=list(range(len(free), len(free) + len(other))) if other else None,
+        token = dask.base.tokenize(da.data.name, self.func, kwargs)
+        common = {
+            "function": self.func,
+            "arguments": dict(kwargs),
+            "dims": tuple(map(str, da.dims)),
+            "coords": coords,
+            "name_": da.name,
+            "orders": orders,
+            "chunks": tuple((1,) * len(da.chunks[da.get_axis_num(d)]) for d in free),
+            "dtype": object,
+            "meta": np.empty((0,) * len(free), dtype=object),
+            "name": f"{self.name}-{token}",
+        }
+        backend = file_backend(da.data)
+        if backend is not None:  # each task reads its own block: no read task beside it
+            pairs = zip(da.dims, da.chunks, strict=True)
+            bounds = {str(d): tuple(np.cumsum((0, *c)).tolist()) for d, c in pairs}
+            results = dask.array.map_blocks(
+                _on_block, backend, free=tuple(free), bounds=bounds, **common
+            )
+        else:
+            drop = [da.get_axis_num(d) for d in da.dims if d not in free]
+            results = dask.array.map_blocks(_on_block, da.data, drop_axis=drop, **common)
+        taken = {
+            name: self._taken(da, results, like, name, free, orders[name])
+            for name, like in arrays.items()
+        }
+        if isinstance(out, xr.Dataset):
+            return xr.Dataset(taken, attrs=out.attrs)
+        return taken[None]
+
+    def _taken(
+        self,
+        da: xr.DataArray,
+        results: Any,
+        like: xr.DataArray,
+        name: Any,
+        free: Sequence[str],
+        order: tuple[str, ...],
+    ) -> xr.DataArray:
+        """Output ``name`` (``like``, from the template) taken from each task's results."""
+        other = order[len(free) :]
+        chunks = [da.chunks[da.get_axis_num(d)] for d in free] + [(like.sizes[d],) for d in other]
+        data = results.map_blocks(
+            _take,
+            name=f"{self.name}-{name}-{results.name}" if name is not None else None,
+            variable=name,
+            new_axis=list(range(len(free), len(order))) if other else None,
             chunks=tuple(chunks),
             dtype=like.dtype,
-            meta=np.empty((0,) * (len(free) + len(other)), dtype=like.dtype),
-            name=f"{self.name}-{dask.base.tokenize(da.data.name, self.func, kwargs, variable)}",
+            meta=np.empty((0,) * len(order), dtype=like.dtype),
         )
         own = {k: v for k, v in like.coords.items() if not set(v.dims) & set(free)}
         own.update({k: v for k, v in da.coords.items() if set(v.dims) <= set(free)})
-        result = xr.DataArray(
-            data, dims=(*free, *other), coords=own, name=like.name, attrs=like.attrs
-        )
+        result = xr.DataArray(data, dims=order, coords=own, name=like.name, attrs=like.attrs)
         return result.transpose(*like.dims)
 
     def compute_dataset(
