@@ -173,3 +173,41 @@ def test_each_task_reads_its_own_block_from_the_file(tmp_path):
         per_block = [name for name in names if "aggregate" not in name]
         # a task per block calls the function (fused with its output's sum when it has one)
         assert len(per_block) <= (1 + len(arrays)) * n_blocks
+
+
+def test_coordinates_names_and_variables_reach_the_function_as_xarray_gives_them(
+    user_dir, threaded
+):
+    """2-D and scalar coordinates (Dask-backed too), an unnamed input, two variables sharing
+    their data, and a self-calibration that needs a scalar coordinate."""
+    import dask
+
+    data = daily(years=1, lat=6, lon=8).drop_vars(["lat", "lon"])
+    lat2d = np.linspace(-60, 60, 48).reshape(6, 8)
+    data = data.assign_coords(lat2d=(("lat", "lon"), lat2d), height=2.0)
+    data = data.assign_coords(lat2d=data.lat2d.chunk())  # a Dask-backed coordinate
+
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def weighted(tas: xr.DataArray) -> xr.DataArray:
+        return (tas * np.cos(np.deg2rad(tas.lat2d))).groupby("time.month").mean() + tas.height
+
+    xr.testing.assert_allclose(data.memchunk.apply(weighted).compute(), weighted(data.load()))
+    unnamed = data.rename(None)
+    # named as the plan names an unnamed input's result, never after a Dask key
+    assert unnamed.memchunk.apply(weighted).name in (None, "weighted")
+
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def as_dataset(tas: xr.DataArray) -> xr.Dataset:
+        return tas.mean("time").to_dataset(name="m")
+
+    shared = xr.Dataset({"a": data.rename("a"), "b": data.rename("b")})
+    result = shared.memchunk.apply(as_dataset).compute()
+    assert set(result.data_vars) == {"a_m", "b_m"}
+
+    @xm.operator(whole=["time"], register=False)  # measures itself: needs tas.height there
+    def with_height(tas: xr.DataArray) -> xr.DataArray:
+        return tas.groupby("time.month").mean() + tas.height
+
+    with dask.config.set({"memchunk.self-calibration-seconds": 2}):
+        plan = data.memchunk.plan(with_height, memory_limit="1GB")
+    xr.testing.assert_allclose(plan.apply().compute(), with_height(data.load()))

@@ -181,8 +181,9 @@ def run_task(
     chunked dim, its chunk tasks and the combine tasks that hold their partial results.
     ``upstream``: the input is float64 normal data scaled, shifted and cast to ``dtype`` in the
     graph, as preprocessing makes it (producing it then holds more than the block).
-    ``coords``: dimension coordinates of the data the operator is measured for, each cut to
-    its first ``sizes[dim]`` values (a climatology needs the data's dates).
+    ``coords``: the coordinates of the data the operator is measured for, ``name -> (dims,
+    values)``, each cut to its first ``sizes[dim]`` values along its dims (a climatology needs
+    the data's dates, a weighting its latitudes).
     """
     import dask
     import dask.array as da
@@ -207,7 +208,11 @@ def run_task(
         data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph
         data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
-    own = {d: np.asarray(v)[: sizes[d]] for d, v in (coords or {}).items() if d in sizes}
+    own = {
+        name: (dims, np.asarray(values)[tuple(slice(0, sizes[d]) for d in dims)])
+        for name, (dims, values) in (coords or {}).items()
+        if set(dims) <= set(sizes)
+    }
     obj = xr.DataArray(data, dims=dims, coords=own)
     uses = operator.dims(obj, **kwargs)
     result = operator.compute(obj, uses, **kwargs)
@@ -583,8 +588,8 @@ def self_calibrate(
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
 
-    # the data's own dimension coordinates: a function of dates (a climatology) finds them
-    coords = {str(d): np.asarray(da.indexes[d]) for d in da.dims if d in da.indexes}
+    # the data's own coordinates: a function of dates (a climatology) finds them
+    coords = {str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()}
     runner = functools.partial(run_task, coords=coords)
 
     def measure(extents: Mapping[str, int], repeats: int = 1) -> list[TaskProfile]:

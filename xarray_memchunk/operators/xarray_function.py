@@ -295,12 +295,11 @@ class XarrayFunctionOperator(Operator):
             name: (*free, *(str(d) for d in like.dims if d not in free))
             for name, like in arrays.items()
         }
+        # every coordinate goes to the tasks (a Dask-backed one, 2-D lat/lon, computed here)
         coords = {
-            str(k): (tuple(map(str, v.dims)), np.asarray(v.values))
-            for k, v in da.coords.items()
-            if not isinstance(v.data, dask.array.Array)
+            str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()
         }
-        token = dask.base.tokenize(da.data.name, self.func, kwargs)
+        token = dask.base.tokenize(da.data.name, da.name, self.func, kwargs, coords)
         common = {
             "function": self.func,
             "arguments": dict(kwargs),
@@ -354,7 +353,8 @@ class XarrayFunctionOperator(Operator):
         )
         own = {k: v for k, v in like.coords.items() if not set(v.dims) & set(free)}
         own.update({k: v for k, v in da.coords.items() if set(v.dims) <= set(free)})
-        result = xr.DataArray(data, dims=order, coords=own, name=like.name, attrs=like.attrs)
+        result = xr.DataArray(data, dims=order, coords=own, attrs=like.attrs)
+        result.name = like.name  # None stays None (not the Dask array's name)
         return result.transpose(*like.dims)
 
     def compute_dataset(
