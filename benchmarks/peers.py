@@ -120,15 +120,11 @@ def _reduction(op: str) -> Callable[[xr.DataArray], xr.DataArray]:
 
 
 def _climate(row: str, tas: xr.DataArray, method: str | None = None) -> xr.DataArray:
-    """The row's xarray expression, as a user writes it (flox's ``method`` where given)."""
-    grouped = {"method": method} if method else {}
-    if row == "clim-month":
-        return tas.groupby("time.month").mean(**grouped)
-    if row == "anomaly":
-        return tas.groupby("time.month") - tas.groupby("time.month").mean(**grouped)
-    if row == "monthly":
-        return tas.resample(time="1MS").mean()
-    return tas.rolling(time=30, center=True).mean()
+    """The row's xarray expression as memchunk's row decorates it, run by xarray (flox's
+    ``method`` where given)."""
+    from harness.climate_functions import FUNCTIONS
+
+    return FUNCTIONS[CLIMATE[row]](tas, **({"method": method} if method else {}))
 
 
 def _climate_summary(result: xr.DataArray) -> Callable[[], np.ndarray]:

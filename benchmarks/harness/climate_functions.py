@@ -16,9 +16,9 @@ __all__ = ["FUNCTIONS"]
 
 
 @xm.operator(name="clim-month", whole=["time"])
-def clim_month(tas: xr.DataArray) -> xr.DataArray:
-    """Monthly climatology."""
-    return tas.groupby("time.month").mean()
+def clim_month(tas: xr.DataArray, **flox: str) -> xr.DataArray:
+    """Monthly climatology (``flox``: flox's options, e.g. ``method="cohorts"``)."""
+    return tas.groupby("time.month").mean(**flox)
 
 
 @xm.operator(name="clim-doy", whole=["time"])
@@ -28,9 +28,9 @@ def clim_doy(tas: xr.DataArray) -> xr.DataArray:
 
 
 @xm.operator(name="anomaly", whole=["time"])
-def anomaly(tas: xr.DataArray) -> xr.DataArray:
-    """Anomalies from the monthly climatology."""
-    return tas.groupby("time.month") - tas.groupby("time.month").mean()
+def anomaly(tas: xr.DataArray, **flox: str) -> xr.DataArray:
+    """Anomalies from the monthly climatology (``flox``: as for :func:`clim_month`)."""
+    return tas.groupby("time.month") - tas.groupby("time.month").mean(**flox)
 
 
 @xm.operator(name="monthly", whole=["time"])

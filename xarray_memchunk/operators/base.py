@@ -27,10 +27,15 @@ import xarray as xr
 from ..models import LinearMemoryModel
 from ..planning.problem import DimUse
 
-__all__ = ["Cost", "DimUse", "Features", "Operator", "input_output_features"]
+__all__ = ["Cost", "DimUse", "Features", "Operator", "input_output_features", "padded_elements"]
 
 #: Features of one task from its padded extents per dim (arrays: one entry per candidate).
 Features = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def padded_elements(padded: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Elements of one task per candidate: the product of its padded extents over the dims."""
+    return np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
 
 
 def input_output_features(itemsize: int, output_itemsize: int | None = None) -> Features:
@@ -52,7 +57,7 @@ def input_output_features(itemsize: int, output_itemsize: int | None = None) -> 
     out_itemsize = itemsize if output_itemsize is None else output_itemsize
 
     def features(padded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+        elements = padded_elements(padded)
         return {"input_bytes": elements * itemsize, "output_bytes": elements * out_itemsize}
 
     return features

@@ -30,8 +30,8 @@ import xarray as xr
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import Cost, DimUse, Operator
-from .identity import Identity, identify, module_of
+from .base import Cost, DimUse, Operator, padded_elements
+from .identity import Identity, arguments_identity, calibration_key, identify
 from .sources import map_blocks_with_halo
 
 __all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "function_name"]
@@ -189,7 +189,7 @@ def _block_features(
     new_elements: float,
 ) -> dict[str, np.ndarray]:
     """Input bytes; output bytes of the dims kept and of ``new_elements`` per element kept."""
-    elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+    elements = padded_elements(padded)
     kept = [np.asarray(v, dtype=np.float64) for d, v in padded.items() if d not in drop_dims]
     out = np.prod(kept, axis=0) if kept else np.ones_like(elements)
     out = out * new_elements
@@ -304,7 +304,8 @@ class BlockwiseOperator(Operator):
 
         Features: input bytes; output bytes of the kept dims and the new ones, in the declared
         dtype (the input's when none is declared). Calibrated under :attr:`calibration` and a
-        digest of the keyword arguments' content (:meth:`argument_identity`); in doubt where
+        digest of the keyword arguments' content
+        (:func:`~xarray_memchunk.operators.identity.calibration_key`); in doubt where
         either identity is unknown.
         """
         itemsize = np.dtype(da.dtype).itemsize
@@ -315,9 +316,7 @@ class BlockwiseOperator(Operator):
             drop_dims=self.drop_dims,
             new_elements=float(np.prod(list(self.new_dims.values()) or [1])),
         )
-        arguments = self.argument_identity(**kwargs)
-        key = f"{self.calibration}-{arguments.digest[:8]}" if arguments.digest else self.calibration
-        doubt = "; ".join(r for r in (self.identity_reason, arguments.reason) if r)
+        key, doubt = calibration_key(self.calibration, self.func, kwargs, self.identity_reason)
         return Cost(key, features, self.memory_model, measurable=True, identity_doubt=doubt)
 
     def check_arguments(
@@ -390,19 +389,8 @@ class BlockwiseOperator(Operator):
         )
 
     def argument_identity(self, **kwargs: Any) -> Identity:
-        """Identity of the function's keyword arguments.
-
-        Where they cannot be hashed stably, the digest is of the objects themselves (their
-        ``id``): other objects are calibrated apart, and the reason says why.
-        """
-        arguments = dict(kwargs)
-        if not arguments:
-            return Identity("")
-        identity = identify(arguments, home=module_of(self.func))
-        if identity.known:
-            return identity
-        objects = sorted((k, id(v)) for k, v in arguments.items())
-        return Identity(dask.base.tokenize(objects), identity.reason)
+        """Identity of the function's keyword arguments (``identity.arguments_identity``)."""
+        return arguments_identity(self.func, kwargs)
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
         """Apply ``func`` block by block (with halos where declared), lazily, checked."""

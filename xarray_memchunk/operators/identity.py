@@ -17,7 +17,7 @@ import functools
 import hashlib
 import inspect
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +25,7 @@ import cloudpickle
 import joblib
 import numpy as np
 
-__all__ = ["Identity", "identify", "module_of"]
+__all__ = ["Identity", "arguments_identity", "calibration_key", "identify", "module_of"]
 
 #: Values whose ``repr`` is their content, the same in every process.
 _LITERALS = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis))
@@ -212,3 +212,35 @@ def _global_names(code: types.CodeType) -> Iterator[str]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _global_names(const)
+
+
+def arguments_identity(func: Any, kwargs: Mapping[str, Any]) -> Identity:
+    """Identity of the keyword arguments ``func`` is called with, as a calibration key uses it.
+
+    Empty for no arguments. Where they cannot be hashed stably, the digest is of the objects
+    themselves (their ``id``): other objects are calibrated apart, and the reason says why.
+    """
+    import dask.base
+
+    arguments = dict(kwargs)
+    if not arguments:
+        return Identity("")
+    identity = identify(arguments, home=module_of(func))
+    if identity.known:
+        return identity
+    objects = sorted((k, id(v)) for k, v in arguments.items())
+    return Identity(dask.base.tokenize(objects), identity.reason)
+
+
+def calibration_key(
+    name: str, func: Any, kwargs: Mapping[str, Any], function_doubt: str = ""
+) -> tuple[str, str]:
+    """A user function's calibration key for these arguments, and why it may not identify it.
+
+    ``name`` is the operator's key for the function (its name and the function's identity);
+    the arguments' digest is appended where there are arguments. The doubt joins the
+    function's (``function_doubt``) and the arguments' reasons; empty where there is none.
+    """
+    arguments = arguments_identity(func, kwargs)
+    key = f"{name}-{arguments.digest[:8]}" if arguments.digest else name
+    return key, "; ".join(r for r in (function_doubt, arguments.reason) if r)

@@ -35,8 +35,8 @@ import xarray as xr
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
-from .base import Cost, DimUse, Operator
-from .identity import identify, module_of
+from .base import Cost, DimUse, Operator, padded_elements
+from .identity import calibration_key, identify
 from .sources import file_backend
 
 __all__ = ["XarrayFunctionOperator", "takes_xarray"]
@@ -44,7 +44,7 @@ __all__ = ["XarrayFunctionOperator", "takes_xarray"]
 
 def _input_features(padded: Mapping[str, np.ndarray], itemsize: int) -> dict[str, np.ndarray]:
     """The task's input bytes (what the function makes of a block grows with them)."""
-    elements = np.prod([np.asarray(v, dtype=np.float64) for v in padded.values()], axis=0)
+    elements = padded_elements(padded)
     return {"input_bytes": elements * itemsize}
 
 
@@ -209,16 +209,11 @@ class XarrayFunctionOperator(Operator):
 
         One feature, the task's input bytes: the whole dims are the same in every task, so
         whatever ``func`` makes of them grows with the block. Calibrated under
-        :attr:`calibration` and the keyword arguments' identity.
+        :attr:`calibration` and the keyword arguments' identity
+        (:func:`~xarray_memchunk.operators.identity.calibration_key`), as NumPy functions are.
         """
         features = functools.partial(_input_features, itemsize=np.dtype(da.dtype).itemsize)
-        arguments = identify(dict(kwargs), home=module_of(self.func)) if kwargs else None
-        key = self.calibration
-        if arguments is not None:
-            key = f"{key}-{arguments.digest[:8]}"
-        doubt = "; ".join(
-            r for r in (self.identity_reason, arguments.reason if arguments else "") if r
-        )
+        key, doubt = calibration_key(self.calibration, self.func, kwargs, self.identity_reason)
         return Cost(key, features, self.memory_model, measurable=True, identity_doubt=doubt)
 
     def check_arguments(
