@@ -31,7 +31,6 @@ import logging
 import platform
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -46,6 +45,7 @@ import numpy as np
 import xarray as xr
 from dask.utils import parse_bytes
 from distributed import Client, LocalCluster
+from harness.timeouts import within
 
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
@@ -329,29 +329,6 @@ def run_one(row: str, tool: str, inputs: Inputs, limit: str, spec: Any, timeout:
     result.client_peak = client_peak.peak
     result.value = values[0] if values else None
     return result
-
-
-def within(timeout: float, work: Callable[[], None]) -> None:
-    """Run ``work`` in a thread; raise ``TimeoutError`` when it has not returned in time.
-
-    The thread is left waiting on its computation, which fails when the caller closes the
-    workers it waits on.
-    """
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            work()
-        except BaseException as exc:  # handed to the caller's thread
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError(f"hung: no result after {timeout:.0f} s")
-    if errors:
-        raise errors[0]
 
 
 def median_run(runs: list[Result]) -> Result:

@@ -59,11 +59,12 @@ class SafetyCase:
         ``"graph"``: random data generated inside the Dask graph; ``"preprocessed"``: float64
         normal data scaled, shifted and cast to ``dtype`` in the graph (preprocessing
         upstream); ``"file"``: the uniform data written to a Zarr store first and opened with
-        ``xarray.open_zarr``; ``"mfdataset"``: written to 4 netCDF files split along the first
-        dim (storage chunks ``chunks``) and opened with ``xarray.open_mfdataset``; ``"segy"``:
-        written to a SEG-Y file (3-D, inline-sorted; float32 as IEEE, float64 as format 6) and
-        opened with :func:`~xarray_memchunk.io.open_segy` (``chunks`` only shape the
-        generation).
+        ``xarray.open_zarr``; ``"netcdf"``: written to one netCDF file (storage chunks
+        ``chunks``) and opened with ``xarray.open_dataset(..., chunks={})``;
+        ``"mfdataset"``: written to 4 netCDF files split along the first dim (storage chunks
+        ``chunks``) and opened with ``xarray.open_mfdataset``; ``"segy"``: written to a SEG-Y
+        file (3-D, inline-sorted; float32 as IEEE, float64 as format 6) and opened with
+        :func:`~xarray_memchunk.io.open_segy` (``chunks`` only shape the generation).
     memory_limit
         Worker memory limit; None picks the largest of :data:`LIMITS` whose plan is bound by
         memory.
@@ -168,6 +169,8 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
         return array.copy(data=(normal * 2.0 + 1.0).astype(case.dtype))
     if case.source == "mfdataset":
         return _files(array, case, root)
+    if case.source == "netcdf":
+        return _netcdf(array, case, root)
     if case.source == "segy":
         from xarray_memchunk.seismic.segy import open_segy, write_segy
 
@@ -186,7 +189,10 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
 
 
 def _files(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
-    """``array`` written to 4 netCDF files along its first dim, opened with open_mfdataset."""
+    """``array`` written to 4 netCDF files along its first dim, opened with open_mfdataset.
+
+    Each file's storage chunks are ``case.chunks``, cut to the file's own length.
+    """
     import dask
 
     first = array.dims[0]
@@ -194,15 +200,29 @@ def _files(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
     paths = [root / f"{case.dtype}-{layout}-{i}.nc" for i in range(4)]
     if not all(p.exists() for p in paths):
         bounds = np.linspace(0, array.sizes[first], 5).astype(int)
-        encoding = {"v": {"chunksizes": tuple(case.chunks[d] for d in array.dims)}}
         with dask.config.set(scheduler="threads"):
             for path, start, stop in zip(paths, bounds[:-1], bounds[1:], strict=True):
                 piece = array.isel({first: slice(start, stop)}).to_dataset()
+                lengths = {d: min(case.chunks[d], piece.sizes[d]) for d in array.dims}
+                encoding = {"v": {"chunksizes": tuple(lengths.values())}}
                 if first not in piece.coords:
                     piece = piece.assign_coords({first: np.arange(start, stop)})
                 piece.to_netcdf(path, engine="netcdf4", encoding=encoding)
     opened = xr.open_mfdataset(paths, chunks={}, combine="by_coords", engine="netcdf4")
     return opened["v"]
+
+
+def _netcdf(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
+    """``array`` written to one netCDF file in ``case.chunks``, opened with its own chunks."""
+    import dask
+
+    layout = "-".join(f"{d}{case.shape[d]}c{case.chunks[d]}" for d in array.dims)
+    path = root / f"{case.dtype}-{layout}.nc"
+    if not path.exists():
+        encoding = {"v": {"chunksizes": tuple(case.chunks[d] for d in array.dims)}}
+        with dask.config.set(scheduler="threads"):
+            array.to_dataset().to_netcdf(path, engine="netcdf4", encoding=encoding)
+    return xr.open_dataset(path, chunks={}, engine="netcdf4")["v"]
 
 
 def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str | None, n_workers: int = 2):

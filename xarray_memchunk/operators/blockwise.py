@@ -29,7 +29,7 @@ import xarray as xr
 
 from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
-from ..planning.problem import DimRole
+from ..planning.problem import DimRole, Halo, halo_sides, widest_halo
 from .base import Cost, DimUse, Operator, padded_elements
 from .identity import Identity, arguments_identity, calibration_key, identify
 from .sources import map_blocks_with_halo
@@ -211,7 +211,8 @@ class BlockwiseOperator(Operator):
         operator measures itself on its first plan (a few seconds) and plans with the fit.
     depth
         Halo depth per dim name: each task sees that many neighbour elements per side
-        (``dask.array.map_overlap`` with ``boundary="none"``).
+        (``dask.array.map_overlap`` with ``boundary="none"``), or ``(before, after)`` where
+        the sides differ (a trailing moving window: ``(window - 1, 0)``).
     whole
         Dims that must be one chunk.
     dtype
@@ -253,7 +254,7 @@ class BlockwiseOperator(Operator):
         func: Callable[..., np.ndarray],
         *,
         memory_model: LinearMemoryModel | None = None,
-        depth: Mapping[str, int] | None = None,
+        depth: Mapping[str, Halo] | None = None,
         whole: Sequence[str] = (),
         dtype: np.dtype | str | None = None,
         drop_dims: Sequence[str] = (),
@@ -266,7 +267,9 @@ class BlockwiseOperator(Operator):
         self.name = name
         self.func = func
         self.memory_model = memory_model
-        self.depth = {str(d): int(k) for d, k in (depth or {}).items()}
+        if any(min(halo_sides(k)) < 0 for k in (depth or {}).values()):
+            raise MemchunkError(f"operator {name!r}: halo depths must be >= 0, got {depth!r}")
+        self.depth = {str(d): widest_halo(k, 0) for d, k in (depth or {}).items()}
         self.drop_dims = tuple(map(str, drop_dims))
         self.new_dims = {str(d): int(n) for d, n in (new_dims or {}).items()}
         self.whole = tuple(dict.fromkeys((*map(str, whole), *self.drop_dims)))
@@ -278,8 +281,6 @@ class BlockwiseOperator(Operator):
                 f"operator {name!r}: a function with a halo must return its block's shape; "
                 f"drop_dims and new_dims need depth=None"
             )
-        if any(k < 0 for k in self.depth.values()):
-            raise MemchunkError(f"operator {name!r}: halo depths must be >= 0, got {depth!r}")
         result = (self.output_dtype.str if self.output_dtype is not None else None, self.new_dims)
         identity = identify(func, self.depth, self.whole, self.drop_dims, *result)
         self.identity_known = identity.known
@@ -364,7 +365,8 @@ class BlockwiseOperator(Operator):
     def _probe(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> np.dtype | None:
         """The dtype ``func`` returns for a small block of ones (halo included), remembered."""
         shape = tuple(
-            min(n, 2 * self.depth.get(str(d), 0) + PROBE_LENGTH) for d, n in da.sizes.items()
+            min(n, sum(halo_sides(self.depth.get(str(d), 0))) + PROBE_LENGTH)
+            for d, n in da.sizes.items()
         )
         arguments = self.argument_identity(**kwargs)
         key = (np.dtype(da.dtype).str, shape, arguments.digest)

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import MemchunkError
 from ..models import LinearMemoryModel
+from ..planning.problem import Halo
 from .base import Operator
 from .blockwise import BlockwiseOperator, function_name
 from .xarray_function import XarrayFunctionOperator, takes_xarray
@@ -19,7 +20,7 @@ __all__ = ["operator"]
 def operator(
     name: str | None = None,
     *,
-    depth: Mapping[str, int] | None = None,
+    depth: Mapping[str, Halo] | None = None,
     whole: Sequence[str] = (),
     free: Sequence[str] | None = None,
     dtype: np.dtype | str | None = None,

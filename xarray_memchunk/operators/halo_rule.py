@@ -30,7 +30,7 @@ import xarray as xr
 
 from .._dask_compat import graph_layers, neighbour_gathering_layers
 from ..errors import MemchunkError
-from ..planning.problem import DimRole, DimUse
+from ..planning.problem import DimRole, DimUse, halo_sides
 from .sources import file_backend
 
 __all__ = ["check_halo_reads", "split_halo_dims"]
@@ -59,7 +59,8 @@ def split_halo_dims(da: xr.DataArray, uses: Mapping[str, DimUse]) -> list[str]:
     found = []
     for dim, chunks in zip(da.dims, da.chunks, strict=True):
         use = uses.get(str(dim))
-        if use is not None and use.role is DimRole.HALO and use.depth > 0 and len(chunks) > 1:
+        stencil = use is not None and use.role is DimRole.HALO and any(halo_sides(use.depth))
+        if stencil and len(chunks) > 1:
             found.append(str(dim))
     return found
 

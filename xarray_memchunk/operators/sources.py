@@ -42,6 +42,7 @@ from .._dask_compat import (
     layer_tasks,
 )
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
+from ..planning.problem import Halo, halo_sides, widest_halo
 from .arrays import is_cupy
 
 __all__ = [
@@ -424,7 +425,7 @@ def read_chunked(da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]]) -> xr.
 def _apply_padded(
     backend: Any,
     func: Callable[..., np.ndarray],
-    depth: Mapping[int, int],
+    depth: Mapping[int, Halo],
     kwargs: Mapping[str, Any],
     block_info: Mapping[Any, Any] | None = None,
 ) -> np.ndarray:
@@ -434,8 +435,9 @@ def _apply_padded(
     for axis, ((start, stop), size) in enumerate(
         zip(info["array-location"], info["shape"], strict=True)
     ):
-        lo = max(0, start - depth.get(axis, 0))
-        hi = min(size, stop + depth.get(axis, 0))
+        before, after = halo_sides(depth.get(axis, 0))
+        lo = max(0, start - before)
+        hi = min(size, stop + after)
         region.append(slice(lo, hi))
         keep.append(slice(start - lo, start - lo + stop - start))
     block = np.asarray(backend[tuple(region)])
@@ -445,11 +447,14 @@ def _apply_padded(
 def map_blocks_with_halo(
     data: Any,
     func: Callable[..., np.ndarray],
-    depth: Mapping[int, int],
+    depth: Mapping[int, Halo],
     dtype: np.dtype | str,
     **kwargs: Any,
 ) -> Any:
     """Apply ``func`` to each block of ``data`` padded by ``depth`` neighbours per axis.
+
+    A depth is elements per side, or ``(before, after)`` (a trailing window reads only the
+    elements before its block).
 
     ``func(block, **kwargs)`` returns an array of its padded block's shape. Equal to
     ``data.map_overlap(func, depth=depth, boundary="none", ...)``; for data read straight from
@@ -465,7 +470,11 @@ def map_blocks_with_halo(
     if not _is_dask(data):
         return func(data if is_cupy(data) else np.asarray(data), **kwargs)
     # an axis in one chunk has no neighbour: no halo (a dim shorter than the halo stays whole)
-    depth = {axis: int(k) for axis, k in depth.items() if k and len(data.chunks[axis]) > 1}
+    depth = {
+        axis: widest_halo(k, 0)
+        for axis, k in depth.items()
+        if any(halo_sides(k)) and len(data.chunks[axis]) > 1
+    }
     backend = file_backend(data)
     meta = meta_from_array(array_meta(data), ndim=data.ndim, dtype=dtype)
     if backend is not None:

@@ -253,7 +253,7 @@ def _short_chunks_merged(
         return split
     merged = ensure_minimum_chunksize(shortest, split) if spec.size >= shortest else ()
     result = merged or (spec.size,)
-    halo = spec.role is DimRole.HALO and spec.depth == shortest
+    halo = spec.halo_depth == shortest
     why = f"the operator's shortest chunk, {shortest}"
     if halo:
         why = f"its halo of {shortest}"

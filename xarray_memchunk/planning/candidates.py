@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .balance import max_chunk, min_chunk
-from .problem import DimRole, DimSpec
+from .problem import DimRole, DimSpec, Halo, halo_sides
 
 __all__ = ["DimCandidates", "dim_candidates", "padded_extent"]
 
@@ -45,14 +45,17 @@ class DimCandidates:
         return len(self.n_chunks)
 
 
-def padded_extent(length: np.ndarray | int, n_chunks: np.ndarray | int, depth: int):
-    """Extent one task reads along a dim: the chunk plus ``depth`` per interior neighbour.
+def padded_extent(length: np.ndarray | int, n_chunks: np.ndarray | int, depth: Halo):
+    """Extent one task reads along a dim: the chunk plus its halo from each interior neighbour.
 
-    One chunk has no neighbour (no halo), two chunks have one each, three or more give the
-    interior chunks two. Dask's ``map_overlap(boundary="none")`` pads exactly so.
+    One chunk has no neighbour (no halo); of two chunks, the first reads ``after`` elements of
+    the second and the second ``before`` of the first; three or more give the interior chunks
+    both. Dask's ``map_overlap(boundary="none")`` pads exactly so.
     """
-    sides = np.minimum(np.asarray(n_chunks) - 1, 2)
-    return np.asarray(length) + sides * depth
+    before, after = halo_sides(depth)
+    n_chunks = np.asarray(n_chunks)
+    extra = np.where(n_chunks >= 3, before + after, np.where(n_chunks == 2, max(before, after), 0))
+    return np.asarray(length) + extra
 
 
 def _split_counts(n_units: int, keep: int) -> np.ndarray:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .budget import Budget
+from .problem import describe_halo
 
 __all__ = ["Binding", "ChunkPlan"]
 
@@ -76,7 +77,8 @@ class ChunkPlan:
     binding
         Which constraint decided the chunks (see :class:`Binding`).
     halo
-        Halo depth per dim, elements per side (dims without a halo are absent).
+        Halo depth per dim, elements per side or ``(before, after)`` (dims without a halo are
+        absent).
     whole_dims
         Dims the operator needs in one chunk.
     storage_chunks
@@ -180,7 +182,8 @@ class ChunkPlan:
                 )
             )
         if self.halo:
-            rows.append(("halo", ", ".join(f"{d}: {k} per side" for d, k in self.halo.items())))
+            halos = ", ".join(f"{d}: {describe_halo(k)}" for d, k in self.halo.items())
+            rows.append(("halo", halos))
         known = {d: c for d, c in self.storage_chunks.items() if c}
         if known:
             state = (

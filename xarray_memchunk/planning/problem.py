@@ -16,9 +16,39 @@ __all__ = [
     "DimRole",
     "DimSpec",
     "DimUse",
+    "Halo",
     "PeakFunction",
     "PlanProblem",
+    "describe_halo",
+    "halo_sides",
+    "widest_halo",
 ]
+
+#: A halo's depth: elements read from each neighbour, the same on both sides (a stencil), or
+#: ``(before, after)`` along the dim (a trailing moving window reads only the elements before).
+Halo = int | tuple[int, int]
+
+
+def halo_sides(depth: Halo) -> tuple[int, int]:
+    """``(before, after)`` of a halo's depth."""
+    if isinstance(depth, tuple | list):
+        before, after = depth
+        return int(before), int(after)
+    return int(depth), int(depth)
+
+
+def widest_halo(first: Halo, second: Halo) -> Halo:
+    """The halo that covers both, side by side: an int where both sides are equal."""
+    (b1, a1), (b2, a2) = halo_sides(first), halo_sides(second)
+    before, after = max(b1, b2), max(a1, a2)
+    return before if before == after else (before, after)
+
+
+def describe_halo(depth: Halo) -> str:
+    """A halo in words: ``"3 per side"``, or ``"29 before, 0 after"``."""
+    before, after = halo_sides(depth)
+    return f"{before} per side" if before == after else f"{before} before, {after} after"
+
 
 #: Cost of one chunk's tasks to the thread that runs them under Dask's threaded scheduler,
 #: beyond their work, seconds (``python benchmarks/task_overhead.py``: 1.2 ms on 2 cores).
@@ -38,7 +68,8 @@ class DimRole(StrEnum):
 
     - ``WHOLE``: the dim must be one chunk (the reduced dim of a median, the short side of an SVD).
     - ``HALO``: the dim may be chunked, but each task reads ``depth`` extra elements from each
-      neighbour (a stencil): chunks must be at least ``depth`` long.
+      neighbour (a stencil; ``(before, after)`` where the sides differ, as for a trailing
+      window): chunks must be at least as long as the deeper side.
     - ``FREE``: the dim may be chunked anyhow (a dim the operator maps over).
     """
 
@@ -51,12 +82,13 @@ class DimRole(StrEnum):
 class DimUse:
     """How an operator uses one dim.
 
-    Its :class:`DimRole`, for halo dims the depth, and the shortest chunk the operator accepts
-    along it (``min_length``, 0 for any).
+    Its :class:`DimRole`, for halo dims the depth (elements per side, or ``(before, after)``:
+    a :data:`Halo`), and the shortest chunk the operator accepts along it (``min_length``, 0
+    for any).
     """
 
     role: DimRole = DimRole.FREE
-    depth: int = 0
+    depth: Halo = 0
     min_length: int = 0
 
 
@@ -73,7 +105,7 @@ class DimSpec:
     role
         How the operator needs it chunked.
     depth
-        Halo depth, elements per side (``HALO`` dims only).
+        Halo depth, elements per side or ``(before, after)`` (``HALO`` dims only).
     storage_chunk
         Length of a storage chunk along this dim (on-disk or current dask chunk), if any.
     min_length
@@ -84,14 +116,19 @@ class DimSpec:
     name: str
     size: int
     role: DimRole = DimRole.FREE
-    depth: int = 0
+    depth: Halo = 0
     storage_chunk: int | None = None
     min_length: int = 0
 
     @property
     def shortest_chunk(self) -> int:
-        """Shortest chunk allowed when the dim is split: the halo's depth or ``min_length``."""
-        return max(self.depth if self.role is DimRole.HALO else 0, self.min_length, 1)
+        """Shortest chunk allowed when the dim is split: a halo's deeper side, ``min_length``."""
+        return max(self.halo_depth, self.min_length, 1)
+
+    @property
+    def halo_depth(self) -> int:
+        """The halo's deeper side (0 where the dim has no halo)."""
+        return max(halo_sides(self.depth)) if self.role is DimRole.HALO else 0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .problem import DimRole, DimSpec, DimUse
+from .problem import DimRole, DimSpec, DimUse, widest_halo
 
 __all__ = ["merge_dims"]
 
@@ -38,7 +38,7 @@ def merge_dims(
             role = use.role
             if old is not None and _STRICTNESS[old.role] > _STRICTNESS[role]:
                 role = old.role
-            depth = max(use.depth, old.depth if old else 0)
+            depth = widest_halo(use.depth, old.depth if old else 0)
             shortest = max(use.min_length, old.min_length if old else 0)
             chunk = (old.storage_chunk if old else None) or storage.get(dim)
             specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk, shortest)

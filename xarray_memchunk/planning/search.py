@@ -260,7 +260,7 @@ def _cut(dim: DimSpec, candidates: DimCandidates, index: np.ndarray) -> DimCut:
         n_chunks=candidates.n_chunks[index],
         padded=candidates.padded[index],
         units=candidates.units[index],
-        halo=dim.role is DimRole.HALO and dim.depth > 0,
+        halo=dim.halo_depth > 0,
     )
 
 
@@ -289,7 +289,7 @@ def _make_plan(
         budget=budget,
         n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,
-        halo={d.name: d.depth for d in problem.dims if d.role is DimRole.HALO and d.depth},
+        halo={d.name: d.depth for d in problem.dims if d.halo_depth},
         whole_dims=tuple(d.name for d in problem.dims if d.role is DimRole.WHOLE),
         storage_chunks={d.name: d.storage_chunk for d in problem.dims},
         storage_aligned=aligned,
@@ -323,7 +323,7 @@ def plan_for_chunks(
             n_chunks=np.array([len(chunks)]),
             padded=np.array([padded_extent(max(chunks), len(chunks), depth)]),
             units=np.array([math.gcd(*chunks[:-1]) if len(chunks) > 1 else chunks[0]]),
-            halo=depth > 0,
+            halo=d.halo_depth > 0,
         )
     terms = _footprint(problem, budget, cuts)
     elements = float(np.prod([cut.padded[0] for cut in cuts.values()], dtype=np.float64))

@@ -1,0 +1,211 @@
+"""Randomized trials at the paper's scale: Dask as users write it, against memchunk.
+
+    python benchmarks/trials.py run --seed 2026 --stop 768       # resumable: skips done trials
+    python benchmarks/trials.py run --start 100 --stop 200 --max-minutes 120
+    python benchmarks/trials.py summary                           # the table, from the JSONL
+
+Each trial (:func:`harness.trials.draw`) is run in a process of its own, on fresh
+``LocalCluster`` s, and appended as one JSON line to ``benchmarks/results/trials.jsonl``; a
+trial whose process dies or overruns is recorded as such. ``summary`` prints the Markdown
+table and writes it to ``benchmarks/results/trials.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+JSONL = RESULTS / "trials.jsonl"
+TABLE = RESULTS / "trials.md"
+DEFAULT_SEED = 2026
+
+
+def _done(path: Path, seed: int) -> set[int]:
+    if not path.exists():
+        return set()
+    return {r["index"] for r in _records(path) if r["seed"] == seed}
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run(args: argparse.Namespace) -> None:
+    """Run the trials of ``[start, stop)`` not yet in the JSONL, each in a process of its own."""
+    from harness.trials import _timeout, draw
+
+    done = _done(args.out, args.seed)
+    deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
+    # what the trials teach stays in this run: never in the user's own calibration directory
+    env = {**os.environ, "MEMCHUNK_CALIBRATION_DIR": tempfile.mkdtemp(prefix="memchunk-")}
+    for index in range(args.start, args.stop):
+        if index in done:
+            continue
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"stopped at trial {index}: --max-minutes reached", flush=True)
+            return
+        trial = draw(args.seed, index)
+        limit = 600 + 3 * _timeout(trial)  # input, both sides, a refusal's rerun
+        command = [sys.executable, __file__, "one", "--seed", str(args.seed), str(index)]
+        started = time.monotonic()
+        try:
+            done_run = subprocess.run(
+                command, capture_output=True, text=True, timeout=limit, env=env
+            )
+            lines = [line for line in done_run.stdout.splitlines() if line.startswith("{")]
+            record = json.loads(lines[-1]) if lines else _crashed(trial, done_run.stderr)
+        except subprocess.TimeoutExpired:
+            record = _crashed(trial, f"the trial's process ran past {limit:.0f} s")
+        record["trial_seconds"] = round(time.monotonic() - started, 1)
+        with args.out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        print(_line(record), flush=True)
+
+
+def _crashed(trial: Any, why: str) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {**asdict(trial), "nbytes": trial.nbytes, "crashed": why.strip()[-500:]}
+
+
+def one(args: argparse.Namespace) -> None:
+    """Run one trial here and print its record as a JSON line."""
+    from harness.trials import draw, run_trial
+
+    print(json.dumps(run_trial(draw(args.seed, args.index))), flush=True)
+
+
+def _line(r: dict[str, Any]) -> str:
+    head = (
+        f"[{r['index']}] {r['op']} {r['dtype']} {r['nbytes'] / 1e9:.2f} GB {r['source']}/"
+        f"{r['chunking']} {r['n_workers']}x{r['threads']} @ {r['memory_limit_gb']} GB"
+    )
+    if "crashed" in r:
+        return f"{head}: CRASHED {r['crashed'][-200:]}"
+    parts = []
+    for side in ("dask", "memchunk"):
+        s = r[side]
+        extra = f" min {s['minimum_limit']}" if s.get("minimum_limit") else ""
+        if s.get("rerun"):
+            extra += f" rerun {s['rerun'].get('outcome')}"
+        parts.append(
+            f"{side} {s['outcome']} {s['seconds']:.0f}s p{s['pauses']} d{s['deaths']} "
+            f"{s['peak_worker'] / 1e6:.0f}MB{extra}"
+        )
+    return f"{head}: " + "; ".join(parts)
+
+
+def _failed(side: dict[str, Any]) -> bool:
+    return side["outcome"] in ("killed", "hung") or side["pauses"] > 0 or side["deaths"] > 0
+
+
+def _pct(n: int, d: int) -> str:
+    return f"{n} ({100 * n / d:.1f}%)" if d else "0"
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    """The summary: failure rates, peak and wall-time ratios, refusals, and the failures."""
+    ran = [r for r in records if "crashed" not in r]
+    crashed = [r for r in records if "crashed" in r]
+    rows = ["| | Dask as users write it | memchunk |", "| --- | --- | --- |"]
+    n = len(ran)
+    for label, test in (
+        ("completed", lambda s: s["outcome"] == "completed"),
+        ("failed for memory (a pause, a death, KilledWorker or a hang)", _failed),
+        ("  paused a worker", lambda s: s["pauses"] > 0),
+        ("  lost a worker", lambda s: s["deaths"] > 0),
+        ("  KilledWorker", lambda s: s["outcome"] == "killed"),
+        ("  hung past its time limit", lambda s: s["outcome"] == "hung"),
+        ("refused before running", lambda s: s["outcome"] == "refused"),
+        ("other error (not memory)", lambda s: s["outcome"] == "error"),
+    ):
+        rows.append(
+            f"| {label} | {_pct(sum(test(r['dask']) for r in ran), n)} | "
+            f"{_pct(sum(test(r['memchunk']) for r in ran), n)} |"
+        )
+    both = [r for r in ran if all(r[s]["outcome"] == "completed" for s in ("dask", "memchunk"))]
+    peak = [r["memchunk"]["peak_worker"] / r["dask"]["peak_worker"] for r in both]
+    clean = [r for r in both if not _failed(r["dask"])]
+    wall = [r["memchunk"]["seconds"] / r["dask"]["seconds"] for r in clean if r["dask"]["seconds"]]
+    predicted = [
+        r["memchunk"]["peak_worker"] / r["memchunk"]["predicted_worker"]
+        for r in ran
+        if r["memchunk"]["outcome"] == "completed" and r["memchunk"]["predicted_worker"]
+    ]
+    refused = [r for r in ran if r["memchunk"]["outcome"] == "refused"]
+    rerun_ok = [r for r in refused if r["memchunk"]["rerun"].get("outcome") == "completed"]
+    rerun_safe = [r for r in rerun_ok if not _failed(r["memchunk"]["rerun"])]
+
+    def med(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} (n={len(values)})" if values else "n/a"
+
+    lines = [
+        f"{len(records)} trials ({n} ran, {len(crashed)} whose process crashed or overran).",
+        "",
+        *rows,
+        "",
+        f"- peak worker memory, memchunk / Dask, where both completed: median {med(peak)}",
+        f"- wall time, memchunk / Dask, where both completed and Dask did not pause or lose a "
+        f"worker: median {med(wall)}",
+        f"- memchunk's measured / predicted worker peak: median {med(predicted)}, largest "
+        + (f"{max(predicted):.2f}" if predicted else "n/a"),
+        f"- memchunk's refusals: {len(refused)}; re-run at the stated minimum: "
+        f"{len(rerun_ok)} completed, {len(rerun_safe)} with 0 pauses and 0 deaths",
+    ]
+    failures = [r for r in ran if _failed(r["memchunk"]) or r["memchunk"]["outcome"] == "error"]
+    if failures or crashed:
+        lines += ["", "memchunk's failures (and crashed trials), by case:", ""]
+        lines += [f"- {_line(r)}; {r['memchunk'].get('error', '')[:200]}" for r in failures]
+        lines += [f"- {_line(r)}" for r in crashed]
+    by_op = Counter(r["op"] for r in ran)
+    lines += ["", "Trials per operator: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))]
+    return "\n".join(lines)
+
+
+def summary(args: argparse.Namespace) -> None:
+    """Print the summary of the JSONL and write it to ``trials.md``."""
+    records = _records(args.out)
+    seeds = sorted({r["seed"] for r in records})
+    header = (
+        f"Summarised {datetime.date.today()} on {platform.node() or 'this machine'} "
+        f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}) "
+        f"from `{args.out.name}`: seed(s) {seeds}, trials drawn by `harness.trials.draw`, run "
+        f"with `python benchmarks/trials.py run --seed <seed> --stop <n>`."
+    )
+    text = header + "\n\n" + summary_table(records) + "\n"
+    print(text)
+    TABLE.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run trials, appending to the JSONL")
+    run_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    run_parser.add_argument("--start", type=int, default=0)
+    run_parser.add_argument("--stop", type=int, default=768)
+    run_parser.add_argument("--max-minutes", type=float, help="start no trial after this")
+    one_parser = commands.add_parser("one", help="run one trial, print its JSON line")
+    one_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    one_parser.add_argument("index", type=int)
+    commands.add_parser("summary", help="print the summary table, write trials.md")
+    for sub in commands.choices.values():
+        sub.add_argument("--out", type=Path, default=JSONL, help="the JSONL of trials")
+    args = parser.parse_args()
+    {"run": run, "one": one, "summary": summary}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
