@@ -7,6 +7,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --learning         # issue 27: user functions, a kill
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
     python benchmarks/plan_safety.py --xarray           # issue 30: xarray expressions
+    python benchmarks/plan_safety.py --xarray --only rolling --out <file>
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``harness.plan_safety.LIMITS``) at which the plan's binding
@@ -229,13 +230,41 @@ def xarray_cases() -> list[SafetyCase]:
     import harness.climate_functions as functions
 
     one_day = {"time": 1, "lat": 180, "lon": 360}
-    return [
+    pairs = [("float32", "file"), ("float64", "mfdataset")]  # each dtype from one source
+    cases = [
         SafetyCase(name, dtype, DAILY, one_day, source, dates=True, label=f"{name} ({source})")
         for name in functions.FUNCTIONS
-        for dtype in ("float32", "float64")
-        for source in ("file", "mfdataset")
-        if (source == "file") == (dtype == "float32")  # each dtype from one source
+        for dtype, source in pairs
     ]
+    window = {"dim": "time", "window": 30, "center": True}
+    cases += [
+        SafetyCase(
+            "rolling",
+            dtype,
+            DAILY,
+            one_day,
+            source,
+            window,
+            dates=True,
+            label=f"rolling built-in ({source})",
+            reference=functions.FUNCTIONS["rolling-30"],
+        )
+        for dtype, source in pairs
+    ]
+    cases.append(  # a stencil over a graph's chunks: neighbours wait in the workers
+        SafetyCase(
+            "rolling",
+            "float64",
+            DAILY,
+            {"time": 100, "lat": 180, "lon": 360},
+            "preprocessed",
+            window | {"center": False},
+            dates=True,
+            label="rolling built-in, trailing (preprocessed graph)",
+            reference=lambda tas: tas.rolling(time=30).mean(),
+        )
+    )
+    return cases
 
 
 def main() -> None:
@@ -270,7 +299,7 @@ def main() -> None:
     elif args.staged:
         cases = staged_cases()
     elif args.xarray:
-        cases = xarray_cases()
+        cases = [c for c in xarray_cases() if not args.only or c.op in args.only]
     else:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []

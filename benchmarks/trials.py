@@ -26,6 +26,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from xarray_memchunk.units import to_bytes
+
+SIDES = ("dask", "memchunk")
 RESULTS = Path(__file__).parent / "results"
 JSONL = RESULTS / "trials.jsonl"
 TABLE = RESULTS / "trials.md"
@@ -107,8 +110,29 @@ def _line(r: dict[str, Any]) -> str:
     return f"{head}: " + "; ".join(parts)
 
 
-def _failed(side: dict[str, Any]) -> bool:
-    return side["outcome"] in ("killed", "hung") or side["pauses"] > 0 or side["deaths"] > 0
+#: Dask pauses a worker above this share of its ``memory_limit``.
+PAUSE_FRACTION = 0.8
+
+
+def _hung_for_memory(side: dict[str, Any], limit: float) -> bool:
+    """A hang with a worker at its pause threshold: waiting for memory its own task holds."""
+    peak = max(side["peak_worker"], side.get("plan_peak_worker", 0))
+    return side["outcome"] == "hung" and peak >= PAUSE_FRACTION * limit
+
+
+def _slow(side: dict[str, Any], limit: float) -> bool:
+    """Past the time limit with every worker below its pause threshold: slow, not memory."""
+    return side["outcome"] == "hung" and not _hung_for_memory(side, limit)
+
+
+def _failed(side: dict[str, Any], limit: float) -> bool:
+    """A memory failure: a pause, a death, KilledWorker, or a hang at the pause threshold."""
+    memory = side["outcome"] == "killed" or _hung_for_memory(side, limit)
+    return memory or side["pauses"] > 0 or side["deaths"] > 0
+
+
+def _limit(record: dict[str, Any]) -> float:
+    return record["memory_limit_gb"] * 1e9
 
 
 def _pct(n: int, d: int) -> str:
@@ -122,22 +146,21 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     rows = ["| | Dask as users write it | memchunk |", "| --- | --- | --- |"]
     n = len(ran)
     for label, test in (
-        ("completed", lambda s: s["outcome"] == "completed"),
+        ("completed", lambda s, _: s["outcome"] == "completed"),
         ("failed for memory (a pause, a death, KilledWorker or a hang)", _failed),
-        ("  paused a worker", lambda s: s["pauses"] > 0),
-        ("  lost a worker", lambda s: s["deaths"] > 0),
-        ("  KilledWorker", lambda s: s["outcome"] == "killed"),
-        ("  hung past its time limit", lambda s: s["outcome"] == "hung"),
-        ("refused before running", lambda s: s["outcome"] == "refused"),
-        ("other error (not memory)", lambda s: s["outcome"] == "error"),
+        ("  paused a worker", lambda s, _: s["pauses"] > 0),
+        ("  lost a worker", lambda s, _: s["deaths"] > 0),
+        ("  KilledWorker", lambda s, _: s["outcome"] == "killed"),
+        ("  hung at the pause threshold past its time limit", _hung_for_memory),
+        ("past its time limit, every worker below the pause threshold", _slow),
+        ("refused before running", lambda s, _: s["outcome"] == "refused"),
+        ("other error (not memory)", lambda s, _: s["outcome"] == "error"),
     ):
-        rows.append(
-            f"| {label} | {_pct(sum(test(r['dask']) for r in ran), n)} | "
-            f"{_pct(sum(test(r['memchunk']) for r in ran), n)} |"
-        )
+        counts = {side: sum(test(r[side], _limit(r)) for r in ran) for side in SIDES}
+        rows.append(f"| {label} | {_pct(counts['dask'], n)} | {_pct(counts['memchunk'], n)} |")
     both = [r for r in ran if all(r[s]["outcome"] == "completed" for s in ("dask", "memchunk"))]
     peak = [r["memchunk"]["peak_worker"] / r["dask"]["peak_worker"] for r in both]
-    clean = [r for r in both if not _failed(r["dask"])]
+    clean = [r for r in both if not _failed(r["dask"], _limit(r))]
     wall = [r["memchunk"]["seconds"] / r["dask"]["seconds"] for r in clean if r["dask"]["seconds"]]
     predicted = [
         r["memchunk"]["peak_worker"] / r["memchunk"]["predicted_worker"]
@@ -146,7 +169,11 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     ]
     refused = [r for r in ran if r["memchunk"]["outcome"] == "refused"]
     rerun_ok = [r for r in refused if r["memchunk"]["rerun"].get("outcome") == "completed"]
-    rerun_safe = [r for r in rerun_ok if not _failed(r["memchunk"]["rerun"])]
+    rerun_safe = [
+        r
+        for r in rerun_ok
+        if not _failed(r["memchunk"]["rerun"], to_bytes(r["memchunk"]["rerun"]["memory_limit"]))
+    ]
 
     def med(values: list[float]) -> str:
         return f"{statistics.median(values):.2f} (n={len(values)})" if values else "n/a"
@@ -164,7 +191,11 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         f"- memchunk's refusals: {len(refused)}; re-run at the stated minimum: "
         f"{len(rerun_ok)} completed, {len(rerun_safe)} with 0 pauses and 0 deaths",
     ]
-    failures = [r for r in ran if _failed(r["memchunk"]) or r["memchunk"]["outcome"] == "error"]
+    failures = [
+        r
+        for r in ran
+        if _failed(r["memchunk"], _limit(r)) or r["memchunk"]["outcome"] in ("error", "hung")
+    ]
     if failures or crashed:
         lines += ["", "memchunk's failures (and crashed trials), by case:", ""]
         lines += [f"- {_line(r)}; {r['memchunk'].get('error', '')[:200]}" for r in failures]

@@ -97,13 +97,16 @@ def test_zarr_input_reads_its_halo_from_the_file(tmp_path, threaded):
     np.testing.assert_allclose(result.values, expected.values, rtol=1e-6, equal_nan=True)
 
 
-def test_dataset_keeps_variables_without_the_dim_out(threaded):
+def test_dataset_is_rolled_as_xarray_rolls_it(threaded):
     ds = daily(days=100, chunks={"time": 10}).to_dataset()
     ds["orography"] = xr.DataArray(np.ones((20, 30)), dims=("lat", "lon"))
+    ds["count"] = (ds.tas > 0).astype("int32")
     result = ds.memchunk.apply("rolling", dim="time", window=5, chunks={"time": 20})
-    assert list(result.data_vars) == ["tas"]
-    expected = ds.tas.rolling(time=5).mean()
-    np.testing.assert_allclose(result.tas.values, expected.values, rtol=1e-6, equal_nan=True)
+    expected = ds.rolling(time=5).mean()
+    assert list(result.data_vars) == list(expected.data_vars) == ["tas", "orography", "count"]
+    for name in expected.data_vars:  # integers rolled as float64, the map kept as it is
+        assert result[name].dtype == expected[name].dtype
+        np.testing.assert_allclose(result[name], expected[name], rtol=1e-6, equal_nan=True)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +118,7 @@ def test_dataset_keeps_variables_without_the_dim_out(threaded):
         ({"dim": "time", "window": 3, "min_periods": 5}, "must not exceed window"),
         ({"dim": "time", "window": 3, "center": "yes"}, "center must be True or False"),
         ({"dim": "time", "window": 3, "stride": 2}, "unexpected arguments ['stride']"),
-        ({"dim": "time", "window": 101}, "longer than 'time' (100)"),
+        ({"dim": "time", "window": 3, "center": 2}, "center must be True or False"),
     ],
 )
 def test_bad_arguments_are_refused_before_running(kwargs, message):
@@ -135,8 +138,26 @@ def test_one_sided_depth_for_a_user_function(threaded):
     result = tas.memchunk.apply(op, chunks={"time": 12})
     expected = tas.rolling(time=3, min_periods=1).sum()
     np.testing.assert_allclose(result.values, expected.values, rtol=1e-9)
-    with pytest.raises(MemchunkError, match="halo depths must be >= 0"):
-        BlockwiseOperator("bad", trailing_sum, depth={"time": (-1, 0)})
+    for bad in ((-1, 0), (1, 2, 3), 2.7, "2"):
+        with pytest.raises(MemchunkError, match="a halo is an int >= 0"):
+            BlockwiseOperator("bad", trailing_sum, depth={"time": bad})
+
+
+def test_a_window_longer_than_the_dim_is_xarrays_too(threaded):
+    tas = daily(days=40, lat=3, lon=4, chunks={"time": 10})
+    result = tas.memchunk.apply("rolling", dim="time", window=60, min_periods=1)
+    expected = tas.rolling(time=60, min_periods=1).mean()
+    np.testing.assert_allclose(result.values, expected.values, rtol=1e-6)
+
+
+def test_rolling_can_be_calibrated_and_shipped_calibrations_skip_it():
+    from calibrate_shipped import shipped
+
+    from xarray_memchunk.operators import get_operator
+
+    assert all(op.name != "rolling" for op, _, _ in shipped("cpu"))  # measured, not shipped
+    kwargs, shapes = get_operator("rolling").calibration_setup(window=7)
+    assert kwargs["window"] == 7 and kwargs["dim"] == "time" and len(shapes) >= 3
 
 
 def test_rolling_on_a_cluster_is_safe_and_equal(cluster_client, tmp_path):

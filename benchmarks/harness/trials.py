@@ -213,9 +213,14 @@ def dask_call(trial: Trial, x: xr.DataArray) -> Any:
     from .trial_functions import temporaries
 
     op = trial.op
-    if op in ("median", "quantile"):  # xarray needs time in one chunk: the user asks for it
-        if len(x.chunksizes["time"]) > 1:
-            x = x.chunk({"time": -1} | {d: "auto" for d in x.dims if d != "time"})
+    # xarray needs time in one chunk for a median or a quantile: the user asks for it
+    if op in ("median", "quantile") and len(x.chunksizes["time"]) > 1:
+        x = x.chunk({"time": -1} | {d: "auto" for d in x.dims if d != "time"})
+    if op == "anomaly-p90":  # flox's quantile per group, too: the user rechunks the anomalies
+        deviation = x.groupby("time.month") - x.groupby("time.month").mean()
+        deviation = deviation.chunk({"time": -1} | {d: "auto" for d in x.dims if d != "time"})
+        return deviation.groupby("time.month").quantile(0.9)
+    if op in ("median", "quantile"):
         return x.median("time") if op == "median" else x.quantile(0.9, "time")
     if op in REDUCTIONS:
         return getattr(x, op)("time")

@@ -36,7 +36,7 @@ from .sources import map_blocks_with_halo
 
 __all__ = ["BlockwiseOperator", "CheckedBlockFunction", "function_identity", "function_name"]
 
-#: Elements of the probe block per dim, beyond twice the halo depth.
+#: Elements of the probe block per dim, beyond its halo (both sides).
 PROBE_LENGTH = 8
 
 
@@ -267,8 +267,11 @@ class BlockwiseOperator(Operator):
         self.name = name
         self.func = func
         self.memory_model = memory_model
-        if any(min(halo_sides(k)) < 0 for k in (depth or {}).values()):
-            raise MemchunkError(f"operator {name!r}: halo depths must be >= 0, got {depth!r}")
+        for dim, k in (depth or {}).items():
+            try:
+                halo_sides(k)
+            except ValueError as exc:
+                raise MemchunkError(f"operator {name!r}: depth of {dim!r}: {exc}") from None
         self.depth = {str(d): widest_halo(k, 0) for d, k in (depth or {}).items()}
         self.drop_dims = tuple(map(str, drop_dims))
         self.new_dims = {str(d): int(n) for d, n in (new_dims or {}).items()}

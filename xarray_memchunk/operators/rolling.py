@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import MemchunkError
+from ..errors import DimensionError, MemchunkError
 from ..planning.problem import DimRole
 from .arguments import check_number, reject_unknown
 from .base import Cost, DimUse, Operator
@@ -61,6 +61,15 @@ def rolling_block(
     return getattr(rolled, reduction)().values
 
 
+def _has_dim(da: xr.DataArray, dim: str) -> bool:
+    """Whether ``da`` has the dim ``dim`` names (a name or a CF axis)."""
+    try:
+        resolve_dim(da, dim)
+    except DimensionError:
+        return False
+    return True
+
+
 def _arguments(
     dim: str | None = None,
     window: int | None = None,
@@ -77,7 +86,7 @@ def _arguments(
             "window=30) for da.rolling(time=30).mean()"
         )
     window = int(check_number(Rolling.name, "window", window, integer=True, minimum=1))
-    if not isinstance(center, bool | np.bool_):
+    if not isinstance(center, bool | np.bool_ | int | np.integer) or center not in (0, 1):
         raise MemchunkError(f"rolling center must be True or False, got {center!r}")
     if reduction not in REDUCTIONS:
         raise MemchunkError(
@@ -122,7 +131,9 @@ class Rolling(Operator):
         "moving-window reduction along one dim (dim=, window=, center=, reduction=): "
         "a halo of the window"
     )
-    dtype_kinds = "f"
+    dtype_kinds = "iuf"
+    #: Measured on its first plan for each set of arguments: nothing is shipped.
+    shipped_calibrations = ()
 
     def __init__(self) -> None:
         #: The block function's operator per halo: its identity keys the self-calibration.
@@ -142,12 +153,13 @@ class Rolling(Operator):
         """
         if da is None:
             return _arguments(**kwargs)
-        dim = resolve_dim(da, kwargs["dim"])
-        if kwargs["window"] > da.sizes[dim]:
-            raise MemchunkError(
-                f"rolling window ({kwargs['window']}) is longer than {dim!r} ({da.sizes[dim]})"
-            )
-        return dict(kwargs) | {"dim": dim}
+        return dict(kwargs) | {"dim": resolve_dim(da, kwargs["dim"])}
+
+    def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
+        """``dim="time"``, ``window=30`` unless given; blocks of 0.1 to 24 million elements."""
+        sizes = [(60, 40, 40), (120, 60, 80), (365, 50, 60), (365, 100, 120), (730, 120, 140)]
+        shapes = [{"time": t, "y": y, "x": x} for t, y, x in sizes]
+        return self.check_arguments({"dim": "time", "window": 30} | kwargs), shapes
 
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """The window's dim is a halo dim (the window's reach before and after); others free."""
@@ -175,6 +187,23 @@ class Rolling(Operator):
         operator = self._operator(da, kwargs)
         result = operator.compute(da, uses, **self._block_kwargs(da, kwargs))
         return result.rename(da.name)
+
+    def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
+        """A variable without the window's dim is kept as it is, as xarray keeps it."""
+        if not _has_dim(da, kwargs["dim"]):
+            return f"has no dim {kwargs['dim']!r}: kept as it is, as xarray keeps it"
+        return f"{reason}: left out of the result"
+
+    def compute_dataset(
+        self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
+    ) -> xr.Dataset:
+        """Roll the planned variables; keep those without the dim as they are, as xarray does."""
+        result = {
+            name: self.compute(var, uses[name], **kwargs) if name in uses else var
+            for name, var in ds.data_vars.items()
+            if name in uses or not _has_dim(var, kwargs["dim"])
+        }
+        return xr.Dataset(result, attrs=ds.attrs)
 
 
 #: Registered as a built-in operator (:func:`~xarray_memchunk.operators.registry.load_builtins`).

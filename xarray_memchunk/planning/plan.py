@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .budget import Budget
-from .problem import describe_halo
+from .problem import Halo, describe_halo
 
 __all__ = ["Binding", "ChunkPlan"]
 
@@ -115,7 +115,7 @@ class ChunkPlan:
     budget: Budget
     n_chunks: int
     binding: str
-    halo: dict[str, int] = field(default_factory=dict)
+    halo: dict[str, Halo] = field(default_factory=dict)
     whole_dims: tuple[str, ...] = ()
     storage_chunks: dict[str, int | None] = field(default_factory=dict)
     storage_aligned: bool = True

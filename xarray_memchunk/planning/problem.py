@@ -30,11 +30,21 @@ Halo = int | tuple[int, int]
 
 
 def halo_sides(depth: Halo) -> tuple[int, int]:
-    """``(before, after)`` of a halo's depth."""
-    if isinstance(depth, tuple | list):
-        before, after = depth
-        return int(before), int(after)
-    return int(depth), int(depth)
+    """``(before, after)`` of a halo's depth.
+
+    Raises
+    ------
+    ValueError
+        Unless ``depth`` is an int, or a pair of ints, each at least 0.
+    """
+    sides = tuple(depth) if isinstance(depth, tuple | list) else (depth, depth)
+    integers = all(isinstance(n, int | np.integer) and not isinstance(n, bool) for n in sides)
+    if len(sides) != 2 or not integers or min(sides) < 0:
+        raise ValueError(
+            f"a halo is an int >= 0 (elements per side) or a pair (before, after) of them, "
+            f"got {depth!r}"
+        )
+    return int(sides[0]), int(sides[1])
 
 
 def widest_halo(first: Halo, second: Halo) -> Halo:

@@ -1,0 +1,98 @@
+"""The randomized trials' generator and summary (benchmarks/trials.py), without running any."""
+
+import math
+
+import numpy as np
+import pytest
+from harness.trials import CHUNKINGS, OPERATORS, SOURCES, draw, stated_minimum
+from trials import summary_table
+
+
+def test_a_trial_is_the_same_whatever_else_was_drawn():
+    assert draw(7, 41) == draw(7, 41)
+    assert draw(7, 41) != draw(8, 41)
+    assert [draw(7, i) for i in (3, 2, 1)][::-1] == [draw(7, i) for i in (1, 2, 3)]
+
+
+def test_trials_cover_the_matrix_within_its_bounds():
+    trials = [draw(2026, i) for i in range(400)]
+    assert {t.op for t in trials} == set(OPERATORS)
+    assert {t.chunking for t in trials} == set(CHUNKINGS)
+    assert {t.n_workers for t in trials} == {1, 2, 3}
+    assert {t.threads for t in trials} == {1, 2, 4}
+    for t in trials:
+        assert 0.5 <= t.memory_limit_gb <= 3
+        assert 80e6 <= t.nbytes <= 3.1e9, t
+        assert t.source in SOURCES[t.family]
+        assert set(t.chunks) == set(t.shape)
+        assert all(1 <= t.chunks[d] <= t.shape[d] for d in t.shape)
+        assert math.prod(t.shape.values()) > 0
+    sizes = np.array([t.nbytes for t in trials])
+    assert np.median(sizes) < 1e9 < sizes.max()  # log-uniform: most are small, some large
+    assert {t.first for t in trials} == {"dask", "memchunk"}
+
+
+def test_the_least_memory_a_refusal_states():
+    message = (
+        "exact: ... give each worker at least 1.28 GiB (memory_limit) at 2 threads per worker; "
+        "... Staged on disk, it does not fit either: ... give each worker at least 797.10 MiB "
+        "(memory_limit) at 2 threads per worker"
+    )
+    assert stated_minimum(message) == "797.10 MiB"
+    assert stated_minimum("give each task at least 68.58 MiB (Budget.per_task)") == ""
+
+
+def _side(outcome="completed", pauses=0, deaths=0, peak=100e6, seconds=10.0, **extra):
+    side = {
+        "outcome": outcome,
+        "pauses": pauses,
+        "deaths": deaths,
+        "peak_worker": peak,
+        "seconds": seconds,
+        "predicted_worker": 0,
+        "error": "",
+        "rerun": {},
+    }
+    return side | extra
+
+
+@pytest.fixture
+def records():
+    base = draw(1, 0).__dict__ | {"nbytes": draw(1, 0).nbytes, "first": "dask"}
+    return [
+        base | {"dask": _side(), "memchunk": _side(peak=50e6, seconds=5.0)},
+        base | {"dask": _side("killed", deaths=3), "memchunk": _side(predicted_worker=200e6)},
+        base
+        | {
+            "dask": _side(pauses=2, seconds=40.0),
+            "memchunk": _side(
+                "refused", minimum_limit="1 GiB", rerun=_side() | {"memory_limit": "1.03GB"}
+            ),
+        },
+    ]
+
+
+def test_the_summary_counts_failures_ratios_and_refusals(records):
+    text = summary_table(records)
+    assert (
+        "| failed for memory (a pause, a death, KilledWorker or a hang) | 2 (66.7%) | 0 (0.0%) |"
+        in text
+    )
+    assert "memchunk / Dask, where both completed: median 0.50 (n=1)" in text
+    assert "Dask did not pause or lose a worker: median 0.50 (n=1)" in text
+    assert "refusals: 1; re-run at the stated minimum: 1 completed, 1 with 0 pauses" in text
+    assert "memchunk's failures" not in text
+
+
+def test_a_memchunk_failure_is_named(records):
+    records[0]["memchunk"]["pauses"] = 1
+    assert "memchunk's failures" in summary_table(records)
+
+
+def test_a_hang_counts_for_memory_only_at_the_pause_threshold(records):
+    limit = records[0]["memory_limit_gb"] * 1e9
+    records[0]["dask"] = _side("hung", peak=0.3 * limit)  # a graph too large to finish: slow
+    records[1]["dask"] = _side("hung", peak=0.85 * limit)  # a paused worker waiting
+    text = summary_table(records)
+    assert "| past its time limit, every worker below the pause threshold | 1 (33.3%) |" in text
+    assert "|   hung at the pause threshold past its time limit | 1 (33.3%) |" in text
