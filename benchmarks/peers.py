@@ -9,7 +9,8 @@ The climate rows (issue 30) run xarray expressions on the cube: Dask's row is xa
 (its groupby engine) and Dask's auto chunks, ``flox-cohorts`` the same with
 ``method="cohorts"`` (groupby rows), memchunk the same function decorated
 (:mod:`harness.climate_functions`), but for ``rolling-30``, where memchunk's row is its
-built-in ``rolling`` operator (a stencil along time).
+built-in ``rolling`` operator (a stencil along time), and ``monthly``, where it is the built-in
+``resample`` (whole months per chunk, time cut at month edges).
 
 Every tool gets 2 processes x 1 thread x ``--memory-limit``. Dask and memchunk run on a fresh
 ``LocalCluster`` with that ``memory_limit`` per run; Cubed runs on its ``processes`` executor
@@ -164,6 +165,10 @@ def memchunk_work(row: str, inputs: Inputs) -> tuple[Work, str]:
     if row == "rolling-30":  # a stencil along time: the built-in operator, time cut
         tas = xr.open_zarr(inputs.cube)["tas"]
         plan = tas.memchunk.plan("rolling", dim="time", window=30, center=True)
+        return _climate_summary(plan.apply()), _chunks_of(plan.chunks)
+    if row == "monthly":  # bins along time: the built-in operator, whole months per chunk
+        tas = xr.open_zarr(inputs.cube)["tas"]
+        plan = tas.memchunk.plan("resample", freq="1MS")
         return _climate_summary(plan.apply()), _chunks_of(plan.chunks)
     if row in CLIMATE:
         tas = xr.open_zarr(inputs.cube)["tas"]

@@ -8,6 +8,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
     python benchmarks/plan_safety.py --xarray           # issue 30: xarray expressions
     python benchmarks/plan_safety.py --xarray --only rolling --out <file>
+    python benchmarks/plan_safety.py --xarray --only resample --out <file>
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``harness.plan_safety.LIMITS``) at which the plan's binding
@@ -250,6 +251,22 @@ def xarray_cases() -> list[SafetyCase]:
             reference=functions.FUNCTIONS["rolling-30"],
         )
         for dtype, source in pairs
+    ]
+    cases += [  # whole months per chunk, read as stored: time is not whole
+        SafetyCase(
+            "resample",
+            dtype,
+            DAILY,
+            one_day,
+            source,
+            {"freq": "1MS", "reduction": reduction},
+            dates=True,
+            label=f"resample built-in, {reduction} ({source})",
+            reference=lambda tas, reduction=reduction: getattr(
+                tas.resample(time="1MS"), reduction
+            )(),
+        )
+        for (dtype, source), reduction in zip(pairs, ("mean", "median"), strict=True)
     ]
     cases.append(  # a stencil over a graph's chunks: neighbours wait in the workers
         SafetyCase(

@@ -36,12 +36,14 @@ napoleon_google_docstring = False
 napoleon_use_param = False
 napoleon_use_rtype = False
 myst_enable_extensions = ["colon_fence", "dollarmath"]
+myst_heading_anchors = 3  # links to sections: benchmarks.md#staging-on-disk
 suppress_warnings = ["mystnb.unknown_mime_type"]
 
 # Tutorials: the notebooks in notebooks/ are copied here and executed at the small size.
 nb_execution_mode = "force"
 nb_execution_timeout = 600
 nb_execution_raise_on_error = True
+nb_execution_show_tb = True  # a failing cell prints its traceback in the build log
 os.environ.setdefault("MEMCHUNK_NOTEBOOK_SIZE", "small")
 tutorials = HERE / "tutorials"
 tutorials.mkdir(exist_ok=True)

@@ -49,3 +49,17 @@ def test_gst3d_plan_runs_without_pause_or_restart(cluster_client):
     assert plan.n_chunks >= 2
     # measured worker RSS (baseline included) within the prediction plus the idle worker
     assert outcome.peak_bytes < plan.predicted_peak_bytes + plan.budget.worker_baseline
+
+
+def test_a_run_not_done_in_time_is_stopped_and_recorded(cluster_client):
+    import time
+
+    import dask
+
+    make, Client = cluster_client
+    slow = dask.delayed(time.sleep)(30)
+    with make("600MB") as cluster, Client(cluster) as client:
+        outcome = run_watched(client, "slow", lambda: slow, timeout=1)
+    assert not outcome.completed
+    assert outcome.error.startswith("TimeoutError: not done after 1 s")
+    assert outcome.seconds < 10

@@ -1,9 +1,10 @@
 """Moving windows as a stencil along time: trailing (one-sided) and centred halos."""
 
+import dask
 import numpy as np
-import pandas as pd
 import pytest
 import xarray as xr
+from daily_data import daily
 
 import xarray_memchunk  # noqa: F401  (the accessor)
 from xarray_memchunk._dask_compat import graph_layers, neighbour_gathering_layers
@@ -17,18 +18,9 @@ from xarray_memchunk.testing import run_watched
 @pytest.fixture(autouse=True)
 def user_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path / "calibrations"))
-
-
-def daily(days=730, lat=20, lon=30, chunks=None, dtype="float32"):
-    time = pd.date_range("2001-01-01", periods=days, freq="D")
-    values = np.random.default_rng(0).standard_normal((days, lat, lon)).astype(dtype)
-    array = xr.DataArray(
-        values,
-        dims=("time", "lat", "lon"),
-        coords={"time": time, "lat": np.linspace(-80, 80, lat)},
-        name="tas",
-    )
-    return array.chunk(chunks or {"time": 1})
+    # every argument set measures itself on its first plan: a short bound keeps the tests quick
+    with dask.config.set({"memchunk.self-calibration-seconds": 2}):
+        yield
 
 
 @pytest.mark.parametrize(("window", "center"), [(30, False), (30, True), (7, True), (1, False)])

@@ -165,12 +165,19 @@ class _EventLog:
 
 
 def run_watched(
-    client, label: str, build: Callable[[], Any], *, interval: float = 0.02
+    client,
+    label: str,
+    build: Callable[[], Any],
+    *,
+    interval: float = 0.02,
+    timeout: float | None = None,
 ) -> RunOutcome:
     """Build a lazy result with ``build()``, compute it on ``client``'s cluster and watch.
 
     Any exception from building (a planning error) or computing (``KilledWorker``) is recorded
-    in the outcome, not raised.
+    in the outcome, not raised. With ``timeout`` (seconds), a computation not done by then is
+    cancelled and recorded as a ``TimeoutError``: workers paused over memory that never frees
+    may otherwise wait forever.
     """
     import dask
 
@@ -180,7 +187,15 @@ def run_watched(
         nonlocal n_tasks
         result = build()
         n_tasks = len(result.__dask_graph__())
-        dask.compute(result)
+        if timeout is None:
+            dask.compute(result)
+            return
+        future = client.compute(result)
+        try:
+            future.result(timeout=timeout)
+        except TimeoutError:
+            client.cancel(future)
+            raise TimeoutError(f"not done after {timeout:g} s: stopped") from None
 
     outcome = watch(client, label, work, interval=interval)
     outcome.n_tasks = n_tasks

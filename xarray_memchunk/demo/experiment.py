@@ -101,6 +101,7 @@ def run_gst3d_experiment(
                 memory_limit=memory_limit,
                 processes=True,
                 dashboard_address=":0",
+                silence_logs=logging.CRITICAL,  # pauses and deaths are counted, not logged
             ) as cluster,
             Client(cluster) as client,
         ):

@@ -2,8 +2,10 @@
 
 :func:`normalize_user_chunks` turns them into a tuple of chunk lengths for every planned dim,
 then fits them to the operator: a dim it needs whole becomes one chunk (a caution: the plan
-warns), and chunks shorter than the operator's shortest (a halo's depth) are merged into their
-neighbours, as ``map_overlap`` would (a note): the plan describes the chunks that will run.
+warns), chunks shorter than the operator's shortest (a halo's depth) are merged into their
+neighbours, as ``map_overlap`` would, and chunks of a dim the operator cuts at boundaries only
+(a resample's bins) end at the next boundary (notes): the plan describes the chunks that will
+run.
 """
 
 from __future__ import annotations
@@ -68,7 +70,10 @@ def normalize_user_chunks(
     result = _normalized(given, _current_chunks(targets), specs, dtype)
     for spec in specs:
         result[spec.name] = _whole_where_needed(spec, result[spec.name], cautions)
-        result[spec.name] = _short_chunks_merged(spec, result[spec.name], notes)
+        if spec.boundaries:
+            result[spec.name] = _at_boundaries(spec, result[spec.name], notes)
+        else:
+            result[spec.name] = _short_chunks_merged(spec, result[spec.name], notes)
     return result
 
 
@@ -262,4 +267,34 @@ def _short_chunks_merged(
         + (", as dask's map_overlap does" if halo else "")
         + f": {result}"
     )
+    return result
+
+
+def _at_boundaries(spec: DimSpec, split: tuple[int, ...], notes: list[str]) -> tuple[int, ...]:
+    """Each chunk's end moved to the next of the dim's boundaries, with a note.
+
+    Chunks that end at the same boundary become one: every chunk holds whole spans (a
+    resample's bins, which the operator never cuts).
+
+    Parameters
+    ----------
+    spec
+        The dim, with its boundaries.
+    split
+        Its chunk lengths.
+    notes
+        Appended to where chunks moved.
+
+    Returns
+    -------
+    tuple of int
+    """
+    edges = np.asarray(spec.boundaries)
+    ends = np.unique(edges[np.searchsorted(edges, np.cumsum(split), side="left")])
+    result = tuple(int(n) for n in np.diff(ends, prepend=0))
+    if result != tuple(split):
+        notes.append(
+            f"chunks along {spec.name!r} end where the operator allows (whole bins, never "
+            f"cut): {len(result)} chunks of up to {max(result)}"
+        )
     return result

@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-__all__ = ["balanced_chunks", "max_chunk", "min_chunk"]
+__all__ = ["balanced_chunks", "max_chunk", "min_chunk", "packed_chunks"]
 
 
 def balanced_chunks(size: int, n_chunks: int, unit: int = 1) -> tuple[int, ...]:
@@ -58,3 +59,41 @@ def min_chunk(size: int, n_chunks: int, unit: int = 1) -> int:
         return size
     n_units = math.ceil(size / unit)
     return (n_units // n_chunks) * unit - (n_units * unit - size)
+
+
+def packed_chunks(boundaries: Sequence[int], longest: int) -> tuple[int, ...]:
+    """Cut a dim at ``boundaries`` only, into chunks of at most ``longest`` elements.
+
+    Spans between boundaries (a resample's bins) are packed greedily, as many per chunk as
+    fit: every chunk holds whole spans.
+
+    Parameters
+    ----------
+    boundaries
+        Increasing offsets where a chunk may end; the last is the dim's size.
+    longest
+        Longest chunk allowed, at least the longest span.
+
+    Raises
+    ------
+    ValueError
+        When a span is longer than ``longest``.
+
+    Examples
+    --------
+    >>> packed_chunks([31, 59, 90, 120], 60)
+    (59, 31, 30)
+    >>> packed_chunks([31, 59, 90, 120], 61)
+    (59, 61)
+    """
+    chunks: list[int] = []
+    start = previous = 0
+    for edge in boundaries:
+        if edge - previous > longest:
+            raise ValueError(f"a span of {edge - previous} is longer than chunks of {longest}")
+        if edge - start > longest:
+            chunks.append(previous - start)
+            start = previous
+        previous = edge
+    chunks.append(previous - start)
+    return tuple(chunks)

@@ -35,6 +35,28 @@ class Binding:
     }
 
 
+#: One line per row label of :meth:`ChunkPlan.explain`, shown when the pointer rests on a label
+#: of the plan's HTML repr (the glossary of the docs says more).
+ROW_HELP = {
+    "operator": "what runs on each planned chunk",
+    "chunks": "the planned chunks: per dim, how many and the longest",
+    "tasks": "the operator's tasks: one per planned chunk",
+    "peak": "what one task slot (a worker thread) is predicted to hold at its peak",
+    "task": "the operator's own work on one chunk, from its memory model",
+    "gathering": "getting the input: pieces concatenated, or storage chunks decoded",
+    "held": "input chunks a worker keeps in memory while the task runs",
+    "factors": "what the operator keeps from every chunk until a later step",
+    "producing": "what making the input's block in a Dask graph adds",
+    "budget": "the most one task slot may hold, and the arithmetic behind it",
+    "binding": "the constraint that decided the chunks",
+    "whole": "dims the operator needs in one chunk",
+    "halo": "elements each task reads from its neighbours' chunks",
+    "storage": "the input's chunks as stored, and whether planned chunks are made of them",
+    "estimate": "estimated wall time, used to rank chunkings",
+    "note": "where the model comes from, how the input is read, what was given up",
+    "writing": "how to write the result to Zarr",
+}
+
 #: What each term of the predicted peak is, as :meth:`ChunkPlan.explain` defines it.
 _TASK = "the operator's own work on one chunk, halo included (its memory model)"
 _GATHERING = (
@@ -137,7 +159,7 @@ class ChunkPlan:
         for dim in self.dims:
             lengths = self.dask_chunks[dim]
             parts.append(f"{dim}: {len(lengths)} x {self.chunks[dim]}")
-        return ", ".join(parts) + " (per dim: number of chunks x longest chunk)"
+        return ", ".join(parts) + " (planned; per dim: number of chunks x longest chunk)"
 
     def _peak_rows(self) -> list[tuple[str, str]]:
         """The predicted peak, and each of its terms on a row of its own, defined there."""
@@ -146,23 +168,23 @@ class ChunkPlan:
             (f"  {name}", f"{self.budget.format(nbytes)}: {meaning}")
             for name, nbytes, meaning in (
                 ("task", self.predicted_task_bytes, _TASK),
-                ("gathering its input", self.gather_bytes, _GATHERING),
+                ("gathering", self.gather_bytes, _GATHERING),
                 ("held", self.held_bytes, _HELD),
-                ("factors held", self.factors_bytes, _FACTORS),
-                ("producing its input", self.produce_bytes, _PRODUCING),
+                ("factors", self.factors_bytes, _FACTORS),
+                ("producing", self.produce_bytes, _PRODUCING),
             )
             if nbytes or name == "task"
         ]
-        peak = f"{self.budget.format(self.predicted_peak_bytes)} ({share})"
+        peak = f"{self.budget.format(self.predicted_peak_bytes)} predicted per task ({share})"
         if len(terms) == 1:
-            return [("predicted peak per task", peak)]
-        return [("predicted peak per task", f"{peak}, the sum of:"), *terms]
+            return [("peak", peak)]
+        return [("peak", f"{peak}, the sum of:"), *terms]
 
     def _lines(self) -> list[tuple[str, str]]:
         binding = Binding.DESCRIPTIONS.get(self.binding, self.binding)
         rows = [
             ("operator", self.operator),
-            ("planned chunks", self._chunk_text()),
+            ("chunks", self._chunk_text()),
             (
                 "tasks",
                 f"{self.n_chunks}: one task of the operator per planned chunk (the graph has "
@@ -170,13 +192,13 @@ class ChunkPlan:
             ),
             *self._peak_rows(),
             ("budget", self.budget.explain()),
-            ("decided by", f"{binding} (plan.binding = {self.binding!r})"),
+            ("binding", f"{binding} (plan.binding = {self.binding!r})"),
         ]
         if self.whole_dims:
             them = "it" if len(self.whole_dims) == 1 else "each"
             rows.append(
                 (
-                    "whole dims",
+                    "whole",
                     f"{', '.join(self.whole_dims)}: one chunk along {them} (the operator needs "
                     f"{them} whole in every task)",
                 )
@@ -193,13 +215,14 @@ class ChunkPlan:
             )
             rows.append(
                 (
-                    "storage chunks",
+                    "storage",
                     ", ".join(f"{d}: {c}" for d, c in known.items())
-                    + f" (the input's chunks: on disk, else in its Dask graph; {state})",
+                    + f" (the input's storage chunks: on disk, else in its Dask graph; {state})",
                 )
             )
         if not math.isnan(self.estimated_seconds):
-            rows.append(("estimated time", f"{self.estimated_seconds:.3g} s (ranking only)"))
+            seconds = f"{self.estimated_seconds:.3g} s"
+            rows.append(("estimate", f"{seconds} (ranks chunkings; not a forecast)"))
         rows.extend(("note", note) for note in self.notes)
         irregular = self._irregular_dims()
         if irregular:
@@ -233,7 +256,9 @@ class ChunkPlan:
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><th style='text-align:left{_indent(k)}'>{html.escape(k.strip())}</th>"
+            f"<tr><th style='text-align:left{_indent(k)}' "
+            f"title='{html.escape(ROW_HELP.get(k.strip(), ''), quote=True)}'>"
+            f"{html.escape(k.strip())}</th>"
             f"<td style='text-align:left'>{html.escape(v)}</td></tr>"
             for k, v in self._lines()
         )

@@ -93,13 +93,16 @@ class DimUse:
     """How an operator uses one dim.
 
     Its :class:`DimRole`, for halo dims the depth (elements per side, or ``(before, after)``:
-    a :data:`Halo`), and the shortest chunk the operator accepts along it (``min_length``, 0
-    for any).
+    a :data:`Halo`), the shortest chunk the operator accepts along it (``min_length``, 0
+    for any), and for a free dim the offsets where a chunk may end (``boundaries``, increasing,
+    the last the dim's size: a resample's bin edges, so that no bin is cut; empty for
+    anywhere). With boundaries, ``min_length`` is the longest span between two of them.
     """
 
     role: DimRole = DimRole.FREE
     depth: Halo = 0
     min_length: int = 0
+    boundaries: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,10 @@ class DimSpec:
     min_length
         Shortest chunk the operator accepts along this dim, besides a halo's depth (the
         two-pass tsqr's blocks are at least as tall as the matrix is wide).
+    boundaries
+        Offsets where a chunk may end (see :class:`DimUse`); empty for anywhere. The planner
+        prices chunks of a candidate length and then cuts the dim at boundaries only, into
+        chunks no longer than that length (:func:`~xarray_memchunk.planning.balance.packed_chunks`).
     """
 
     name: str
@@ -129,6 +136,7 @@ class DimSpec:
     depth: Halo = 0
     storage_chunk: int | None = None
     min_length: int = 0
+    boundaries: tuple[int, ...] = ()
 
     @property
     def shortest_chunk(self) -> int:

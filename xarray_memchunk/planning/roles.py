@@ -28,7 +28,8 @@ def merge_dims(
     -------
     tuple of DimSpec
         The strictest role any variable gives a dim (whole over halo over free), the deepest
-        halo, the longest ``min_length`` and the first storage chunk length known.
+        halo, the longest ``min_length``, the first storage chunk length known, and the
+        boundaries every variable allows.
     """
     specs: dict[str, DimSpec] = {}
     for dims, sizes, uses, storage in variables:
@@ -41,5 +42,13 @@ def merge_dims(
             depth = widest_halo(use.depth, old.depth if old else 0)
             shortest = max(use.min_length, old.min_length if old else 0)
             chunk = (old.storage_chunk if old else None) or storage.get(dim)
-            specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk, shortest)
+            boundaries = _common_boundaries(use.boundaries, old.boundaries if old else ())
+            specs[dim] = DimSpec(dim, int(sizes[dim]), role, depth, chunk, shortest, boundaries)
     return tuple(specs.values())
+
+
+def _common_boundaries(first: tuple[int, ...], second: tuple[int, ...]) -> tuple[int, ...]:
+    """Offsets where both allow a chunk to end (either's where the other allows anywhere)."""
+    if not first or not second:
+        return first or second
+    return tuple(sorted(set(first) & set(second)))

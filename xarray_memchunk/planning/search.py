@@ -26,7 +26,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import InfeasiblePlanError
-from .balance import balanced_chunks
+from .balance import balanced_chunks, packed_chunks
 from .budget import Budget, held_memory_remedy, min_worker_memory
 from .candidates import DimCandidates, dim_candidates, padded_extent
 from .footprint import DimCut, Footprint, footprint
@@ -237,7 +237,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
             )
     pick = {n: (c, int(i[chosen])) for n, c, i in zip(names, per_dim, index, strict=True)}
     dask_chunks = {
-        n: balanced_chunks(d.size, int(c.n_chunks[k]), int(c.units[k]))
+        n: _chunks_of(d, int(c.n_chunks[k]), int(c.units[k]))
         for d, (n, (c, k)) in zip(problem.dims, pick.items(), strict=True)
     }
     return _make_plan(
@@ -250,6 +250,17 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         notes,
         aligned=bool(aligned[chosen]),
     )
+
+
+def _chunks_of(dim: DimSpec, n_chunks: int, unit: int) -> tuple[int, ...]:
+    """The chunk lengths of a candidate: balanced, or packed between the dim's boundaries.
+
+    Packed chunks are no longer than the balanced candidate's longest, which the plan priced.
+    """
+    balanced = balanced_chunks(dim.size, n_chunks, unit)
+    if not dim.boundaries:
+        return balanced
+    return packed_chunks(dim.boundaries, max(balanced))
 
 
 def _cut(dim: DimSpec, candidates: DimCandidates, index: np.ndarray) -> DimCut:
