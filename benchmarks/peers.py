@@ -4,13 +4,16 @@
     python benchmarks/peers.py                  # every row, median of 3 (~25 min on 2 cores)
     python benchmarks/peers.py --only mean svd-exact --repeats 1
     python benchmarks/peers.py --only clim-month anomaly monthly rolling-30 --out <file>
+    python benchmarks/peers.py --only clim-doy area-mean trend anomaly-p90 --out <file>
 
 The climate rows (issue 30) run xarray expressions on the cube: Dask's row is xarray with flox
 (its groupby engine) and Dask's auto chunks, ``flox-cohorts`` the same with
 ``method="cohorts"`` (groupby rows), memchunk the same function decorated
-(:mod:`harness.climate_functions`), but for ``rolling-30``, where memchunk's row is its
-built-in ``rolling`` operator (a stencil along time), and ``monthly``, where it is the built-in
-``resample`` (whole months per chunk, time cut at month edges).
+(:mod:`harness.climate_functions`), but for the rows of :data:`BUILT_IN`, which memchunk
+computes with its built-in operator: ``clim-month`` and ``clim-doy`` with ``groupby`` (flox's
+method chosen with the chunks), ``monthly`` with ``resample`` (whole months per chunk, time cut
+at month edges), ``rolling-30`` with ``rolling`` (a stencil along time). ``anomaly-p90``'s
+Dask row rechunks the anomalies to whole time series, as flox's quantile asks.
 
 Every tool gets 2 processes x 1 thread x ``--memory-limit``. Dask and memchunk run on a fresh
 ``LocalCluster`` with that ``memory_limit`` per run; Cubed runs on its ``processes`` executor
@@ -59,12 +62,23 @@ TOOLS = ("dask", "flox-cohorts", "cubed", "memchunk")
 #: The xarray expressions (issue 30): row -> name in :mod:`harness.climate_functions`.
 CLIMATE = {
     "clim-month": "clim-month",
+    "clim-doy": "clim-doy",
     "anomaly": "anomaly",
     "monthly": "monthly",
     "rolling-30": "rolling-30",
+    "area-mean": "area-mean",
+    "trend": "trend",
+    "anomaly-p90": "anomaly-p90",
+}
+#: Rows that memchunk computes with a built-in operator: row -> (operator, its arguments).
+BUILT_IN = {
+    "clim-month": ("groupby", {"by": "time.month"}),
+    "clim-doy": ("groupby", {"by": "time.dayofyear"}),
+    "monthly": ("resample", {"freq": "1MS"}),
+    "rolling-30": ("rolling", {"dim": "time", "window": 30, "center": True}),
 }
 #: Rows with a groupby, where flox's method can be chosen.
-GROUPED = ("clim-month", "anomaly")
+GROUPED = ("clim-month", "clim-doy", "anomaly")
 GST3D_HALO = halo_depth("gaussian", 1.0, 2.0, 3.0)
 #: What a Cubed user states as ``extra_projected_mem`` for GST3D: bytes per padded voxel of
 #: float32 work in the fused kernel (36 measured in a worker, rounded up).
@@ -131,12 +145,19 @@ def _climate(row: str, tas: xr.DataArray, method: str | None = None) -> xr.DataA
 
 def _climate_summary(result: xr.DataArray) -> Callable[[], np.ndarray]:
     """The sum over time of the result, per month or per location: small, and a value check."""
+    if isinstance(result, xr.Dataset):  # a fit's coefficients
+        result = result.to_dataarray()
     total = result.astype("float64").sum([d for d in result.dims if d in ("time", "lat")])
     return lambda: _summary(total.values)
 
 
 def dask_work(row: str, inputs: Inputs, method: str | None = None) -> tuple[Work, str]:
     """Dask's auto chunks and the call a Dask user writes."""
+    if row == "anomaly-p90":  # flox's quantile per group needs time whole: the user rechunks
+        tas = xr.open_zarr(inputs.cube, chunks="auto")["tas"]
+        deviation = tas.groupby("time.month") - tas.groupby("time.month").mean()
+        deviation = deviation.chunk({"time": -1, "lat": "auto", "lon": "auto"})
+        return _climate_summary(deviation.groupby("time.month").quantile(0.9)), _chunks(tas)
     if row in CLIMATE:
         tas = xr.open_zarr(inputs.cube, chunks="auto")["tas"]
         return _climate_summary(_climate(row, tas, method)), _chunks(tas)
@@ -162,13 +183,10 @@ def dask_work(row: str, inputs: Inputs, method: str | None = None) -> tuple[Work
 
 def memchunk_work(row: str, inputs: Inputs) -> tuple[Work, str]:
     """memchunk's plan on the same store (the active client's workers set the budget)."""
-    if row == "rolling-30":  # a stencil along time: the built-in operator, time cut
+    if row in BUILT_IN:  # the built-in operator that computes the row's expression
         tas = xr.open_zarr(inputs.cube)["tas"]
-        plan = tas.memchunk.plan("rolling", dim="time", window=30, center=True)
-        return _climate_summary(plan.apply()), _chunks_of(plan.chunks)
-    if row == "monthly":  # bins along time: the built-in operator, whole months per chunk
-        tas = xr.open_zarr(inputs.cube)["tas"]
-        plan = tas.memchunk.plan("resample", freq="1MS")
+        op, kwargs = BUILT_IN[row]
+        plan = tas.memchunk.plan(op, **kwargs)
         return _climate_summary(plan.apply()), _chunks_of(plan.chunks)
     if row in CLIMATE:
         tas = xr.open_zarr(inputs.cube)["tas"]

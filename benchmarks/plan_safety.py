@@ -8,7 +8,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
     python benchmarks/plan_safety.py --xarray           # issue 30: xarray expressions
     python benchmarks/plan_safety.py --xarray --only rolling --out <file>
-    python benchmarks/plan_safety.py --xarray --only resample --out <file>
+    python benchmarks/plan_safety.py --xarray --only resample groupby --out <file>
 
 Each case runs on a fresh ``LocalCluster`` of 2 workers x 1 thread, with the largest memory
 limit (of ``harness.plan_safety.LIMITS``) at which the plan's binding
@@ -252,12 +252,14 @@ def xarray_cases() -> list[SafetyCase]:
         )
         for dtype, source in pairs
     ]
+    large = {"time": 1460, "lat": 300, "lon": 600}  # larger fields: memory binds the plan
+    one_large_day = {"time": 1, "lat": 300, "lon": 600}
     cases += [  # whole months per chunk, read as stored: time is not whole
         SafetyCase(
             "resample",
             dtype,
-            DAILY,
-            one_day,
+            large,
+            one_large_day,
             source,
             {"freq": "1MS", "reduction": reduction},
             dates=True,
@@ -267,6 +269,20 @@ def xarray_cases() -> list[SafetyCase]:
             )(),
         )
         for (dtype, source), reduction in zip(pairs, ("mean", "median"), strict=True)
+    ]
+    cases += [  # flox's method chosen with the chunks: map-reduce partials grow with groups
+        SafetyCase(
+            "groupby",
+            dtype,
+            large,
+            one_large_day,
+            source,
+            {"by": by},
+            dates=True,
+            label=f"groupby built-in, {by} ({source})",
+            reference=lambda tas, by=by: tas.groupby(by).mean(),
+        )
+        for (dtype, source), by in zip(pairs, ("time.month", "time.dayofyear"), strict=True)
     ]
     cases.append(  # a stencil over a graph's chunks: neighbours wait in the workers
         SafetyCase(

@@ -516,7 +516,7 @@ def _prepare(
     op_kwargs: dict[str, Any],
     measure: str = "auto",
 ) -> _Prepared:
-    """Plan the first of the operator's alternatives that fits the budget.
+    """Plan the first of the operator's alternatives that fits the budget (or the fastest).
 
     With user ``chunks`` an alternative fits when those chunks are predicted to; when none
     does, the one with the smallest predicted peak is taken and a
@@ -558,8 +558,10 @@ def _choose(
 ) -> tuple[tuple[str, _Prepared, list[str]], list[tuple[str, str]]]:
     """The first alternative that fits (in memory, else staged), and why the others were not.
 
-    Each alternative is resolved (and measured) once for both passes. Where none fits and user
-    ``chunks`` gave plans over the budget, the one with the smallest predicted peak.
+    For an operator that :attr:`~xarray_memchunk.Operator.chooses_fastest`, every alternative
+    is planned, and the one estimated fastest among those that fit is taken. Each alternative
+    is resolved (and measured) once for both passes. Where none fits and user ``chunks`` gave
+    plans over the budget, the one with the smallest predicted peak.
 
     Returns
     -------
@@ -577,6 +579,7 @@ def _choose(
     for staging in (False, True):
         failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
         over_budget: list[tuple[str, _Prepared, list[str]]] = []
+        fitting: list[tuple[str, _Prepared, list[str]]] = []
         for index, (label, kwargs, reason) in enumerate(alternatives):
             if kwargs is None:
                 failures.append((label, reason))
@@ -593,11 +596,18 @@ def _choose(
                 failures.append((label, str(exc)))
                 continue
             if prepared.plan.fits:
-                chosen = (label, prepared, cautions)
-                break
+                fitting.append((label, prepared, cautions))
+                if not operator.chooses_fastest:
+                    break
+                continue
             over_budget.append((label, prepared, cautions))
             peak = resolved.format(prepared.plan.predicted_peak_bytes)
             failures.append((label, f"the given chunks are predicted to need {peak} per task"))
+        if fitting:
+            chosen = min(fitting, key=lambda c: c[1].plan.estimated_seconds)
+            failures += [
+                _slower(label, p, chosen[1]) for label, p, _ in fitting if p is not chosen[1]
+            ]
         if chosen is not None or over_budget:
             break
     if chosen is None:
@@ -607,6 +617,12 @@ def _choose(
             raise InfeasiblePlanError("; ".join(f"{what}: {why}" for what, why in failures))
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
     return chosen, failures
+
+
+def _slower(label: str, prepared: _Prepared, chosen: _Prepared) -> tuple[str, str]:
+    """Why a fitting alternative was not taken: its estimated time against the chosen one's."""
+    ratio = prepared.plan.estimated_seconds / max(chosen.plan.estimated_seconds, 1e-12)
+    return label, f"fits too, but is estimated {ratio:.1f}x as long"
 
 
 def _check_measure(measure: Any) -> None:

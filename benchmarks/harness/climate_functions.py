@@ -22,9 +22,9 @@ def clim_month(tas: xr.DataArray, **flox: str) -> xr.DataArray:
 
 
 @xm.operator(name="clim-doy", whole=["time"])
-def clim_doy(tas: xr.DataArray) -> xr.DataArray:
-    """Day-of-year climatology."""
-    return tas.groupby("time.dayofyear").mean()
+def clim_doy(tas: xr.DataArray, **flox: str) -> xr.DataArray:
+    """Day-of-year climatology (``flox``: as for :func:`clim_month`)."""
+    return tas.groupby("time.dayofyear").mean(**flox)
 
 
 @xm.operator(name="anomaly", whole=["time"])

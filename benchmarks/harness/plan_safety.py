@@ -439,21 +439,20 @@ def run_case(
 def _equal_to_xarray(case: SafetyCase, data: xr.DataArray, plan: Any) -> bool:
     """The plan's result on a strip of the data equals the operator's function run by xarray.
 
-    The strip is the first 4 elements of a dim the plan cuts (where the function works on
-    each location apart; not a halo dim, along which it does not), all of the data where it
-    cuts none. The reference is computed in this process (threads), not on the case's
+    The strip is the first 4 elements of a location dim: one the result keeps at its length
+    (not a dim reduced, grouped or resampled) and without a halo (the function works on each
+    of its elements apart), the last that the plan cuts, else the last; all of the data where
+    there is none. The reference is computed in this process (threads), not on the case's
     cluster, whose workers are sized for the plan.
     """
     from xarray_memchunk.operators import get_operator
 
     func = case.reference or get_operator(case.op)
-    cut = [
-        d
-        for d in data.dims
-        if plan.chunks.get(d, data.sizes[d]) < data.sizes[d] and d not in plan.halo
-    ]
-    strip = {cut[-1]: slice(0, 4)} if cut else {}
     result = plan.apply()
+    sizes = result.sizes
+    located = [d for d in data.dims if sizes.get(d) == data.sizes[d] and d not in plan.halo]
+    cut = [d for d in located if plan.chunks.get(d, data.sizes[d]) < data.sizes[d]]
+    strip = {(cut or located)[-1]: slice(0, 4)} if located else {}
     result = (result if isinstance(result, xr.DataArray) else result.to_array()).isel(strip)
     expected = func(data.isel(strip).compute(scheduler="threads"))
     expected = expected if isinstance(expected, xr.DataArray) else expected.to_array()

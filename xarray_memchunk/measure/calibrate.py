@@ -558,7 +558,9 @@ def self_calibrate(
     user's script is not imported again). Blocks of the array's proportions double in size
     until a time bound or until the next would need more than one task's budget
     (``per_task``, extrapolated from the blocks before it); at least three are measured. Then
-    the largest block is measured again halved along each dim the plan may cut: where memory
+    the largest block is measured again halved along each dim the plan may cut (and cut into
+    the trees of chunks the operator names, :meth:`~xarray_memchunk.Operator.tree_shapes`,
+    whose combine tasks hold partial results): where memory
     falls faster than the block along a dim (``b.T @ b`` keeps ``extent**2`` of it), the
     linear form in the block's bytes cannot explain it, and the dim's squared extent becomes a
     feature, not extrapolated past what was measured (:func:`superlinear_dims`). The fit is
@@ -592,8 +594,11 @@ def self_calibrate(
     coords = {str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()}
     runner = functools.partial(run_task, coords=coords)
 
-    def measure(extents: Mapping[str, int], repeats: int = 1) -> list[TaskProfile]:
-        case = (extents, extents, (operator, dict(kwargs), extents, extents, dtype))
+    def measure(
+        extents: Mapping[str, int], repeats: int = 1, array: Mapping[str, int] | None = None
+    ) -> list[TaskProfile]:
+        array = array or extents
+        case = (extents, array, (operator, dict(kwargs), extents, array, dtype))
         return profile_in_worker(profiler, runner, [case], dtype, repeats=repeats)
 
     profiles: list[TaskProfile] = []
@@ -607,8 +612,12 @@ def self_calibrate(
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
         }
+        trees = [
+            measure(extents, array=array)[0]
+            for extents, array in operator.tree_shapes(profiles[-1].extents, **kwargs)
+        ]
     squared = superlinear_dims(operator, kwargs, profiles, halved)
-    everything = [*profiles, *halved.values()]
+    everything = [*profiles, *halved.values(), *trees]
     record = fit_record(operator, everything, kwargs, measured_range=True, squared_dims=squared)
     path = save_calibration(
         key,

@@ -181,6 +181,10 @@ class Operator(abc.ABC):
     #: each, under the key :meth:`cost` names for them (``benchmarks/calibrate_shipped.py``
     #: reads it). The default arguments alone by default.
     shipped_calibrations: tuple[Mapping[str, Any], ...] = ({},)
+    #: Whether every one of :meth:`alternatives` is planned and the fastest that fits taken
+    #: (a groupby's flox methods), rather than the first that fits (SVD: exact before
+    #: compressed).
+    chooses_fastest: bool = False
 
     @abc.abstractmethod
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
@@ -246,6 +250,18 @@ class Operator(abc.ABC):
         ``shapes=``.
         """
         return self.check_arguments(kwargs), []
+
+    def tree_shapes(
+        self, extents: Mapping[str, int], **kwargs: Any
+    ) -> list[tuple[dict[str, int], dict[str, int]]]:
+        """Tasks of several chunks to measure when the operator calibrates itself.
+
+        Hook: for an operator that combines partial results of its chunks in a tree (a
+        groupby's map-reduce), whose combine tasks one-chunk blocks never run. Given the
+        largest block measured, ``(chunk extents, array sizes)`` pairs: the graph of each
+        array's middle output block is measured whole. None by default.
+        """
+        return []
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """What becomes of a Dataset's variable the operator does not apply to, and why.

@@ -24,6 +24,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import resolve_dim
+from .grouping import uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -184,18 +185,8 @@ class Resample(Operator):
 
 def _resampled(obj: Any, *, freq: str, dim: str, reduction: str) -> Any:
     """``obj.resample({dim: freq}).<reduction>()``, with flox's blockwise method when used."""
-    options = {"method": "blockwise"} if _uses_flox(obj) else {}
+    options = {"method": "blockwise"} if uses_flox(obj) else {}
     return getattr(obj.resample({dim: freq}), reduction)(**options)
-
-
-def _uses_flox(obj: Any) -> bool:
-    """Whether xarray reduces ``obj``'s groups with flox (installed, enabled, Dask data)."""
-    import importlib.util
-
-    arrays = obj.data_vars.values() if isinstance(obj, xr.Dataset) else [obj]
-    chunked = any(v.chunks is not None for v in arrays)
-    enabled = bool(xr.get_options().get("use_flox", True))
-    return chunked and enabled and importlib.util.find_spec("flox") is not None
 
 
 #: Registered as a built-in operator (:func:`~xarray_memchunk.operators.registry.load_builtins`).

@@ -1,0 +1,110 @@
+"""Grouped reductions: flox's map-reduce or blockwise method, chosen with the chunks."""
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from daily_data import daily
+
+import xarray_memchunk  # the accessor, and calibrate
+from xarray_memchunk.errors import MemchunkError
+from xarray_memchunk.operators import get_operator
+from xarray_memchunk.operators.groupby import group_starts
+from xarray_memchunk.testing import run_watched
+
+
+@pytest.fixture(autouse=True)
+def user_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path / "calibrations"))
+    # every grouping, reduction and method measures itself on its first plan: a short bound
+    with dask.config.set({"memchunk.self-calibration-seconds": 2}):
+        yield
+
+
+def test_group_starts_count_the_groups_in_each_prefix():
+    tas = daily(days=100)
+    dim, starts = group_starts(tas, "time.month")
+    assert dim == "time" and starts == (0, 31, 59, 90)  # January to April 2001
+    with pytest.raises(MemchunkError, match="not a coordinate of the data"):
+        group_starts(tas, "region")
+
+
+@pytest.mark.parametrize("method", ["map-reduce", "blockwise"])
+@pytest.mark.parametrize("reduction", ["mean", "std", "max"])
+def test_equals_xarray_by_either_method(method, reduction, threaded):
+    tas = daily(days=400, chunks={"time": 1})
+    plan = tas.memchunk.plan("groupby", by="time.month", reduction=reduction, method=method)
+    chunks = plan.dask_chunks["time"]
+    assert (len(chunks) == 1) == (method == "blockwise")  # map-reduce cuts time
+    result = plan.apply()
+    expected = getattr(tas.groupby("time.month"), reduction)()
+    xr.testing.assert_allclose(result.compute(), expected.compute(), atol=1e-6)
+
+
+def test_median_is_blockwise_and_the_plan_says_which_method_it_chose(threaded):
+    tas = daily(days=400, chunks={"time": 1})
+    median = tas.memchunk.plan("groupby", by="time.month", reduction="median")
+    assert median.dask_chunks["time"] == (400,)
+    xr.testing.assert_allclose(
+        median.apply().compute(), tas.compute().groupby("time.month").median(), atol=1e-6
+    )
+    mean = tas.memchunk.plan("groupby", by="time.month")
+    chosen = [n for n in mean.notes if "chosen" in n]
+    assert len(chosen) == 1 and "estimated" in chosen[0]  # the other method, and its time
+
+
+def test_day_of_year_partials_are_counted_per_group():
+    """A day-of-year map-reduce task holds 366 groups of partials per location."""
+    tas = daily(days=3 * 365, lat=8, lon=10)
+    op = get_operator("groupby")
+    kwargs = op.check_arguments(op.check_arguments({"by": "time.dayofyear"}), tas)
+    cost = op.cost(tas, **kwargs | {"method": "map-reduce"})
+    features = cost.features({"time": np.array([10.0]), "lat": np.array([8.0]), "lon": [10.0]})
+    assert features["partial_bytes"][0] == 8 * 10 * 365 * 16  # 365 days of 2001-2003
+    assert features["combine_bytes"][0] == features["partial_bytes"][0] * 4 * 2
+    month = op.check_arguments(op.check_arguments({"by": "time.month"}), tas)
+    small = op.cost(tas, **month | {"method": "map-reduce"}).features(
+        {"time": np.array([10.0]), "lat": np.array([8.0]), "lon": [10.0]}
+    )
+    assert small["partial_bytes"][0] == 8 * 10 * 12 * 16
+
+
+def test_dataset_keeps_variables_without_the_dim(threaded):
+    ds = daily(days=120, lat=4, lon=5, chunks={"time": 10}).to_dataset()
+    ds["orography"] = xr.DataArray(np.ones((4, 5)), dims=("lat", "lon"))
+    result = ds.memchunk.apply("groupby", by="time.month")
+    expected = ds.groupby("time.month").mean()
+    assert set(result.data_vars) == set(expected.data_vars)
+    xr.testing.assert_allclose(result.compute(), expected.compute(), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "needs by="),
+        ({"by": "time.month", "reduction": "mode"}, "reduction must be one of"),
+        ({"by": "time.month", "method": "cohorts"}, "method must be one of"),
+        ({"by": "time.month", "reduction": "median", "method": "map-reduce"}, "needs method="),
+        ({"by": "time.month", "engine": "numba"}, "unexpected arguments ['engine']"),
+    ],
+)
+def test_bad_arguments_are_refused_before_running(kwargs, message):
+    with pytest.raises(MemchunkError) as info:
+        daily(days=60).memchunk.plan("groupby", **kwargs)
+    assert message in str(info.value)
+    with pytest.raises(MemchunkError, match="measured on its first plan"):
+        xarray_memchunk.calibrate("groupby", by="time.month")
+
+
+def test_groupby_on_a_cluster_is_safe_and_equal(cluster_client, tmp_path):
+    make, Client = cluster_client
+    path = tmp_path / "daily.zarr"
+    daily(days=1500, lat=60, lon=90).to_dataset().to_zarr(path)  # 32 MB, one-day chunks
+    tas = xr.open_zarr(path)["tas"]
+    with make("400MB") as cluster, Client(cluster) as client:
+        plan = tas.memchunk.plan("groupby", by="time.dayofyear", method="map-reduce")
+        outcome = run_watched(client, "groupby", lambda: plan.apply())
+        result = plan.apply().compute()
+    assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
+    expected = tas.load().groupby("time.dayofyear").mean()
+    xr.testing.assert_allclose(result, expected, atol=1e-6)
