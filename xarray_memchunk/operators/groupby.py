@@ -32,7 +32,7 @@ from ..errors import MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .grouping import uses_flox
+from .grouping import not_calibrated_apart, uses_flox
 from .reductions import _tree_shape
 
 __all__ = ["METHODS", "PARTIAL_BYTES", "REDUCTIONS", "Groupby", "group_starts"]
@@ -172,10 +172,7 @@ class Groupby(Operator):
         MemchunkError
             Always.
         """
-        raise MemchunkError(
-            "groupby is measured on its first plan, on the data's own coordinates: plan it "
-            "(da.memchunk.plan('groupby', by=...)) instead of calibrating it apart"
-        )
+        raise not_calibrated_apart("groupby", "by")
 
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """The grouped dim: whole for blockwise, free for map-reduce; the others free."""

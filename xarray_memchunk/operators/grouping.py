@@ -1,4 +1,4 @@
-"""Whether xarray groups an object with flox, the library that takes a ``method=``."""
+"""What the grouped operators (``groupby``, ``resample``) share: flox, and how they calibrate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,20 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["uses_flox"]
+from ..errors import MemchunkError
+
+__all__ = ["not_calibrated_apart", "uses_flox"]
+
+
+def not_calibrated_apart(operator: str, argument: str) -> MemchunkError:
+    """The error for calibrating apart an operator that groups the data's own coordinates.
+
+    Its groups (months, bins) come from the data, so it is measured on its first plan.
+    """
+    return MemchunkError(
+        f"{operator} is measured on its first plan, on the data's own coordinates: plan it "
+        f"(da.memchunk.plan({operator!r}, {argument}=...)) instead of calibrating it apart"
+    )
 
 
 def uses_flox(obj: Any) -> bool:

@@ -24,7 +24,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import resolve_dim
-from .grouping import uses_flox
+from .grouping import not_calibrated_apart, uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -131,10 +131,7 @@ class Resample(Operator):
         MemchunkError
             Always.
         """
-        raise MemchunkError(
-            "resample is measured on its first plan, on the data's own dates: plan it "
-            "(da.memchunk.plan('resample', freq=...)) instead of calibrating it apart"
-        )
+        raise not_calibrated_apart("resample", "freq")
 
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """The resampled dim is free, cut at bin edges only; the others are free.
