@@ -108,20 +108,3 @@ def test_groupby_on_a_cluster_is_safe_and_equal(cluster_client, tmp_path):
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
     expected = tas.load().groupby("time.dayofyear").mean()
     xr.testing.assert_allclose(result, expected, atol=1e-6)
-
-
-@pytest.mark.parametrize("by", ["time.month", "time.dayofyear"])
-def test_measured_trees_keep_their_partials_within_the_largest_block(by):
-    """Measuring a tree of 366 groups must not need more memory than the block it comes from."""
-    tas = daily(days=730, lat=8, lon=10)
-    op = get_operator("groupby")
-    kwargs = op.check_arguments(op.check_arguments({"by": by}), tas) | {"method": "map-reduce"}
-    block = {"time": 365, "lat": 100, "lon": 120}
-    shapes = op.tree_shapes(block, **kwargs)
-    assert [-(-array["time"] // chunks["time"]) for chunks, array in shapes] == [8, 31]
-    groups = 12 if by == "time.month" else 365
-    for chunks, array in shapes:
-        n = -(-array["time"] // chunks["time"])
-        partials = n * groups * 16 * array["lat"] * array["lon"]
-        assert partials <= 4 * 365 * 100 * 120
-    assert op.tree_shapes(block, **kwargs | {"method": "blockwise"}) == []

@@ -180,28 +180,18 @@ class Groupby(Operator):
         return {kwargs["dim"]: DimUse(role)}
 
     def tree_shapes(self, extents: Mapping[str, int], **kwargs: Any) -> list[tuple[dict, dict]]:
-        """Map-reduce: blocks cut into 8 and 32 chunks along the grouped dim, measured whole.
+        """Map-reduce: the largest block measured, cut into 8 and 32 chunks along the grouped dim.
 
-        Their graphs hold partial results and combine tasks, which single chunks never do. The
-        partials of all chunks of a tree (every group per location, in each chunk) are kept
-        within the bytes of the largest block measured (at 4 bytes an element): the tree's
-        other dims are shortened by as much as needed, so that measuring a tree of many
-        groups (366 days of the year) never needs more memory than that block.
+        Their graphs hold partial results and combine tasks, which single chunks never do.
         """
+        dim, length = kwargs["dim"], extents[kwargs["dim"]]
         if kwargs["method"] != "map-reduce":
             return []
-        dim, length = kwargs["dim"], extents[kwargs["dim"]]
-        groups = sum(1 for s in kwargs["group_starts"] if s < length)
-        partial = PARTIAL_BYTES.get(kwargs["reduction"]) or 8
-        others = [d for d in extents if d != dim]
-        shapes = []
-        for n in _TREE_CHUNKS:
-            if length < 2 * n:
-                continue
-            shrink = max(1.0, n * groups * partial / (4.0 * length)) ** (1 / max(len(others), 1))
-            array = {d: length if d == dim else max(1, int(extents[d] / shrink)) for d in extents}
-            shapes.append((array | {dim: -(-length // n)}, array))
-        return shapes
+        return [
+            (dict(extents) | {dim: -(-length // n)}, dict(extents))
+            for n in _TREE_CHUNKS
+            if length >= 2 * n
+        ]
 
     def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
         """Measured on the first plan, per grouping, reduction and method.
