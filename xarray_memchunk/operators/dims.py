@@ -8,7 +8,7 @@ import xarray as xr
 
 from ..errors import DimensionError
 
-__all__ = ["resolve_dim", "resolve_dims"]
+__all__ = ["has_dim", "resolve_dim", "resolve_dims"]
 
 
 def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
@@ -56,6 +56,15 @@ def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
     axes = {k: v for k, v in obj.cf.axes.items() if v}
     cf_hint = f"; CF axes found: {axes}" if axes else "; no CF axes found in the attributes"
     raise DimensionError(f"no dim {key!r} in an object with dims {tuple(obj.dims)}{cf_hint}")
+
+
+def has_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> bool:
+    """Whether ``obj`` has the dim ``key`` names (a name or a CF key, as :func:`resolve_dim`)."""
+    try:
+        resolve_dim(obj, key)
+    except DimensionError:
+        return False
+    return True
 
 
 def resolve_dims(

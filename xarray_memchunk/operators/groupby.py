@@ -33,7 +33,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .grouping import not_calibrated_apart, uses_flox
-from .reductions import _tree_shape
+from .reductions import tree_shape
 
 __all__ = ["METHODS", "PARTIAL_BYTES", "REDUCTIONS", "Groupby", "group_starts"]
 
@@ -215,7 +215,7 @@ class Groupby(Operator):
                 return values
             along = np.asarray(padded[dim], dtype=np.float64)
             partials = elements / along * groups * partial
-            fan_in, depth = _tree_shape(np.ceil(length / along), 1)
+            fan_in, depth = tree_shape(np.ceil(length / along), 1)
             values["partial_bytes"] = partials
             values["combine_bytes"] = np.where(
                 fan_in > 1, partials * fan_in * np.minimum(depth, 2), 0.0

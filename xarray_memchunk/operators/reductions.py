@@ -35,7 +35,7 @@ from .base import Cost, DimUse, Operator
 from .dims import resolve_dims
 from .whole_dims import check_quantile_args, keeps_attrs, median, quantile
 
-__all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec"]
+__all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec", "tree_shape"]
 
 #: ``numpy.nanmedian`` switches from masked arrays to 1-D slices at this reduced length.
 NANMEDIAN_SMALL_AXIS = 600
@@ -117,7 +117,7 @@ SPECS = {
 }
 
 
-def _tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
+def tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
     """Partials one combine task takes along one reduced axis, and the tree's depth.
 
     Dask combines ``split_every`` (config ``split_every``, 4) partials per task, spread over the
@@ -285,7 +285,7 @@ class Reduction(Operator):
             depth = np.zeros_like(fan_in)
             for d in reduced:
                 n = np.ceil(sizes[d] / np.asarray(extents[d], dtype=np.float64))
-                axis_fan_in, axis_depth = _tree_shape(n, len(reduced))
+                axis_fan_in, axis_depth = tree_shape(n, len(reduced))
                 fan_in = fan_in * axis_fan_in
                 depth = np.maximum(depth, axis_depth)
             partial = spec.partial_bytes or itemsize

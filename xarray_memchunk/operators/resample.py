@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import DimensionError, MemchunkError
+from ..errors import MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .dims import resolve_dim
+from .dims import has_dim, resolve_dim
 from .grouping import not_calibrated_apart, uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
@@ -173,9 +173,7 @@ class Resample(Operator):
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the resampled dim is kept (broadcast along the bins, as xarray)."""
-        try:
-            resolve_dim(da, kwargs["dim"])
-        except DimensionError:
+        if not has_dim(da, kwargs["dim"]):
             return f"has no dim {kwargs['dim']!r}: broadcast along the bins, as xarray does"
         return f"{reason}: left out of the result"
 

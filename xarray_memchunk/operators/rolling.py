@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import DimensionError, MemchunkError
+from ..errors import MemchunkError
 from ..planning.problem import DimRole
 from .arguments import check_number, reject_unknown
 from .base import Cost, DimUse, Operator
 from .blockwise import BlockwiseOperator
-from .dims import resolve_dim
+from .dims import has_dim, resolve_dim
 
 __all__ = ["REDUCTIONS", "Rolling", "rolling_block", "window_halo"]
 
@@ -59,15 +59,6 @@ def rolling_block(
         {dims[axis]: window}, center=center, min_periods=min_periods
     )
     return getattr(rolled, reduction)().values
-
-
-def _has_dim(da: xr.DataArray, dim: str) -> bool:
-    """Whether ``da`` has the dim ``dim`` names (a name or a CF axis)."""
-    try:
-        resolve_dim(da, dim)
-    except DimensionError:
-        return False
-    return True
 
 
 def _arguments(
@@ -190,7 +181,7 @@ class Rolling(Operator):
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the window's dim is kept as it is, as xarray keeps it."""
-        if not _has_dim(da, kwargs["dim"]):
+        if not has_dim(da, kwargs["dim"]):
             return f"has no dim {kwargs['dim']!r}: kept as it is, as xarray keeps it"
         return f"{reason}: left out of the result"
 
@@ -201,7 +192,7 @@ class Rolling(Operator):
         result = {
             name: self.compute(var, uses[name], **kwargs) if name in uses else var
             for name, var in ds.data_vars.items()
-            if name in uses or not _has_dim(var, kwargs["dim"])
+            if name in uses or not has_dim(var, kwargs["dim"])
         }
         return xr.Dataset(result, attrs=ds.attrs)
 
