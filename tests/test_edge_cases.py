@@ -233,7 +233,7 @@ REFUSED = [
         "gst3d of float128",
         lambda: volume((24, 20, 18), np.longdouble).memchunk.plan("gst3d"),
         xm.MemchunkError,
-        "float32 or float64 and SciPy's filters take no float128",
+        "float32 or float64 and its kernels take no float128",
     ),
 ]
 

@@ -7,7 +7,7 @@ import xarray as xr
 from daily_data import daily
 
 import xarray_memchunk  # the accessor, and calibrate
-from xarray_memchunk.errors import MemchunkError
+from xarray_memchunk.errors import InfeasiblePlanError, MemchunkError
 from xarray_memchunk.operators import get_operator
 from xarray_memchunk.operators.groupby import group_starts
 from xarray_memchunk.testing import run_watched
@@ -102,9 +102,22 @@ def test_groupby_on_a_cluster_is_safe_and_equal(cluster_client, tmp_path):
     daily(days=1500, lat=60, lon=90).to_dataset().to_zarr(path)  # 32 MB, one-day chunks
     tas = xr.open_zarr(path)["tas"]
     with make("400MB") as cluster, Client(cluster) as client:
-        plan = tas.memchunk.plan("groupby", by="time.dayofyear", method="map-reduce")
+        plan = tas.memchunk.plan("groupby", by="time.month", method="map-reduce")
         outcome = run_watched(client, "groupby", lambda: plan.apply())
         result = plan.apply().compute()
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
-    expected = tas.load().groupby("time.dayofyear").mean()
+    expected = tas.load().groupby("time.month").mean()
     xr.testing.assert_allclose(result, expected, atol=1e-6)
+
+
+def test_day_of_year_map_reduce_is_refused_where_its_partials_outweigh_the_data(threaded):
+    """4 x 366 partials per location (16 B each for a mean) against 1500 float32 days."""
+    tas = daily(days=1500)
+    with pytest.raises(InfeasiblePlanError, match="method='blockwise' needs less memory"):
+        tas.memchunk.plan("groupby", by="time.dayofyear", method="map-reduce")
+    plan = tas.memchunk.plan("groupby", by="time.dayofyear")
+    assert plan.dask_chunks["time"] == (1500,)
+    assert "map-reduce's combine tasks hold 4 x 366 groups" in plan.explain()
+    # ten years of float64: 29200 B per location against 23424 B of partials, so both are priced
+    plan = daily(days=3650, dtype="float64").memchunk.plan("groupby", by="time.dayofyear")
+    assert "map-reduce's combine tasks" not in plan.explain()

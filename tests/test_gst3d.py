@@ -1,11 +1,11 @@
 import numpy as np
 import pytest
 import xarray as xr
+from harness.gst3d_reference import principal_eigen
 from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_seismic
-from xarray_memchunk.operators.gst3d.eigen import principal_eigen
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block, halo_depth
 
 
@@ -111,8 +111,8 @@ def test_chunked_equals_unchunked(kernel, chunks, threaded):
 def test_planned_chunks_equal_unchunked(threaded):
     ds = synthetic_seismic((64, 64, 64), noise=0.2, chunks=16)
     budget = xm.Budget(
-        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=30 * 2**20, source="test"
-    )
+        worker_memory=10**9, threads_per_worker=1, n_workers=2, per_task=130 * 2**20, source="test"
+    )  # 128 MiB of it is Numba's runtime, which a worker keeps once it has run GST3D
     plan = ds.memchunk.plan("gst3d", budget=budget)
     assert plan.n_chunks > 2
     result = ds.memchunk.apply("gst3d", budget=budget).dip.values
@@ -147,7 +147,7 @@ def test_float64_input_and_output_dtype(threaded):
     p64 = synthetic_seismic((200, 200, 200), chunks=50, dtype="float64").memchunk.plan(
         "gst3d", chunks=chunks
     )
-    assert p64.predicted_peak_bytes > 1.5 * p32.predicted_peak_bytes
+    assert p64.predicted_task_bytes > 1.5 * p32.predicted_task_bytes
 
 
 def test_stack_of_volumes_is_a_free_dim(threaded):

@@ -120,6 +120,27 @@ def test_functions_that_outgrow_a_line_never_exceed_the_budget(func, user_dir, q
     assert outcome.peak_bytes < 0.8 * to_bytes("600MB")
 
 
+def kills_its_worker(block):
+    """Touches 2 GB whatever the block: past any small worker's memory limit."""
+    waste = np.ones(2 * 10**9 // 8)
+    return block + waste[0]
+
+
+def test_a_measurement_that_kills_its_worker_raises_and_never_hangs(user_dir, quiet_distributed):
+    from distributed import Client, LocalCluster
+
+    op = xm.BlockwiseOperator("selfcal-killer", kills_its_worker)
+    data = field((400, 400), (100, 400))
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit="400MB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+        pytest.raises(xm.CalibrationError, match="died"),
+    ):
+        data.memchunk.plan(op)
+
+
 def c_allocation(block):
     """Allocates ten times the block with libc's malloc (numpy never sees it), touches it."""
     libc = ctypes.CDLL(None)

@@ -436,8 +436,8 @@ def _resolve(
         try:
             own = operator.check_arguments(kwargs, da)
             costs[name] = _cost(operator, name, da, own, device, budget, notes, measure)
-        except CalibrationError:  # a broken file or measurement: not this variable's fault
-            raise
+        except (CalibrationError, InfeasiblePlanError):  # a broken file or measurement, or a
+            raise  # way of computing that cannot suit this variable: not the variable's fault
         except MemchunkError as exc:
             errors.append(exc)
             left_out[name] = operator.skipped(da, str(exc), **kwargs)

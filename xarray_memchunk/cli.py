@@ -582,8 +582,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "seed",
         ),
         (
-            "2. memchunk's built-in GST3D: one fused task per chunk, a closed-form eigen-solver "
-            "(~36 B per voxel), calibrated and shipped with the package.",
+            "2. memchunk's built-in GST3D: one fused task per chunk, one compiled sweep per "
+            "block (~10-27 B per padded voxel), calibrated and shipped with the package.",
             "gst3d",
             "built-in",
         ),

@@ -329,9 +329,12 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
             f"closing its cluster"
         )
     others = _others(run, client)
+    # a worker killed or restarting as the report asks is left out: its records died with it,
+    # and the scheduler's events say it was killed
+    answers = client.run(_worker_records, run.started, on_error="ignore")
     records = [
         r
-        for worker in client.run(_worker_records, run.started).values()
+        for worker in answers.values()
         for r in _warm(
             [
                 r

@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+#: Seconds between checks that the worker measuring a task is still there.
+_ALIVE_CHECK_SECONDS = 2.0
+
 __all__ = [
     "RssSampler",
     "TaskProfile",
@@ -245,7 +248,12 @@ def profile_in_worker(
     profiles = []
     for extents, sizes, args in cases:
         runs = [
-            client.submit(measure, run, *args, seed, pure=False, workers=[worker]).result()
+            _result_while_alive(
+                client,
+                client.submit(measure, run, *args, seed, pure=False, workers=[worker]),
+                worker,
+                extents,
+            )
             for seed in range(repeats)
         ]
         peaks = sorted(r[0] for r in runs)
@@ -262,3 +270,27 @@ def profile_in_worker(
             )
         )
     return profiles
+
+
+def _result_while_alive(client, future, worker: str, extents: dict) -> Any:
+    """``future.result()``, or a ``CalibrationError`` if ``worker`` leaves the cluster first.
+
+    A run pinned to one worker never starts elsewhere: if that worker dies (the nanny kills it
+    past its memory limit), the scheduler would hold the run forever and the plan would hang.
+    """
+    from ..errors import CalibrationError
+
+    if not hasattr(future, "status"):  # a ProbeProcess's run: done, or raised, already
+        return future.result()
+    while True:
+        try:
+            return future.result(timeout=_ALIVE_CHECK_SECONDS)
+        except TimeoutError:
+            if worker not in client.scheduler_info(n_workers=-1)["workers"]:
+                future.cancel()
+                shape = " x ".join(f"{d}={n}" for d, n in extents.items())
+                raise CalibrationError(
+                    f"the worker measuring the operator on a block of {shape} died (it may "
+                    f"have run out of memory): give the operator a memory_model, or calibrate "
+                    f"it on a cluster with more memory per worker"
+                ) from None

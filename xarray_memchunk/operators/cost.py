@@ -248,6 +248,7 @@ def resolve_cost(
             contiguous_storage(da),
             production.extra_bytes if production else 0.0,
             production.held_bytes if production and cost.fuses_with_input else 0.0,
+            cost.runtime_bytes,
         ),
         production=production,
         features=features,

@@ -11,7 +11,9 @@ that fits (``explain()`` says which, and why not the other):
   them to all groups), and combine tasks concatenate ``split_every`` (4) of them. The partial
   results grow with the number of groups, not with the chunk: 12 per location for a monthly
   climatology, 366 for a day-of-year one, so a short chunk can hold far more partials than
-  data (flox#346, dask#11026).
+  data (flox#346, dask#11026). Where a combine task's partials per location are at least the
+  whole dim's data (a day-of-year climatology of four years), map-reduce cannot need less
+  than blockwise and is not planned (:func:`partials_outweigh_data`).
 - ``"blockwise"`` (any reduction, ``median`` too): the grouped dim whole in every task, so that
   each group is complete in its task and nothing waits between tasks; the other dims are cut.
 
@@ -28,14 +30,21 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..errors import MemchunkError
+from ..errors import InfeasiblePlanError, MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .grouping import not_calibrated_apart, uses_flox
 from .reductions import tree_shape
 
-__all__ = ["METHODS", "PARTIAL_BYTES", "REDUCTIONS", "Groupby", "group_starts"]
+__all__ = [
+    "METHODS",
+    "PARTIAL_BYTES",
+    "REDUCTIONS",
+    "Groupby",
+    "group_starts",
+    "partials_outweigh_data",
+]
 
 #: Bytes per group and location of a map-reduce task's partial results, per reduction (0: the
 #: input's itemsize): a float64 sum, a count and a sum for mean, three moments for std and var.
@@ -53,6 +62,8 @@ PARTIAL_BYTES = {
 REDUCTIONS = (*PARTIAL_BYTES, "median")
 #: flox's methods the plan chooses from.
 METHODS = ("map-reduce", "blockwise")
+#: Partial results a combine task joins (flox's and dask's ``split_every``).
+_SPLIT_EVERY = 4
 #: Chunks per tree that self-calibration measures besides single chunks (map-reduce).
 _TREE_CHUNKS = (8, 32)
 
@@ -79,6 +90,30 @@ def group_starts(da: xr.DataArray, by: str) -> tuple[str, tuple[int, ...]]:
         raise MemchunkError(f"groupby by={by!r} must be one-dimensional, it has dims {group.dims}")
     _, first = np.unique(np.asarray(group.values), return_index=True)
     return str(group.dims[0]), tuple(int(i) for i in np.sort(first))
+
+
+def partials_outweigh_data(
+    da: xr.DataArray, *, dim: str, group_starts: tuple[int, ...], reduction: str, **_: Any
+) -> str:
+    """Why map-reduce cannot need less memory than blockwise here; ``""`` where it can.
+
+    A combine task joins ``split_every`` (4) chunks' partial results, each holding every group
+    of the data per location, whatever the chunk's length. Where that is at least the whole
+    dim's data per location (a day-of-year climatology: 4 x 366 partials against 1460 days),
+    map-reduce holds more per location than blockwise's tasks, which read the dim whole.
+    """
+    length = int(da.sizes[dim])
+    groups = sum(1 for s in group_starts if s < length)
+    partial = PARTIAL_BYTES.get(reduction) or np.dtype(da.dtype).itemsize
+    combined = _SPLIT_EVERY * groups * partial
+    whole = length * np.dtype(da.dtype).itemsize
+    if combined < whole:
+        return ""
+    return (
+        f"map-reduce's combine tasks hold {_SPLIT_EVERY} x {groups} groups' partial results "
+        f"per location ({combined} B), more than the whole of {dim!r} ({length} steps, "
+        f"{whole} B): method='blockwise' needs less memory"
+    )
 
 
 def _arguments(
@@ -148,11 +183,17 @@ class Groupby(Operator):
         ------
         MemchunkError
             On a missing or invalid argument, an unknown one, or ``by`` not a 1-D coordinate.
+        InfeasiblePlanError
+            For map-reduce where a combine task's partial results per location outweigh the
+            whole dim's data (:func:`partials_outweigh_data`): blockwise then needs less.
         """
         if da is None:
             return _arguments(**kwargs)
         dim, starts = group_starts(da, kwargs["by"])
-        return dict(kwargs) | {"dim": dim, "group_starts": starts}
+        checked = dict(kwargs) | {"dim": dim, "group_starts": starts}
+        if checked["method"] == "map-reduce" and (why := partials_outweigh_data(da, **checked)):
+            raise InfeasiblePlanError(why)
+        return checked
 
     def alternatives(self, kwargs: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
         """The method given, else map-reduce and blockwise (blockwise alone for the median)."""

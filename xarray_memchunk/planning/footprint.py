@@ -31,7 +31,8 @@ the plan's). Per task slot:
   from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
-  among its threads.
+  among its threads. Plus the operator's ``runtime_bytes`` (compiled code a worker keeps
+  after its first task), divided likewise.
 - ``produce``: producing a graph's input (measured on one block of the real graph:
   :mod:`~xarray_memchunk.operators.production`). A slot makes a source chunk, then runs the
   operator; its peak is the larger phase. Making the chunk holds it and what producing it needs
@@ -127,6 +128,9 @@ class InputLayout:
     produce_held_bytes
         What stays held beside the chunk while an operator fused onto its production runs
         (measured likewise; 0 where the operator's first step does not fuse with it).
+    runtime_bytes
+        What a worker keeps once it has run the operator's first task (compiled code), once
+        per worker: each of its task slots holds its share beside the task.
     """
 
     name: str
@@ -139,6 +143,7 @@ class InputLayout:
     contiguous: bool = False
     produce_bytes: float = 0.0
     produce_held_bytes: float = 0.0
+    runtime_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -332,4 +337,6 @@ def footprint(
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
+    runtime = max((layout.runtime_bytes for layout in layouts), default=0.0)
+    held = held + runtime / threads
     return Footprint(task=task, gather=gather, held=held, factors=factors, produce=produce)

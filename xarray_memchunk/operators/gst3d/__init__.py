@@ -1,8 +1,8 @@
 """GST3D: gradient structure tensor to dip and azimuth, fused into one task per chunk.
 
 :mod:`~.operator` is the operator (dims, memory model, lazy computation); :mod:`~.kernels` the
-NumPy/CuPy block kernels; :mod:`~.gpu` the CuPy elementwise kernel; :mod:`~.eigen` the
-closed-form eigen-solver of 3 x 3 symmetric tensors.
+block kernel for NumPy and CuPy blocks; :mod:`~.fused` the compiled (Numba) CPU kernel;
+:mod:`~.gpu` the CuPy elementwise kernel of the eigen-analysis.
 """
 
 from .operator import GST3D

@@ -1,11 +1,10 @@
 """GST3D's eigen-analysis on a GPU: one fused CUDA kernel, six tensor components in, attribute out.
 
-:func:`~xarray_memchunk.operators.gst3d.eigen.principal_eigen` solves the matrices in NumPy, slab by
-slab, with ~25 temporaries per slab. On a GPU the same arithmetic runs as one
+The CPU kernel (:mod:`.fused`) solves each voxel's matrix in a compiled loop. On a GPU the same
+arithmetic runs as one
 ``cupy.ElementwiseKernel``: each thread reads the six components of its voxel, solves its
 matrix in float64 registers and writes the attribute, so the solve needs no device memory
-beyond its output. The code below is the NumPy code of :mod:`.eigen3` and
-:func:`~xarray_memchunk.operators.gst3d.kernels._attribute_writer`, line for line: trace
+beyond its output. The code below is the CPU kernel's eigen-analysis, line for line: trace
 normalisation, the trigonometric eigenvalues, the largest of three cross products, the
 degenerate case reported as vertical, and the same sign convention.
 """

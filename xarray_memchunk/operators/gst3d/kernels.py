@@ -1,10 +1,4 @@
-"""GST3D on one numpy block: gradients, structure tensor, principal direction, attributes.
-
-One call does the whole pipeline on one (padded) block, freeing each intermediate as soon as
-it is used, so the peak is about the padded input, three gradients, six tensor components and
-one output, in the input's precision (float32 in: ~40 bytes per padded voxel), instead of the
-~240 B/voxel of a chain of ``map_overlap`` calls, a ``da.stack`` of nine components and
-``np.linalg.eigh``.
+"""GST3D on one block: gradients, structure tensor, principal direction, attributes.
 
 Two kernels:
 
@@ -17,15 +11,30 @@ Two kernels:
 Both use ``reflect`` boundaries (``d c b a | a b c d``). Axes are (inline, crossline, sample),
 the last three of the block.
 
-NaNs: every filter is a direct correlation (the box filter too, instead of
-``scipy.ndimage.uniform_filter``'s running sum, which carries a NaN to the end of its line), so
-an output voxel is NaN exactly when an input voxel within its halo (:func:`halo_depth`) is NaN,
-and a chunked result equals the unchunked one, NaNs included.
+NumPy blocks run :func:`.fused.gst3d`: one compiled (Numba) sweep along the block's first
+axis computes the gradients, their products, the smoothing and each voxel's eigen-analysis
+plane by plane, so besides the padded input and the output it holds only a ring of planes.
+The peak (Gaussian kernel, input and float32 output included) is ~10 bytes per padded voxel
+of float32 for a block of 256 planes, ~15 for 64, ~27 for 19, and ~36 at 13 planes, what the
+unfused pipeline (three gradients, a product buffer and six tensor components) needs on any
+block; blocks of fewer planes need more (:mod:`.fused`). A chain of ``map_overlap`` calls, a
+``da.stack`` of nine components and ``np.linalg.eigh`` would need ~240 B/voxel. The filters
+are SciPy's arithmetic operation for operation, in the input's precision (float32 for all but
+float64), so the tensor is bit-identical to ``scipy.ndimage``'s; the eigen-analysis is
+a closed form per voxel, in float64.
 
-CuPy blocks run the same filters with ``cupyx.scipy.ndimage`` and the eigen-analysis as one
-fused CUDA kernel (:mod:`.gst3d_gpu`): the block never leaves the device. ``cupyx`` skips
-zero weights, so NaN is set on the GPU from the input's NaN, dilated by the halo
-(:func:`_nan_within_halo`), which is where SciPy's filters carry it.
+CuPy blocks run the same filters with ``cupyx.scipy.ndimage``, freeing each intermediate as
+soon as it is used, so the peak is about the padded input, three gradients, six tensor
+components and one output, in the input's precision (float32 in: ~40 bytes per padded voxel),
+and the eigen-analysis as one fused CUDA kernel (:mod:`.gpu`): the block never leaves the
+device.
+
+NaNs: every filter is a direct correlation that multiplies every tap, zero weights included
+(the box filter too, instead of ``scipy.ndimage.uniform_filter``'s running sum, which carries
+a NaN to the end of its line), so an output voxel is NaN exactly when an input voxel within
+its halo (:func:`halo_depth`) is NaN, for every attribute, and a chunked result equals the
+unchunked one, NaNs included. ``cupyx`` skips zero weights, so on the GPU NaN is set from the
+input's NaN, dilated by the halo (:func:`_nan_within_halo`), which is where the CPU carries it.
 """
 
 from __future__ import annotations
@@ -33,16 +42,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import array_module, is_cupy, ndimage_module
-from .eigen import principal_eigen
+from .workspace import D2GEO_BOX, D2GEO_DERIVATIVE, D2GEO_SMOOTHING
 
 __all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "gst3d_on_axes", "halo_depth"]
 
 ATTRIBUTES = ("dip", "azimuth", "planarity", "linearity")
 KERNELS = ("gaussian", "d2geo")
-
-D2GEO_DERIVATIVE = np.array([-0.5, 0.0, 0.5])
-D2GEO_SMOOTHING = np.array([0.178947, 0.642105, 0.178947])
-D2GEO_BOX = np.full(3, 1.0 / 3.0)
 
 
 def _radius(scale: float, truncate: float) -> int:
@@ -92,7 +97,10 @@ def _smooth(product, out, kernel: str, rho: float, truncate: float) -> None:
 
 
 def _structure_tensor(x, kernel, sigma, rho, truncate, dtype):
-    """The six smoothed tensor components (xx, yy, zz, xy, xz, yz); gradients freed on the way."""
+    """The six smoothed tensor components (xx, yy, zz, xy, xz, yz); gradients freed on the way.
+
+    CuPy blocks' path (NumPy blocks run :func:`.fused.gst3d`, which computes the same tensor).
+    """
     xp = array_module(x)
     gx = _gradient(x, 0, kernel, sigma, truncate, dtype)
     gy = _gradient(x, 1, kernel, sigma, truncate, dtype)
@@ -120,7 +128,8 @@ def _structure_tensor(x, kernel, sigma, rho, truncate, dtype):
 def _nan_within_halo(x, out, depth: int) -> None:
     """Set ``out`` to NaN wherever a NaN of ``x`` lies within ``depth`` voxels along every axis.
 
-    SciPy's filters multiply every weight, so a NaN reaches every voxel within the halo: a box.
+    SciPy's filters, and the fused CPU kernel, multiply every weight, so a NaN reaches every
+    voxel within the halo: a box.
     ``cupyx.scipy.ndimage`` skips zero weights (a derivative's centre), so on the GPU a NaN
     reaches fewer voxels, and values next to it would be finite. This makes the two devices
     agree: the box of NaN, dilated with the filters' ``reflect`` boundary. Blocks without NaN
@@ -134,27 +143,6 @@ def _nan_within_halo(x, out, depth: int) -> None:
     for axis in range(3):
         mask = ndimage.maximum_filter1d(mask, 2 * depth + 1, axis=axis, mode="reflect")
     out[mask.view(bool)] = xp.nan
-
-
-def _attribute_writer(attribute: str, out_flat: np.ndarray):
-    """Callbacks for :func:`principal_eigen` that write ``attribute`` into ``out_flat``."""
-    if attribute in ("dip", "azimuth"):
-
-        def write_vector(s, x, y, z):
-            sign = np.where(z < 0, -1.0, 1.0)  # sample component >= 0
-            if attribute == "dip":
-                out_flat[s] = np.degrees(np.arccos(np.clip(z * sign, -1.0, 1.0)))
-            else:
-                out_flat[s] = np.mod(np.degrees(np.arctan2(x * sign, y * sign)), 360.0)
-
-        return write_vector, None
-
-    def write_values(s, l1, l2, l3):
-        safe = np.where(l1 > 0, l1, 1.0)
-        value = (l1 - l2) / safe if attribute == "planarity" else (l2 - l3) / safe
-        out_flat[s] = np.where(l1 > 0, value, 0.0)
-
-    return None, write_values
 
 
 def gst3d_block(
@@ -172,7 +160,8 @@ def gst3d_block(
     Parameters
     ----------
     block
-        Amplitudes, float32 or float64; leading axes (a stack of volumes) are looped over.
+        Amplitudes, float32 or float64 (others are filtered in float32); leading axes (a stack
+        of volumes) are looped over. A NumPy block that is not C-contiguous is copied first.
     attribute
         ``"dip"`` (degrees from horizontal, 0..90), ``"azimuth"`` (degrees, 0..360,
         ``atan2(v_inline, v_crossline)``), ``"planarity"`` ((l1 - l2) / l1) or ``"linearity"``
@@ -190,32 +179,25 @@ def gst3d_block(
         Same shape as ``block``, on ``block``'s device.
     """
     xp = array_module(block)
+    options = {"attribute": attribute, "kernel": kernel, "sigma": sigma, "rho": rho}
+    options |= {"truncate": truncate, "out_dtype": out_dtype}
     if block.ndim > 3:
         out = xp.empty(block.shape, dtype=out_dtype)
         for index in np.ndindex(block.shape[:-3]):
-            out[index] = gst3d_block(
-                block[index],
-                attribute=attribute,
-                kernel=kernel,
-                sigma=sigma,
-                rho=rho,
-                truncate=truncate,
-                out_dtype=out_dtype,
-            )
+            out[index] = gst3d_block(block[index], **options)
         return out
-    dtype = np.float64 if block.dtype == np.float64 else np.float32
-    x = block if is_cupy(block) else np.asarray(block)
-    components = _structure_tensor(x, kernel, sigma, rho, truncate, dtype)
-    out = xp.empty(x.shape, dtype=out_dtype)
-    if is_cupy(x):
-        from .gpu import gpu_attribute
+    if not is_cupy(block):
+        from .fused import gst3d as fused_gst3d  # Numba, imported where a task runs
 
-        gpu_attribute(components, attribute, out.reshape(-1))
-        del components
-        _nan_within_halo(x, out, halo_depth(kernel, sigma, rho, truncate))
-        return out
-    vector, values = _attribute_writer(attribute, out.reshape(-1))
-    principal_eigen(components, out_vector=vector, out_values=values)
+        return fused_gst3d(np.asarray(block), **options)
+    from .gpu import gpu_attribute
+
+    dtype = np.float64 if block.dtype == np.float64 else np.float32
+    components = _structure_tensor(block, kernel, sigma, rho, truncate, dtype)
+    out = xp.empty(block.shape, dtype=out_dtype)
+    gpu_attribute(components, attribute, out.reshape(-1))
+    del components
+    _nan_within_halo(block, out, halo_depth(kernel, sigma, rho, truncate))
     return out
 
 

@@ -26,12 +26,13 @@ from ...errors import DimensionError, MemchunkError
 from ...models import LinearMemoryModel
 from ...planning.problem import DimRole
 from ..arguments import check_number, float_dtype, reject_unknown
-from ..base import Cost, DimUse, Operator, input_output_features
+from ..base import Cost, DimUse, Features, Operator, padded_elements
 from ..dims import resolve_dim
-from ..sources import map_blocks_with_halo
+from ..sources import device_of, map_blocks_with_halo
 from .kernels import ATTRIBUTES, KERNELS, gst3d_on_axes, halo_depth
+from .workspace import batch_size, correlation_weights, workspace_planes
 
-__all__ = ["GST3D", "SPATIAL_NAMES", "spatial_dims"]
+__all__ = ["GST3D", "SPATIAL_NAMES", "fused_features", "spatial_dims"]
 
 #: Names recognised for (inline, crossline, sample), in order of preference.
 SPATIAL_NAMES = (
@@ -40,6 +41,11 @@ SPATIAL_NAMES = (
     ("sample", "samples", "depth", "time", "twt", "z"),
 )
 _CF_AXES = (("X",), ("Y",), ("Z", "T"))
+
+#: What a worker keeps after its first fused GST3D task: Numba imported, LLVM started and the
+#: compiled kernel loaded from Numba's cache (122 MB measured in a ``LocalCluster`` worker:
+#: 162 MB RSS with dask, xarray, zarr and this package imported, 284 MB after a first block).
+FUSED_RUNTIME_BYTES = 128 * 2**20
 
 _UNITS = {"dip": "degree", "azimuth": "degree", "planarity": "1", "linearity": "1"}
 _LONG_NAMES = {
@@ -187,7 +193,8 @@ class GST3D(Operator):
     #: Amplitudes: integers (counts) and float16, converted to float32 block by block, or
     #: float32 and float64 (float128 is refused by :meth:`check_arguments`).
     dtype_kinds = "iuf"
-    #: NumPy blocks run SciPy's filters; CuPy blocks ``cupyx.scipy.ndimage`` and a fused kernel.
+    #: NumPy blocks run the fused Numba kernel; CuPy blocks ``cupyx.scipy.ndimage`` and a fused
+    #: CUDA kernel.
     devices = ("cpu", "gpu")
     #: The Gaussian kernel and the 3-point one are calibrated apart (``gst3d-d2geo``).
     shipped_calibrations = ({}, {"kernel": "d2geo"})
@@ -200,7 +207,7 @@ class GST3D(Operator):
         Raises
         ------
         MemchunkError
-            Unknown or invalid arguments. For ``da``: float128 data (SciPy's filters compute in
+            Unknown or invalid arguments. For ``da``: float128 data (the kernels compute in
             float32 or float64), or a kernel whose radius is longer than the volume's longest
             spatial dim.
         DimensionError
@@ -210,7 +217,7 @@ class GST3D(Operator):
             return _arguments(**kwargs)
         if da.dtype.kind == "f" and da.dtype.itemsize > 8:
             raise MemchunkError(
-                f"gst3d computes in float32 or float64 and SciPy's filters take no {da.dtype}: "
+                f"gst3d computes in float32 or float64 and its kernels take no {da.dtype}: "
                 f"convert the data first, e.g. .astype('float64')"
             )
         if kwargs["kernel"] == "gaussian" and da.dtype.kind in self.dtype_kinds:
@@ -227,28 +234,37 @@ class GST3D(Operator):
         return {d: DimUse(DimRole.HALO, depth) for d in spatial_dims(da, dims)}
 
     def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
-        """One fused task per chunk: 11 x its padded input until calibrated.
+        """One fused task per chunk: its padded input, its output and the kernel's workspace.
 
-        Calibrated as ``gst3d`` and ``gst3d-d2geo`` (the 3-point kernel) apart. The analytic
-        model: the padded input, 3 gradients, 1 product buffer and 6 tensor components in the
-        compute dtype (float64 for float64 data, else float32), the output, 8 MiB fixed.
+        Calibrated as ``gst3d`` and ``gst3d-d2geo`` (the 3-point kernel) apart. Features
+        (:func:`fused_features`): the padded input (twice where the block is copied to the
+        compute dtype or to (inline, crossline, sample) order first), the output, and the
+        fused kernel's workspace (:func:`~.fused.workspace_planes`: planes of crossline x
+        sample, whatever the block's inline length). Analytic model until calibrated: those,
+        1 byte each, 8 MiB fixed; and once per worker, Numba's runtime
+        (:data:`FUSED_RUNTIME_BYTES`, NumPy data only).
         """
-        itemsize = np.dtype(da.dtype).itemsize
-        compute_itemsize = 8 if np.dtype(da.dtype) == np.float64 else 4
         model = LinearMemoryModel(
-            {"input_bytes": 11 * compute_itemsize / itemsize, "output_bytes": 1.0},
+            {"input_bytes": 1.0, "output_bytes": 1.0, "workspace_bytes": 1.0},
             intercept=8 * 2**20,
         )
         return Cost(
             "gst3d" if kwargs["kernel"] == "gaussian" else "gst3d-d2geo",
-            input_output_features(itemsize, np.dtype(kwargs.get("dtype", "float32")).itemsize),
+            fused_features(da, kwargs),
             model,
-            seconds_per_element=2e-7,
+            seconds_per_element=6e-8,
+            runtime_bytes=FUSED_RUNTIME_BYTES if device_of(da) == "cpu" else 0.0,
         )
 
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
-        """The arguments as given; padded blocks of 32^3 to 8.2 million voxels, cubes and slabs."""
+        """The arguments as given; padded blocks of 32^3 to 8.2 million voxels, cubes and slabs.
+
+        Thin inline slabs too (19 and 24 planes: a chunk of 1 to 6 inlines and its halo), where
+        the kernel's workspace of whole planes outweighs the block.
+        """
         sizes = [
+            (19, 200, 200),
+            (24, 256, 128),
             (32, 32, 32),
             (64, 48, 40),
             (64, 64, 64),
@@ -264,7 +280,15 @@ class GST3D(Operator):
         return self.check_arguments(kwargs), shapes
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> xr.DataArray:
-        """Run GST3D lazily, one task per chunk with its halo (or directly on numpy data)."""
+        """Run GST3D lazily, one task per chunk with its halo (or directly on numpy data).
+
+        For NumPy data the fused kernel is compiled (or loaded from Numba's cache) here first,
+        in this process (:func:`~.fused.warm`): workers on this machine then load it.
+        """
+        if device_of(da) == "cpu" and da.dtype.kind in self.dtype_kinds:
+            from .fused import warm
+
+            warm(np.float64 if da.dtype == np.float64 else np.float32, kwargs["dtype"])
         spatial = spatial_dims(da, kwargs.get("dims"))
         axes = tuple(da.get_axis_num(d) for d in spatial)
         block_kwargs = {
@@ -292,3 +316,41 @@ class GST3D(Operator):
             {f"{n}_{kwargs['attribute']}": self.compute(ds[n], uses[n], **kwargs) for n in uses},
             attrs=ds.attrs,
         )
+
+
+def fused_features(da: xr.DataArray, kwargs: Mapping[str, Any]) -> Features:
+    """The memory features of one fused GST3D task on ``da`` (:mod:`.fused`).
+
+    ``input_bytes``: the padded block, plus its copy where the kernel needs one (a dtype other
+    than float32 or float64, or spatial dims not last and in (inline, crossline, sample)
+    order). ``output_bytes``: the result. ``workspace_bytes``: the kernel's planes of
+    crossline x sample (:func:`~.fused.workspace_planes` for the block's inline length and the
+    batch it affords, :func:`~.fused.batch_size`), in the compute dtype.
+    """
+    inline, crossline, sample = spatial_dims(da, kwargs.get("dims"))
+    dtype = np.dtype(da.dtype)
+    compute_itemsize = 8 if dtype == np.float64 else 4
+    copied = dtype not in (np.float32, np.float64) or tuple(da.dims[-3:]) != (
+        inline,
+        crossline,
+        sample,
+    )
+    input_itemsize = dtype.itemsize + (compute_itemsize if copied else 0)
+    output_itemsize = np.dtype(kwargs.get("dtype", "float32")).itemsize
+    kernel = kwargs["kernel"]
+    taps = correlation_weights(kernel, kwargs["sigma"], kwargs["rho"], kwargs["truncate"])[2].size
+
+    def features(padded: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        elements = padded_elements(padded)
+        planes = np.vectorize(
+            lambda n0: workspace_planes(int(n0), kernel, taps, batch_size(int(n0), kernel, taps)),
+            otypes=[np.float64],
+        )(np.asarray(padded[inline]))
+        plane = np.asarray(padded[crossline], np.float64) * np.asarray(padded[sample], np.float64)
+        return {
+            "input_bytes": elements * input_itemsize,
+            "output_bytes": elements * output_itemsize,
+            "workspace_bytes": planes * plane * compute_itemsize,
+        }
+
+    return features
