@@ -35,7 +35,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .grouping import not_calibrated_apart, uses_flox
-from .reductions import tree_shape
+from .reductions import split_every, tree_shape
 
 __all__ = [
     "METHODS",
@@ -62,8 +62,6 @@ PARTIAL_BYTES = {
 REDUCTIONS = (*PARTIAL_BYTES, "median")
 #: flox's methods the plan chooses from.
 METHODS = ("map-reduce", "blockwise")
-#: Partial results a combine task joins (flox's and dask's ``split_every``).
-_SPLIT_EVERY = 4
 #: Chunks per tree that self-calibration measures besides single chunks (map-reduce).
 _TREE_CHUNKS = (8, 32)
 
@@ -97,20 +95,22 @@ def partials_outweigh_data(
 ) -> str:
     """Why map-reduce cannot need less memory than blockwise here; ``""`` where it can.
 
-    A combine task joins ``split_every`` (4) chunks' partial results, each holding every group
-    of the data per location, whatever the chunk's length. Where that is at least the whole
-    dim's data per location (a day-of-year climatology: 4 x 366 partials against 1460 days),
-    map-reduce holds more per location than blockwise's tasks, which read the dim whole.
+    A combine task joins :func:`~.reductions.split_every` (4) chunks' partial results, each
+    holding every group of the data per location, whatever the chunk's length. Where that is
+    at least the whole dim's data per location (a day-of-year climatology: 4 x 366 partials
+    against 1460 days), map-reduce holds more per location than blockwise's tasks, which read
+    the dim whole.
     """
     length = int(da.sizes[dim])
     groups = sum(1 for s in group_starts if s < length)
     partial = PARTIAL_BYTES.get(reduction) or np.dtype(da.dtype).itemsize
-    combined = _SPLIT_EVERY * groups * partial
+    fan_in = split_every()
+    combined = fan_in * groups * partial
     whole = length * np.dtype(da.dtype).itemsize
     if combined < whole:
         return ""
     return (
-        f"map-reduce's combine tasks hold {_SPLIT_EVERY} x {groups} groups' partial results "
+        f"map-reduce's combine tasks hold {fan_in} x {groups} groups' partial results "
         f"per location ({combined} B), more than the whole of {dim!r} ({length} steps, "
         f"{whole} B): method='blockwise' needs less memory"
     )

@@ -35,7 +35,7 @@ from .base import Cost, DimUse, Operator
 from .dims import resolve_dims
 from .whole_dims import check_quantile_args, keeps_attrs, median, quantile
 
-__all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec", "tree_shape"]
+__all__ = ["REDUCTIONS", "SPECS", "Reduction", "ReductionSpec", "split_every", "tree_shape"]
 
 #: ``numpy.nanmedian`` switches from masked arrays to 1-D slices at this reduced length.
 NANMEDIAN_SMALL_AXIS = 600
@@ -117,16 +117,20 @@ SPECS = {
 }
 
 
+def split_every() -> int:
+    """Partials a combine task takes: the dask config key ``split_every`` (4 by default)."""
+    import dask
+
+    return int(dask.config.get("split_every", 4) or 4)
+
+
 def tree_shape(n_chunks: np.ndarray, n_axes: int) -> tuple[np.ndarray, np.ndarray]:
     """Partials one combine task takes along one reduced axis, and the tree's depth.
 
     Dask combines ``split_every`` (config ``split_every``, 4) partials per task, spread over the
     reduced axes: ``max(int(split_every ** (1 / n_axes)), 2)`` along each.
     """
-    import dask
-
-    split = int(dask.config.get("split_every", 4) or 4)
-    per_axis = max(int(split ** (1 / max(1, n_axes))), 2)
+    per_axis = max(int(split_every() ** (1 / max(1, n_axes))), 2)
     fan_in = np.minimum(n_chunks, per_axis)
     depth = np.ceil(np.log(np.maximum(n_chunks, 1)) / np.log(per_axis))
     return fan_in, depth

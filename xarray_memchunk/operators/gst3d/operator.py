@@ -242,18 +242,24 @@ class GST3D(Operator):
         fused kernel's workspace (:func:`~.fused.workspace_planes`: planes of crossline x
         sample, whatever the block's inline length). Analytic model until calibrated: those,
         1 byte each, 8 MiB fixed; and once per worker, Numba's runtime
-        (:data:`FUSED_RUNTIME_BYTES`, NumPy data only).
+        (:data:`FUSED_RUNTIME_BYTES`). CuPy blocks run the unfused pipeline: the padded input,
+        3 gradients, 1 product buffer and 6 tensor components in the compute dtype, the
+        output, 8 MiB fixed.
         """
-        model = LinearMemoryModel(
-            {"input_bytes": 1.0, "output_bytes": 1.0, "workspace_bytes": 1.0},
-            intercept=8 * 2**20,
-        )
+        on_cpu = device_of(da) == "cpu"
+        if on_cpu:
+            weights = {"input_bytes": 1.0, "output_bytes": 1.0, "workspace_bytes": 1.0}
+        else:
+            compute_itemsize = 8 if np.dtype(da.dtype) == np.float64 else 4
+            weights = {"input_bytes": 11 * compute_itemsize / da.dtype.itemsize}
+            weights["output_bytes"] = 1.0
+        model = LinearMemoryModel(weights, intercept=8 * 2**20)
         return Cost(
             "gst3d" if kwargs["kernel"] == "gaussian" else "gst3d-d2geo",
             fused_features(da, kwargs),
             model,
             seconds_per_element=6e-8,
-            runtime_bytes=FUSED_RUNTIME_BYTES if device_of(da) == "cpu" else 0.0,
+            runtime_bytes=FUSED_RUNTIME_BYTES if on_cpu else 0.0,
         )
 
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
