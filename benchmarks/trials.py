@@ -2,12 +2,16 @@
 
     python benchmarks/trials.py run --seed 2026 --stop 768       # resumable: skips done trials
     python benchmarks/trials.py run --start 100 --stop 200 --max-minutes 120
+    python benchmarks/trials.py again 44 --why "..."              # after a fix: run it again
     python benchmarks/trials.py summary                           # the table, from the JSONL
 
 Each trial (:func:`harness.trials.draw`) is run in a process of its own, on fresh
 ``LocalCluster`` s, and appended as one JSON line to ``benchmarks/results/trials.jsonl``; a
 trial whose process dies or overruns is recorded as such. ``summary`` prints the Markdown
-table and writes it to ``benchmarks/results/trials.md``.
+table and writes it to ``benchmarks/results/trials.md``. ``again`` runs trials once more after
+the library changed to fix what they found: the record is replaced, and the one it replaces is
+kept in its ``earlier`` list with why it was run again and the commit it ran at; the summary
+names them.
 """
 
 from __future__ import annotations
@@ -47,8 +51,6 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> None:
     """Run the trials of ``[start, stop)`` not yet in the JSONL, each in a process of its own."""
-    from harness.trials import _timeout, draw
-
     done = _done(args.out, args.seed)
     deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
     # what the trials teach stays in this run: never in the user's own calibration directory
@@ -59,21 +61,48 @@ def run(args: argparse.Namespace) -> None:
         if deadline is not None and time.monotonic() > deadline:
             print(f"stopped at trial {index}: --max-minutes reached", flush=True)
             return
-        trial = draw(args.seed, index)
-        limit = 600 + 3 * _timeout(trial)  # input, both sides, a refusal's rerun
-        command = [sys.executable, __file__, "one", "--seed", str(args.seed), str(index)]
-        started = time.monotonic()
-        try:
-            done_run = subprocess.run(
-                command, capture_output=True, text=True, timeout=limit, env=env
-            )
-            lines = [line for line in done_run.stdout.splitlines() if line.startswith("{")]
-            record = json.loads(lines[-1]) if lines else _crashed(trial, done_run.stderr)
-        except subprocess.TimeoutExpired:
-            record = _crashed(trial, f"the trial's process ran past {limit:.0f} s")
-        record["trial_seconds"] = round(time.monotonic() - started, 1)
+        record = _run_in_process(args.seed, index, env)
         with args.out.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        print(_line(record), flush=True)
+
+
+def _run_in_process(seed: int, index: int, env: dict[str, str]) -> dict[str, Any]:
+    """Trial ``index``, run by ``one`` in a process of its own; its record."""
+    from harness.trials import _timeout, draw
+
+    trial = draw(seed, index)
+    limit = 600 + 3 * _timeout(trial)  # input, both sides, a refusal's rerun
+    command = [sys.executable, __file__, "one", "--seed", str(seed), str(index)]
+    started = time.monotonic()
+    try:
+        done_run = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env)
+        lines = [line for line in done_run.stdout.splitlines() if line.startswith("{")]
+        record = json.loads(lines[-1]) if lines else _crashed(trial, done_run.stderr)
+    except subprocess.TimeoutExpired:
+        record = _crashed(trial, f"the trial's process ran past {limit:.0f} s")
+    record["trial_seconds"] = round(time.monotonic() - started, 1)
+    return record
+
+
+def again(args: argparse.Namespace) -> None:
+    """Run trials once more after a fix; replace their records, keeping the earlier ones."""
+    records = _records(args.out)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    env = {**os.environ, "MEMCHUNK_CALIBRATION_DIR": tempfile.mkdtemp(prefix="memchunk-")}
+    for index in args.index:
+        (position,) = [
+            i for i, r in enumerate(records) if r["seed"] == args.seed and r["index"] == index
+        ]
+        earlier = records[position]
+        record = _run_in_process(args.seed, index, env)
+        kept = {k: v for k, v in earlier.items() if k not in ("earlier",)}
+        record["earlier"] = [*earlier.get("earlier", []), {**kept, "why": args.why}]
+        record["commit"] = commit
+        records[position] = record
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
         print(_line(record), flush=True)
 
 
@@ -200,6 +229,13 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         lines += ["", "memchunk's failures (and crashed trials), by case:", ""]
         lines += [f"- {_line(r)}; {r['memchunk'].get('error', '')[:200]}" for r in failures]
         lines += [f"- {_line(r)}" for r in crashed]
+    rerun = [r for r in records if r.get("earlier")]
+    if rerun:
+        lines += ["", "Run again after a fix in the library (the earlier run, then this one):", ""]
+        for r in rerun:
+            for before in r["earlier"]:
+                lines.append(f"- before ({before['why']}): {_line(before)}")
+            lines.append(f"  - again at {r.get('commit', '?')}: {_line(r)}")
     by_op = Counter(r["op"] for r in ran)
     lines += ["", "Trials per operator: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))]
     return "\n".join(lines)
@@ -231,11 +267,15 @@ def main() -> None:
     one_parser = commands.add_parser("one", help="run one trial, print its JSON line")
     one_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     one_parser.add_argument("index", type=int)
+    again_parser = commands.add_parser("again", help="after a fix: run trials again")
+    again_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    again_parser.add_argument("--why", required=True, help="what was fixed")
+    again_parser.add_argument("index", type=int, nargs="+")
     commands.add_parser("summary", help="print the summary table, write trials.md")
     for sub in commands.choices.values():
         sub.add_argument("--out", type=Path, default=JSONL, help="the JSONL of trials")
     args = parser.parse_args()
-    {"run": run, "one": one, "summary": summary}[args.command](args)
+    {"run": run, "one": one, "again": again, "summary": summary}[args.command](args)
 
 
 if __name__ == "__main__":

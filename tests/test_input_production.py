@@ -5,6 +5,7 @@ import dask.array as da
 import pytest
 import xarray as xr
 
+from xarray_memchunk.errors import InfeasiblePlanError
 from xarray_memchunk.operators import get_operator, production
 from xarray_memchunk.operators.cost import bind_cost, resolve_cost
 from xarray_memchunk.operators.production import input_production
@@ -65,6 +66,25 @@ def test_only_an_operator_fused_with_its_input_counts_what_its_task_keeps(operat
     assert resolved.layout.produce_held_bytes == (made.held_bytes if fused else 0)
 
 
+def test_the_largest_block_is_measured():
+    """Dask's auto chunks end in a short remainder: the first block is the one to plan for."""
+    data = da.random.default_rng(5).standard_normal((600, 100, 100), chunks=(250, 100, 100))
+    made = input_production(xr.DataArray(data.astype("float32"), dims=("time", "y", "x")))
+    assert made.block_bytes == made.measured_bytes == 250 * 100 * 100 * 4
+    # the float64 block it is cast from (resident memory, measured: within 10%)
+    assert made.extra_bytes >= 0.9 * 250 * 100 * 100 * 8
+
+
+def test_a_block_too_large_to_measure_here_is_scaled_from_a_smaller_one(monkeypatch):
+    monkeypatch.setattr(production, "MEASURED_BLOCK_BYTES", 5_000_000)
+    data = da.random.default_rng(6).standard_normal((350, 100, 100), chunks=(250, 100, 100))
+    made = input_production(xr.DataArray(data.astype("float32"), dims=("time", "y", "x")))
+    assert made.measured_bytes == 100 * 100 * 100 * 4  # the middle block, the remainder
+    assert made.block_bytes == 250 * 100 * 100 * 4
+    assert made.extra_bytes >= 0.9 * 250 * 100 * 100 * 8
+    assert "scaled from a block of" in made.explain()
+
+
 def test_the_plan_keeps_room_for_producing_its_input():
     array = preprocessed(seed=3)
     plan = array.memchunk.plan("mean", dim="time", memory_limit="1GB")
@@ -81,19 +101,29 @@ def test_the_plan_keeps_room_for_producing_its_input():
 
 @pytest.mark.cluster
 def test_the_issue_mean_on_two_threads_per_worker_runs_without_pause(quiet_distributed):
-    """The issue's reproduction, smaller: 2 pauses at 0.63 and 0.7 GB before."""
+    """The issue's reproduction, smaller: 2 pauses at 0.63 and 0.7 GB before.
+
+    Its largest blocks (275 x 221 x 275) hold 140 MiB more while they are made: at 1 GB the
+    plan refuses (it cannot cut the blocks Dask makes) and states a minimum under 1.1 GB, and
+    at 1.1 GB it runs without pause.
+    """
     from distributed import Client, LocalCluster
+    from harness.trials import stated_minimum
 
     from xarray_memchunk.testing import run_watched
+    from xarray_memchunk.units import to_bytes
 
     data = da.random.default_rng(1).standard_normal((1262, 221, 313), chunks="auto")
     array = xr.DataArray(data.astype("float32"), dims=("time", "y", "x"))
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=2, memory_limit="1GB", dashboard_address=":0"
+            n_workers=2, threads_per_worker=2, memory_limit="1.1GB", dashboard_address=":0"
         ) as cluster,
         Client(cluster) as client,
     ):
+        with pytest.raises(InfeasiblePlanError) as refused:
+            array.memchunk.plan("mean", dim="time", memory_limit="1GB")
+        assert 1e9 < to_bytes(stated_minimum(str(refused.value))) <= 1.1e9
         plan = array.memchunk.plan("mean", dim="time")
         outcome = run_watched(client, "mean", lambda: array.memchunk.apply("mean", dim="time").data)
     assert plan.produce_bytes > 0

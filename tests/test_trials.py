@@ -96,3 +96,12 @@ def test_a_hang_counts_for_memory_only_at_the_pause_threshold(records):
     text = summary_table(records)
     assert "| past its time limit, every worker below the pause threshold | 1 (33.3%) |" in text
     assert "|   hung at the pause threshold past its time limit | 1 (33.3%) |" in text
+
+
+def test_a_trial_run_again_after_a_fix_names_its_earlier_run(records):
+    earlier = records[1] | {"memchunk": _side("hung", pauses=1), "why": "held input fixed"}
+    records[1] = records[1] | {"earlier": [earlier], "commit": "abc1234"}
+    text = summary_table(records)
+    assert "memchunk's failures" not in text  # counted as it runs now
+    assert "- before (held input fixed): " in text and "memchunk hung" in text
+    assert "  - again at abc1234: " in text

@@ -28,7 +28,9 @@ the plan's). Per task slot:
 - ``gather``: a task whose input is concatenated from pieces (a halo, or source chunks
   merged) holds the pieces and the concatenated block: one more padded input.
 - ``held``: ``(threads + HELD_AHEAD) x`` the source chunks one task reads when the plan differs
-  from the source chunks, plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
+  from the source chunks (``ALL_TO_ALL_COPIES x`` the whole array where every task reads every
+  source chunk: each waits for the last task, and Dask's rechunk goes through an intermediate
+  stage of the whole array), plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
   among its threads. Plus the operator's ``runtime_bytes`` (compiled code a worker keeps
@@ -58,6 +60,7 @@ from enum import StrEnum
 import numpy as np
 
 __all__ = [
+    "ALL_TO_ALL_COPIES",
     "HELD_AHEAD",
     "READ_CONCURRENCY",
     "READ_COPIES",
@@ -74,6 +77,12 @@ __all__ = [
 #: Source chunks a worker holds beyond one per thread when the plan cuts them (measured: 3
 #: source chunks with 1 thread, 2.5 with 2).
 HELD_AHEAD = 2
+#: Copies of the whole array a worker holds where every planned chunk reads every source chunk
+#: of a graph (one-step time slabs rechunked to time whole, cut along the other dims): the
+#: source chunks wait for the last task, and Dask's task rechunk merges them through an
+#: intermediate stage first (measured: 1.27-1.75 x the array above the idle worker, 3542 x 73
+#: x 146 float64 in one-step slabs to 3542 x 19 x 17 on 1 worker x 4 threads).
+ALL_TO_ALL_COPIES = 2.0
 #: Share of a worker's part of the array a stencil's neighbour chunks may hold (measured up to
 #: 1.16 x the array / 2 workers).
 STENCIL_SHARE = 1.25
@@ -328,11 +337,13 @@ def footprint(
         if layout.kind is InputKind.GRAPH and (layout.produce_bytes or layout.produce_held_bytes):
             produce = np.maximum(produce, _production(layout, cuts, task, identical & ~stencil))
         extra_gather = np.where(stencil | merged, padded, 0.0)
-        cut_sources = np.where(identical, 0.0, (threads + HELD_AHEAD) * covering)
+        ahead = np.where(covering >= array_bytes, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
+        cut_sources = np.where(identical, 0.0, ahead * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
-        # a worker cannot hold more of the input than all of it
+        # a worker cannot hold more of the input than all of it (twice, where all reads all)
+        most = np.where(covering >= array_bytes, ALL_TO_ALL_COPIES * array_bytes, array_bytes)
         extra_held = (
-            np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, array_bytes) / threads
+            np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, most) / threads
         )
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)

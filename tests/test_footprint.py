@@ -1,0 +1,54 @@
+"""The held-input term of a task slot's footprint, for inputs a Dask graph produces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from xarray_memchunk.planning.footprint import (
+    ALL_TO_ALL_COPIES,
+    HELD_AHEAD,
+    DimCut,
+    InputKind,
+    InputLayout,
+    footprint,
+)
+
+
+def _cut(size: int, length: int) -> DimCut:
+    n = math.ceil(size / length)
+    return DimCut(
+        size=size,
+        lengths=np.array([length]),
+        n_chunks=np.array([n]),
+        padded=np.array([length]),
+        units=np.array([1]),
+        halo=False,
+    )
+
+
+def _held(source: dict[str, int], planned: dict[str, int], threads: int = 4) -> float:
+    sizes = {"time": 3542, "lat": 73, "lon": 146}
+    layout = InputLayout("v", tuple(sizes), 8, InputKind.GRAPH, source)
+    cuts = {d: _cut(sizes[d], planned[d]) for d in sizes}
+    terms = footprint(np.array([1e6]), cuts, [layout], threads_per_worker=threads, n_workers=1)
+    return float(terms.held[0])
+
+
+def test_every_task_reading_every_source_chunk_holds_the_array_twice():
+    """Trial 44: one-step slabs rechunked to time whole, lat and lon cut (a pause, a hang)."""
+    array = 3542 * 73 * 146 * 8
+    held = _held({"time": 1, "lat": 73, "lon": 146}, {"time": 3542, "lat": 19, "lon": 17})
+    assert held == pytest.approx(ALL_TO_ALL_COPIES * array / 4)
+
+
+def test_tasks_reading_some_source_chunks_hold_those_ahead():
+    # time-whole source chunks cut along lon: a task may straddle 2 of the 8 lon source chunks
+    source = {"time": 3542, "lat": 73, "lon": 20}
+    held = _held(source, {"time": 3542, "lat": 73, "lon": 10}, threads=1)
+    covering = 3542 * 73 * (2 * 20) * 8
+    assert held == pytest.approx((1 + HELD_AHEAD) * covering)
+    # no more than the whole array, where that is less
+    assert _held(source, {"time": 3542, "lat": 73, "lon": 10}) == 3542 * 73 * 146 * 8 / 4
