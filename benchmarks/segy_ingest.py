@@ -3,6 +3,7 @@
     python benchmarks/segy_ingest.py                        # 800^3 float32 (2.05 GB), 3 runs
     python benchmarks/segy_ingest.py --size 300 --repeats 1 # quick
     python benchmarks/segy_ingest.py --segy volume.sgy      # an existing file
+    python benchmarks/segy_ingest.py --mdio-python .venv-peers312/bin/python   # and MDIO
 
 Generates the SEG-Y file once (IEEE float32, inline-sorted, from ``synthetic_seismic``, written
 an inline at a time), then runs each case in a fresh process, the order of the cases rotated on
@@ -11,7 +12,10 @@ each repeat, and quotes medians:
 - ``memchunk ingest``: 128^3 storage chunks, LocalCluster 2 workers x 1 thread x 1.5GB;
 - ``memchunk ingest --for gst3d``: storage chunks from gst3d's plan on that cluster;
 - ``segyio cube + to_zarr``: ``segyio.tools.cube`` (the whole volume in memory), then
-  ``to_zarr`` in 128^3 chunks with Dask's threaded scheduler (2 threads).
+  ``to_zarr`` in 128^3 chunks with Dask's threaded scheduler (2 threads): the read-once route;
+- ``mdio segy_to_mdio`` (with ``--mdio-python``, an interpreter with ``multidimio``, which needs
+  Python 3.12: ``benchmarks/peer_venv.sh`` makes one): MDIO's ``PostStack3DTime`` template,
+  rev 1 headers, its own chunks and workers.
 
 Peak memory: the largest sampled RSS of any worker, and each process's own peak RSS
 (``VmHWM``; for the cube case that process does all the work). Three inlines of every
@@ -32,21 +36,59 @@ import time
 from pathlib import Path
 
 CASES = ("memchunk ingest", "memchunk ingest --for gst3d", "segyio cube + to_zarr")
+MDIO = "mdio segy_to_mdio"
 MEMORY_LIMIT = "1.5GB"
 
 
 def _own_peak() -> int:
-    """This process's peak RSS (``VmHWM``: ``ru_maxrss`` would keep the parent's across exec)."""
-    from xarray_memchunk.models.profiling import status_bytes
+    """This process's peak RSS (``VmHWM``: ``ru_maxrss`` would keep the parent's across exec).
 
+    Read here, not with the library's helper: the MDIO case runs in another interpreter.
+    """
     try:
-        return status_bytes("VmHWM")
+        with open("/proc/self/status") as status:
+            line = next(row for row in status if row.startswith("VmHWM:"))
+        return int(line.split()[1]) * 1024
     except OSError:  # not Linux
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _mdio(source: str, target: str) -> dict:
+    """MDIO's ingest of the file, in this process (an interpreter with ``multidimio``)."""
+    import mdio
+    import numpy as np
+    import segyio
+    from mdio.builder.template_registry import TemplateRegistry
+    from segy.standards import get_segy_standard
+
+    start = time.perf_counter()
+    mdio.segy_to_mdio(
+        segy_spec=get_segy_standard(1.0),
+        mdio_template=TemplateRegistry().get("PostStack3DTime"),
+        input_path=source,
+        output_path=target,
+        overwrite=True,
+    )
+    seconds = time.perf_counter() - start
+    amplitude = mdio.open_mdio(target)["amplitude"]
+    with segyio.open(source) as f:
+        picks = (0, len(f.ilines) // 2, len(f.ilines) - 1)
+        equal = all(np.array_equal(amplitude[i].values, f.iline[f.ilines[i]]) for i in picks)
+    chunks = "x".join(str(c) for c in amplitude.encoding.get("chunks", ()))
+    return {
+        "seconds": seconds,
+        "worker_peak": 0,
+        "process_peak": _own_peak(),
+        "ok": True,
+        "equal": equal,
+        "chunks": chunks or "MDIO's",
+    }
+
+
 def run_case(case: str, source: str, target: str) -> dict:
     """One case in this (fresh) process; returns what it measured."""
+    if case == MDIO:
+        return _mdio(source, target)
     if case == "segyio cube + to_zarr":
         import dask
         import segyio
@@ -113,6 +155,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=800, help="volume edge (default 800)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--segy", help="use this SEG-Y file instead of generating one")
+    parser.add_argument("--mdio-python", help="an interpreter with multidimio: add MDIO's row")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--source", help=argparse.SUPPRESS)
     parser.add_argument("--target", help=argparse.SUPPRESS)
@@ -122,7 +165,9 @@ def main() -> None:
         return
 
     from xarray_memchunk.datasets import synthetic_seismic
-    from xarray_memchunk.seismic.segy import write_segy
+    from xarray_memchunk.io import write_segy
+
+    cases = CASES + ((MDIO,) if args.mdio_python else ())
 
     root = Path(tempfile.mkdtemp(prefix="memchunk-segy-"))
     try:
@@ -139,12 +184,13 @@ def main() -> None:
             write_segy(volume, source)
             print(f"wrote {source.name}: in {time.perf_counter() - start:.0f} s")
         size = source.stat().st_size
-        runs: dict[str, list[dict]] = {c: [] for c in CASES}
+        runs: dict[str, list[dict]] = {c: [] for c in cases}
         for r in range(args.repeats):
-            for case in CASES[r % 3 :] + CASES[: r % 3]:
+            for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
                 target = root / "out.zarr"
                 shutil.rmtree(target, ignore_errors=True)
-                command = [sys.executable, __file__, "--case", case]
+                python = args.mdio_python if case == MDIO else sys.executable
+                command = [python, __file__, "--case", case]
                 command += ["--source", str(source), "--target", str(target)]
                 child = subprocess.run(
                     command,
@@ -155,7 +201,8 @@ def main() -> None:
                     found = {"ok": False, "error": child.stderr.strip().splitlines()[-1]}
                 else:
                     found = json.loads(child.stdout.strip().splitlines()[-1])
-                    found["equal"] = _check(str(source), str(target))
+                    if "equal" not in found:  # MDIO's case checks its own store
+                        found["equal"] = _check(str(source), str(target))
                 runs[case].append(found)
                 print(case, {k: v for k, v in found.items() if k != "error"}, flush=True)
     finally:

@@ -10,12 +10,11 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.datasets import synthetic_seismic
-from xarray_memchunk.io import open_input
+from xarray_memchunk.io import open_input, open_segy, write_segy
 from xarray_memchunk.operators.sources import input_kind
 from xarray_memchunk.planning.footprint import InputKind
 from xarray_memchunk.seismic import segy
 from xarray_memchunk.seismic.ingest import DEFAULT_CHUNK, ingest, storage_chunks_for, write_chunks
-from xarray_memchunk.seismic.segy import open_segy, write_segy
 
 segyio = pytest.importorskip("segyio")
 
@@ -146,7 +145,7 @@ def test_missing_traces_refused_or_filled_with_a_mask(volume, tmp_path):
 def test_duplicate_positions_and_bad_files_refused(volume, tmp_path):
     path = write_segy(volume, tmp_path / "v.sgy")
     with pytest.raises(xm.MemchunkError, match="several traces share"):
-        open_segy(path, xline=181)  # a header field that is 0 on every trace
+        open_segy(path, xline=9)  # a header field (field record) that is 0 on every trace
     (tmp_path / "zeros.sgy").write_bytes(bytes(5000))
     (tmp_path / "text.sgy").write_text("not seismic\n" * 400)
     truncated = tmp_path / "truncated.sgy"
@@ -174,7 +173,34 @@ def test_segy_without_traces_is_one_line(volume_file, tmp_path):
         ]
 
 
+def test_written_headers_are_the_standard_ones_other_readers_need(volume, tmp_path):
+    """Issue 32: MDIO refused write_segy's files ("Invalid coordinate scalar: 0")."""
+    path = write_segy(volume, tmp_path / "v.sgy", first_inline=11, origin=(450_000.0, 6_700_000.5))
+    field, binary = segyio.TraceField, segyio.BinField
+    with segyio.open(str(path)) as f:
+        assert f.bin[binary.SEGYRevision] == 1 and f.bin[binary.SEGYRevisionMinor] == 0
+        assert f.bin[binary.MeasurementSystem] == 1  # metres
+        assert f.bin[binary.TraceFlag] == 1  # fixed trace length
+        assert f.bin[binary.ExtendedHeaders] == 0
+        text = bytes(f.text[0]).decode("ascii", "replace")
+        assert "INLINE BYTES 189-192" in text and "CDP X BYTES 181-184" in text
+        n_xl = volume.shape[1]
+        for trace in (0, 1, n_xl, len(f.trace) - 1):
+            il, xl = divmod(trace, n_xl)
+            h = f.header[trace]
+            assert h[field.SourceGroupScalar] == -100  # centimetres: MDIO needs it non-zero
+            assert h[field.CDP_X] / 100 == 450_000.0 + 25.0 * xl
+            assert h[field.CDP_Y] / 100 == 6_700_000.5 + 25.0 * il
+            assert (h[field.INLINE_3D], h[field.CROSSLINE_3D]) == (11 + il, 1 + xl)
+            assert h[field.TRACE_SEQUENCE_FILE] == trace + 1
+            assert h[field.TraceIdentificationCode] == 1
+
+
 def test_write_segy_refuses_what_it_cannot_write(volume, tmp_path):
+    with pytest.raises(xm.MemchunkError, match="coordinate_scalar must be one of"):
+        write_segy(volume, tmp_path / "v.sgy", coordinate_scalar=0)
+    with pytest.raises(xm.MemchunkError, match="do not fit SEG-Y's 4-byte integers"):
+        write_segy(volume, tmp_path / "v.sgy", origin=(1e8, 0.0))
     with pytest.raises(xm.MemchunkError, match="do not fit format 8"):
         write_segy(volume * 1000, tmp_path / "v.sgy", sample_format=8)
     with pytest.raises(xm.MemchunkError, match="sample_format must be one of"):

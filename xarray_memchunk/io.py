@@ -1,5 +1,8 @@
 """Open Zarr / netCDF / SEG-Y inputs with their storage chunks, and write results safely.
 
+SEG-Y in and out: :func:`open_segy` (lazy, block by block) and :func:`write_segy` (a volume as
+a post-stack rev 1 file with standard headers), from :mod:`xarray_memchunk.seismic.segy`.
+
 Safe writes: the result is written next to the target under a hidden name that says what it
 is, and moved into place only once complete. With one id per write:
 
@@ -35,7 +38,7 @@ from typing import Any
 import xarray as xr
 
 from .errors import MemchunkError
-from .seismic.segy import SEGY_SUFFIXES, open_segy
+from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
 
 __all__ = [
     "RecoveredWriteWarning",
@@ -46,6 +49,7 @@ __all__ = [
     "output_format",
     "recover",
     "safe_write",
+    "write_segy",
 ]
 
 

@@ -176,7 +176,7 @@ def _input(case: SafetyCase, root: Path) -> xr.DataArray:
     if case.source == "netcdf":
         return _netcdf(array, case, root)
     if case.source == "segy":
-        from xarray_memchunk.seismic.segy import open_segy, write_segy
+        from xarray_memchunk.io import open_segy, write_segy
 
         path = root / f"{case.dtype}-{'x'.join(map(str, array.shape))}.sgy"
         if not path.exists():

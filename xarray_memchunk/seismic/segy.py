@@ -19,8 +19,12 @@ saying how many are missing, unless ``fill`` is given: then missing traces read 
 DataArray gets a ``trace_present`` (inline, crossline) coordinate. Two traces at one grid
 position are an error either way.
 
-:func:`write_segy` writes a volume as a post-stack SEG-Y file, an inline at a time (test data,
-the tutorials' input).
+:func:`write_segy` writes a volume as a post-stack SEG-Y rev 1 file, an inline at a time (test
+data, the tutorials' input), with the headers other readers require: a textual header that
+names the byte positions, the revision, fixed trace length, the measurement system (metres), and
+per trace the inline and crossline numbers, CDP X and Y on a regular grid with a coordinate
+scalar (MDIO refuses a scalar of 0 in a rev 0 or rev 1 file), its ensemble number and its
+sequence numbers. Both functions are in :mod:`xarray_memchunk.io`.
 """
 
 from __future__ import annotations
@@ -53,6 +57,10 @@ DIMS = ("inline", "crossline", "sample")
 FORMAT_DTYPES = {1: "float32", 2: "int32", 3: "int16", 5: "float32", 6: "float64", 8: "int8"}
 #: Trace-header byte positions of the inline and crossline numbers (SEG-Y rev 1).
 INLINE_BYTE, CROSSLINE_BYTE = 189, 193
+#: Trace-header byte positions of CDP X and Y, and of the scalar applied to coordinates.
+CDP_X_BYTE, CDP_Y_BYTE, COORDINATE_SCALAR_BYTE = 181, 185, 71
+#: Coordinate scalars SEG-Y allows (a negative one divides, a positive one multiplies).
+COORDINATE_SCALARS = (1, 10, 100, 1000, 10000, -10, -100, -1000, -10000)
 #: Bytes of a SEG-Y file's textual and binary headers, and of one trace header.
 FILE_HEADER_BYTES, TRACE_HEADER_BYTES = 3600, 240
 
@@ -383,11 +391,15 @@ def write_segy(
     first_inline: int = 1,
     first_crossline: int = 1,
     trace_present: np.ndarray | None = None,
+    origin: tuple[float, float] = (0.0, 0.0),
+    bin_size: tuple[float, float] = (25.0, 25.0),
+    coordinate_scalar: int = -100,
 ) -> Path:
-    """Write a 3-D (inline, crossline, sample) volume as a post-stack SEG-Y file.
+    """Write a 3-D (inline, crossline, sample) volume as a post-stack SEG-Y rev 1 file.
 
     Written one inline (or crossline) at a time, so a lazy volume (a Dask-backed DataArray)
-    never needs to fit in memory. Used to make test files and the tutorials' input.
+    never needs to fit in memory. Used to make test files and the tutorials' input. The
+    headers are those other readers (segyio, MDIO) require: see the module docstring.
 
     Parameters
     ----------
@@ -409,6 +421,14 @@ def write_segy(
     trace_present
         (inline, crossline) booleans; positions that are False get no trace, as in a survey
         with an irregular outline. All present when None.
+    origin
+        CDP X and Y (metres) of the first inline's first crossline.
+    bin_size
+        Metres between crosslines (along X) and between inlines (along Y): CDP X is
+        ``origin[0] + crossline index x bin_size[0]``, CDP Y ``origin[1] + inline index x
+        bin_size[1]``.
+    coordinate_scalar
+        SEG-Y's scalar for the coordinates (bytes 71-72): -100 stores them in centimetres.
 
     Returns
     -------
@@ -423,6 +443,11 @@ def write_segy(
         )
     if sorting not in ("inline", "crossline"):
         raise MemchunkError(f"sorting must be 'inline' or 'crossline', got {sorting!r}")
+    if coordinate_scalar not in COORDINATE_SCALARS:
+        raise MemchunkError(
+            f"coordinate_scalar must be one of {COORDINATE_SCALARS} (SEG-Y rev 1), got "
+            f"{coordinate_scalar!r}"
+        )
     n_il, n_xl, n_s = (int(n) for n in volume.shape)
     present = np.ones((n_il, n_xl), bool) if trace_present is None else np.asarray(trace_present)
     if present.shape != (n_il, n_xl):
@@ -437,33 +462,113 @@ def write_segy(
     spec.endian = endian
     spec.tracecount = int(present.sum())
     interval_us = round(sample_interval_ms * 1000)
+    stored = _stored_coordinates(origin, bin_size, coordinate_scalar, n_il, n_xl)
     outer = range(n_il) if sorting == "inline" else range(n_xl)
     path = Path(path)
     path.unlink(missing_ok=True)
+    field = segyio.TraceField
     with segyio.create(str(path), spec) as f:
-        f.bin.update(hdt=interval_us, hns=n_s, format=sample_format)
+        f.text[0] = _textual_header(segyio, (n_il, n_xl, n_s), sample_interval_ms, sorting)
+        f.bin.update(_binary_header(segyio, interval_us, n_s, sample_format))
         trace = 0
         for o in outer:
-            block = np.asarray(volume[o] if sorting == "inline" else volume[:, o])
-            if dtype.kind in "iu":
-                block = np.rint(block)
-                info = np.iinfo(dtype)
-                if block.size and (block.min() < info.min or block.max() > info.max):
-                    raise MemchunkError(
-                        f"amplitudes from {block.min()} to {block.max()} do not fit format "
-                        f"{sample_format} ({dtype}): scale them first, or use a float format"
-                    )
-            block = block.astype(dtype)
+            block = _samples(volume, o, sorting, dtype, sample_format)
             for inner in range(block.shape[0]):
                 il, xl = (o, inner) if sorting == "inline" else (inner, o)
                 if not present[il, xl]:
                     continue
+                x, y = stored[0][xl], stored[1][il]
                 f.header[trace] = {
-                    segyio.TraceField.INLINE_3D: first_inline + il,
-                    segyio.TraceField.CROSSLINE_3D: first_crossline + xl,
-                    segyio.TraceField.TRACE_SAMPLE_COUNT: n_s,
-                    segyio.TraceField.TRACE_SAMPLE_INTERVAL: interval_us,
+                    field.TRACE_SEQUENCE_LINE: trace + 1,
+                    field.TRACE_SEQUENCE_FILE: trace + 1,
+                    field.CDP: il * n_xl + xl + 1,
+                    field.TraceNumber: 1,
+                    field.TraceIdentificationCode: 1,
+                    field.ElevationScalar: 1,
+                    field.SourceGroupScalar: coordinate_scalar,
+                    field.SourceX: x,
+                    field.SourceY: y,
+                    field.GroupX: x,
+                    field.GroupY: y,
+                    field.CoordinateUnits: 1,
+                    field.CDP_X: x,
+                    field.CDP_Y: y,
+                    field.INLINE_3D: first_inline + il,
+                    field.CROSSLINE_3D: first_crossline + xl,
+                    field.TRACE_SAMPLE_COUNT: n_s,
+                    field.TRACE_SAMPLE_INTERVAL: interval_us,
                 }
                 f.trace[trace] = block[inner]
                 trace += 1
     return path
+
+
+def _stored_coordinates(
+    origin: tuple[float, float],
+    bin_size: tuple[float, float],
+    scalar: int,
+    n_il: int,
+    n_xl: int,
+) -> tuple[list[int], list[int]]:
+    """CDP X per crossline and CDP Y per inline, as the integers the headers store."""
+    factor = -scalar if scalar < 0 else 1 / scalar  # stored x scalar (or / -scalar) = metres
+    x = np.rint((origin[0] + np.arange(n_xl) * bin_size[0]) * factor).astype(np.int64)
+    y = np.rint((origin[1] + np.arange(n_il) * bin_size[1]) * factor).astype(np.int64)
+    if max(np.abs(x).max(initial=0), np.abs(y).max(initial=0)) >= 2**31:
+        raise MemchunkError(
+            f"coordinates up to {x.max() / factor:.0f}, {y.max() / factor:.0f} m do not fit "
+            f"SEG-Y's 4-byte integers with coordinate_scalar={scalar}: use a smaller one"
+        )
+    return [int(v) for v in x], [int(v) for v in y]
+
+
+def _textual_header(
+    segyio: Any, shape: tuple[int, int, int], interval: float, sorting: str
+) -> bytes:
+    """The 3200-byte textual header: what the file is, and where its headers keep what."""
+    n_il, n_xl, n_s = shape
+    return segyio.tools.create_text_header(
+        {
+            1: "WRITTEN BY XARRAY-MEMCHUNK WRITE_SEGY",
+            2: f"POST-STACK 3-D VOLUME {n_il} INLINES X {n_xl} CROSSLINES X {n_s} SAMPLES",
+            3: f"SAMPLE INTERVAL {interval} MS, {sorting.upper()}-SORTED",
+            4: f"INLINE BYTES {INLINE_BYTE}-{INLINE_BYTE + 3} CROSSLINE BYTES "
+            f"{CROSSLINE_BYTE}-{CROSSLINE_BYTE + 3}",
+            5: f"CDP X BYTES {CDP_X_BYTE}-{CDP_X_BYTE + 3} CDP Y BYTES {CDP_Y_BYTE}-"
+            f"{CDP_Y_BYTE + 3} COORDINATE SCALAR BYTES {COORDINATE_SCALAR_BYTE}-"
+            f"{COORDINATE_SCALAR_BYTE + 1}",
+            6: "COORDINATES IN METRES",
+            39: "SEG-Y REV1",
+            40: "END TEXTUAL HEADER",
+        }
+    )
+
+
+def _binary_header(segyio: Any, interval_us: int, n_s: int, sample_format: int) -> dict:
+    field = segyio.BinField
+    return {
+        field.Interval: interval_us,
+        field.Samples: n_s,
+        field.Format: sample_format,
+        field.SortingCode: 4,  # horizontally stacked
+        field.EnsembleFold: 1,
+        field.MeasurementSystem: 1,  # metres
+        field.SEGYRevision: 1,  # rev 1.0
+        field.SEGYRevisionMinor: 0,
+        field.TraceFlag: 1,  # every trace has the same length
+        field.ExtendedHeaders: 0,
+    }
+
+
+def _samples(volume: Any, o: int, sorting: str, dtype: np.dtype, sample_format: int) -> np.ndarray:
+    """One inline (or crossline) of ``volume`` in the file's sample dtype."""
+    block = np.asarray(volume[o] if sorting == "inline" else volume[:, o])
+    if dtype.kind in "iu":
+        block = np.rint(block)
+        info = np.iinfo(dtype)
+        if block.size and (block.min() < info.min or block.max() > info.max):
+            raise MemchunkError(
+                f"amplitudes from {block.min()} to {block.max()} do not fit format "
+                f"{sample_format} ({dtype}): scale them first, or use a float format"
+            )
+    return block.astype(dtype)
