@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
-import logging
 import platform
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +47,7 @@ import harness.climate_functions  # noqa: F401  (registers the climate rows' ope
 import numpy as np
 import xarray as xr
 from dask.utils import parse_bytes
-from distributed import Client, LocalCluster
+from harness.fresh import fresh_client
 from harness.timeouts import within
 
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
@@ -95,11 +93,16 @@ class Inputs:
     volume: Path  # (inline, crossline, sample)
 
 
+def make_cube(root: Path, scale: float) -> Path:
+    """Write the climate cube (2920 x ``scale`` days x 288 x 720, one-day chunks) under ``root``."""
+    cube = synthetic_climate(int(2920 * scale), 288, 720, chunks={"time": 1})
+    cube.to_zarr(root / "cube.zarr", mode="w")
+    return root / "cube.zarr"
+
+
 def make_inputs(root: Path, scale: float) -> Inputs:
     """Write the stores (generated, deterministic) under ``root``."""
-    n_time = int(2920 * scale)
-    cube = synthetic_climate(n_time, 288, 720, chunks={"time": 1})
-    cube.to_zarr(root / "cube.zarr", mode="w")
+    make_cube(root, scale)
     rng = np.random.default_rng(0)
     tall_shape, wide_shape = (int(60000 * scale), 2000), (8000, int(30000 * scale))
     for name, shape in (("tall", tall_shape), ("wide", wide_shape)):
@@ -336,18 +339,7 @@ def run_one(row: str, tool: str, inputs: Inputs, limit: str, spec: Any, timeout:
             result.outcome = watch(None, tool, timed(lambda: cubed_work(row, inputs, spec)))
             time.sleep(1.0)  # its pool is shut down without waiting: let the processes exit
         else:
-            with (
-                LocalCluster(
-                    n_workers=2,
-                    threads_per_worker=1,
-                    memory_limit=limit,
-                    dashboard_address=":0",
-                    silence_logs=logging.CRITICAL,
-                ) as cluster,
-                Client(cluster) as client,
-                warnings.catch_warnings(),
-            ):
-                warnings.simplefilter("ignore")
+            with fresh_client(2, 1, limit) as client:
                 if tool == "memchunk":
                     build = memchunk_work
                 else:

@@ -32,6 +32,7 @@ from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, resolve_cost
 from .operators.halo_rule import check_halo_reads
+from .operators.read_once import staged_if_faster
 from .operators.sources import device_of, read_chunked, storage_chunks
 from .operators.staged_plan import plan_staged
 from .operators.staging import StagingChunks, StagingSite, stage
@@ -723,7 +724,7 @@ def _prepare_one(
     kwargs, costs, problem = alternative.kwargs, alternative.costs, alternative.problem
     if chunks is None:
         try:
-            return _Prepared(operator, kwargs, costs, plan_chunks(problem, resolved)), []
+            in_memory_plan = plan_chunks(problem, resolved)
         except InfeasiblePlanError as in_memory:
             if not staging:
                 raise
@@ -732,6 +733,15 @@ def _prepare_one(
                 operator, kwargs, costs, staged.plan, staged.variables, staged.site, staged.chunks
             )
             return prepared, []
+        faster = None
+        if measure != "never":
+            faster = staged_if_faster(costs, alternative.targets, in_memory_plan, problem, resolved)
+        if faster is None:
+            return _Prepared(operator, kwargs, costs, in_memory_plan), []
+        prepared = _Prepared(
+            operator, kwargs, costs, faster.plan, faster.variables, faster.site, faster.chunks
+        )
+        return prepared, []
     cautions: list[str] = []
     notes: list[str] = []
     user_chunks = normalize_user_chunks(chunks, alternative.targets, problem.dims, cautions, notes)

@@ -25,7 +25,6 @@ import math
 import re
 import tempfile
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from xarray_memchunk.errors import InfeasiblePlanError
 from xarray_memchunk.testing import RunOutcome, watch
 from xarray_memchunk.units import to_bytes
 
+from .fresh import fresh_client
 from .plan_safety import SafetyCase, _consume, _input
 from .timeouts import within
 
@@ -316,8 +316,6 @@ def run_side(trial: Trial, side: str, x: xr.DataArray, memory_limit: str | None 
     a function it has not seen on the cluster's workers), then computing it. Pauses and deaths
     count in both; ``peak_worker`` is the computation's, ``plan_peak_worker`` the planning's.
     """
-    from distributed import Client, LocalCluster
-
     record = Side()
     limit = memory_limit or trial.memory_limit
     built: list[Any] = []
@@ -343,19 +341,7 @@ def run_side(trial: Trial, side: str, x: xr.DataArray, memory_limit: str | None 
     def compute() -> None:
         record.total = float(built[0].compute())
 
-    with (
-        LocalCluster(
-            n_workers=trial.n_workers,
-            threads_per_worker=trial.threads,
-            memory_limit=limit,
-            processes=True,
-            dashboard_address=":0",
-            silence_logs=logging.CRITICAL,
-        ) as cluster,
-        Client(cluster) as client,
-        warnings.catch_warnings(),
-    ):
-        warnings.simplefilter("ignore")
+    with fresh_client(trial.n_workers, trial.threads, limit) as client:
         client.run(lambda: __import__("xarray_memchunk"))
         seconds = _timeout(trial)
         planned = watch(client, side, lambda: within(seconds, build))

@@ -10,11 +10,16 @@ budget) and plans again for reading from those (a read decodes whole store chunk
 chunks are chosen again for that plan, until they stay (at most :data:`STAGING_ROUNDS` times).
 Each plan is made for the store it reads from; where one finds nothing, the store chunks of the
 last plan that did stand.
+
+A file's data is staged the same way: where no plan fits reading it from its own storage chunks
+(a read that cuts across them decodes them whole), and where a plan in memory would read each
+storage chunk many times over (:mod:`~xarray_memchunk.operators.read_once`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -23,7 +28,7 @@ import numpy as np
 from ..clusters import active_client
 from ..errors import InfeasiblePlanError
 from ..planning.budget import Budget
-from ..planning.footprint import InputKind
+from ..planning.footprint import READ_COPIES, InputKind
 from ..planning.plan import ChunkPlan
 from ..planning.problem import DimSpec, PlanProblem
 from ..planning.search import plan_chunks, plan_for_chunks
@@ -68,7 +73,8 @@ class _Staging:
     costs
         Every planned variable's cost.
     graphs
-        Those of ``costs`` that a Dask graph produces: the variables staged.
+        The variables staged: those of ``costs`` that a Dask graph produces, or those read
+        from a file that a plan would read many times over.
     problem
         The problem of planning in memory.
     budget
@@ -85,6 +91,7 @@ class _Staging:
     budget: Budget
     site: StagingSite
     nbytes: int
+    why: str = "the data's chunks cannot be rechunked in memory within the budget"
 
 
 def plan_staged(
@@ -93,8 +100,15 @@ def plan_staged(
     budget: Budget,
     in_memory: InfeasiblePlanError,
     measure: str = "auto",
+    *,
+    variables: tuple[str, ...] | None = None,
+    why: str = "",
 ) -> StagedPlan:
     """Plan with the graph variables staged on disk, where rechunking them in memory cannot fit.
+
+    Or with the variables named (``variables``; ``why`` says why, for the plan's note): files
+    whose storage chunks a plan in memory would read many times over
+    (:mod:`~xarray_memchunk.operators.read_once`).
 
     Parameters
     ----------
@@ -121,14 +135,19 @@ def plan_staged(
         ``in_memory``'s reason, and why staging cannot do it either (a write task over the
         budget, no room on disk, no shared directory, or no plan even reading from disk).
     """
-    graphs = {n: c for n, c in costs.items() if c.layout.kind is InputKind.GRAPH}
+    if variables is None:  # a file stored without chunks is read in bounded groups already
+        graphs = {n: c for n, c in costs.items() if _stageable(c)}
+        if not why and any(c.layout.kind is InputKind.FILE for c in graphs.values()):
+            why = "no plan reading the file's own storage chunks fits the budget"
+    else:
+        graphs = {n: costs[n] for n in variables}
     if not graphs:
         raise in_memory
     as_source = {n: StagingChunks(*(dict(c.layout.source_chunks),) * 3) for n, c in graphs.items()}
     _check_writes_fit(graphs, as_source, budget, in_memory)
     nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
     site = _site(nbytes, measure, in_memory)
-    staging = _Staging(costs, graphs, problem, budget, site, nbytes)
+    staging = _Staging(costs, graphs, problem, budget, site, nbytes, *([why] if why else []))
     try:
         first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
     except InfeasiblePlanError as on_disk:
@@ -139,8 +158,18 @@ def plan_staged(
     return StagedPlan(chunk_plan, tuple(graphs), site, chosen)
 
 
+def _stageable(cost: TaskCost) -> bool:
+    """Whether staging can help: a graph's data, or a file's stored in chunks."""
+    layout = cost.layout
+    return layout.kind is InputKind.GRAPH or (
+        layout.kind is InputKind.FILE and not layout.contiguous
+    )
+
+
 def _write_task_bytes(cost: TaskCost, chunks: StagingChunks) -> float:
     """Bytes a task writing one chunk of ``chunks`` holds, producing its source chunks included.
+
+    A file's source chunks are decoded whole (:data:`READ_COPIES` x one, beside the write).
 
     Parameters
     ----------
@@ -153,7 +182,10 @@ def _write_task_bytes(cost: TaskCost, chunks: StagingChunks) -> float:
     -------
     float
     """
-    return chunks.task_bytes(cost.dtype.itemsize) + cost.layout.produce_bytes
+    read = 0.0
+    if cost.layout.kind is InputKind.FILE:
+        read = READ_COPIES * cost.dtype.itemsize * math.prod(chunks.source.values())
+    return chunks.task_bytes(cost.dtype.itemsize) + cost.layout.produce_bytes + read
 
 
 def _check_writes_fit(
@@ -271,8 +303,8 @@ def _staging_note(staging: _Staging, chunks: Mapping[str, StagingChunks], chosen
     ]
     held = max(_write_task_bytes(c, chunks[n]) for n, c in graphs.items())
     return (
-        f"the data's chunks cannot be rechunked in memory within the budget, so apply "
-        f"first writes {', '.join(graphs)} to a temporary Zarr store in {site.directory} "
+        f"{staging.why}, so apply first writes {', '.join(graphs)} to a temporary Zarr store "
+        f"in {site.directory} "
         f"({size(nbytes)}; {'; '.join(written)}; each write task holds up to "
         f"{size(held)}; {site.speed(nbytes)}), and each task reads its block from it"
     )

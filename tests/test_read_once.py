@@ -1,0 +1,64 @@
+"""Reading a file's storage chunks once: staging where a plan would read them many times."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+
+import xarray_memchunk as xm
+from xarray_memchunk.operators import read_once
+from xarray_memchunk.operators.read_once import _touched, storage_read_seconds
+
+
+@pytest.fixture(scope="module")
+def daily(tmp_path_factory):
+    """A store in one-step chunks, as climate model output comes."""
+    path = tmp_path_factory.mktemp("read-once") / "daily.zarr"
+    data = np.random.default_rng(0).random((240, 30, 64)).astype("float32")
+    xr.Dataset({"tas": (("time", "lat", "lon"), data)}).to_zarr(
+        path, encoding={"tas": {"chunks": (1, 30, 64)}}
+    )
+    return path
+
+
+def budget(per_task: float) -> xm.Budget:
+    return xm.Budget(
+        worker_memory=10 * 2**30,
+        threads_per_worker=1,
+        n_workers=2,
+        per_task=int(per_task),
+        source="test",
+    )
+
+
+def test_storage_touched_counts_every_read_of_a_storage_chunk():
+    assert _touched([120] * 6, 720, 720) == 6 * 720  # each piece decodes the whole chunk
+    assert _touched([100, 100], 100, 200) == 200  # whole storage chunks: read once
+    assert _touched([150, 50], 100, 200) == 300  # the first straddles two, the second one
+
+
+def test_reading_a_storage_chunk_is_measured_per_element(daily):
+    tas = xr.open_zarr(daily)["tas"]
+    seconds = storage_read_seconds(tas, {"time": 1, "lat": 30, "lon": 64})
+    assert 0 < seconds < 1e-5
+    assert storage_read_seconds(tas.load(), {"time": 1}) is None  # not read from a file
+
+
+def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypatch):
+    tas = xr.open_zarr(daily)["tas"]
+    tight = budget(4 * 240 * 30 * 64 * 4 / 8)  # lon cut in pieces: each task reads every day
+    monkeypatch.setattr(read_once, "MIN_REREAD_SECONDS", 0.0)
+    monkeypatch.setattr(read_once, "STAGING_GAIN", 1e-9)  # staging always pays, for the test
+    plan = tas.memchunk.plan("median", dim="time", budget=tight)
+    (note,) = [n for n in plan.notes if "temporary Zarr store" in n]
+    assert "would read the storage chunks of tas" in note and "times over" in note
+    assert plan.storage_chunks["time"] > 1  # read back in chunks made for the plan
+    with dask.config.set(scheduler="threads"):
+        staged = plan.apply().values
+    np.testing.assert_allclose(staged, tas.median("time").values)
+    monkeypatch.setattr(read_once, "STAGING_GAIN", float("inf"))
+    in_memory = tas.memchunk.plan("median", dim="time", budget=tight)
+    assert not any("temporary Zarr store" in n for n in in_memory.notes)
+    assert in_memory.storage_chunks["time"] == 1
