@@ -161,7 +161,7 @@ def main() -> None:
                 ranked = sorted(found, key=lambda f: f["seconds"])
                 kept = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
                 outcome = "completed" if kept["completed"] else kept["error"][:80]
-                staged = " (staged)" if kept.get("staged") else ""
+                staged = " (staged)" if kept.get("staged") and tool == "memchunk" else ""
                 lines.append(
                     f"| {op} | {tool}{staged} | {kept.get('chunks', '')} | {outcome} | "
                     f"{kept['seconds']:.1f} | {kept['seconds'] / floor:.2f} | "

@@ -62,3 +62,12 @@ def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypa
     in_memory = tas.memchunk.plan("median", dim="time", budget=tight)
     assert not any("temporary Zarr store" in n for n in in_memory.notes)
     assert in_memory.storage_chunks["time"] == 1
+
+
+def test_a_plan_of_whole_storage_chunks_is_never_staged(daily, monkeypatch):
+    """floors.py forcing staging on the mean (planned in whole days) raised ValueError."""
+    tas = xr.open_zarr(daily)["tas"]
+    monkeypatch.setattr(read_once, "MIN_REREAD_SECONDS", 0.0)
+    monkeypatch.setattr(read_once, "STAGING_GAIN", 0.0)
+    plan = tas.memchunk.plan("mean", dim="time", budget=budget(2**30))
+    assert not any("temporary Zarr store" in n for n in plan.notes)

@@ -182,7 +182,7 @@ def staged_if_faster(
         if seconds is not None:
             per_element[name] = seconds
             reread += reread_seconds(plan, cost, seconds)
-    if reread < MIN_REREAD_SECONDS:
+    if not per_element or reread < MIN_REREAD_SECONDS:
         return None
     nbytes = sum(files[n].dtype.itemsize * math.prod(files[n].sizes.values()) for n in per_element)
     site = staging_site(nbytes, active_client())
