@@ -122,12 +122,17 @@ def _compute_with_probe(data: Any, index: tuple[int, ...], found: list[int]) -> 
     found.append(max(0, during - status_bytes("VmRSS")))
 
 
-def _block_to_measure(data: Any) -> tuple[int, ...]:
-    """Index of the largest block, or of the middle one where the largest is too large."""
+def _blocks_to_measure(data: Any) -> tuple[tuple[int, ...], int]:
+    """Index of the block to measure, and the largest block's bytes.
+
+    The largest block, or the middle one where the largest is over
+    :data:`MEASURED_BLOCK_BYTES`.
+    """
     largest = tuple(int(np.argmax(c)) if c else 0 for c in data.chunks)
-    if data.blocks[largest].nbytes <= MEASURED_BLOCK_BYTES:
-        return largest
-    return tuple(n // 2 for n in data.numblocks)
+    largest_bytes = int(data.blocks[largest].nbytes)
+    if largest_bytes <= MEASURED_BLOCK_BYTES:
+        return largest, largest_bytes
+    return tuple(n // 2 for n in data.numblocks), largest_bytes
 
 
 def _compute(block: Any) -> None:
@@ -154,7 +159,7 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
         return None
     name = str(data.name)
     if name not in _CACHE:
-        index = _block_to_measure(data)
+        index, largest = _blocks_to_measure(data)
         block_bytes = int(data.blocks[index].nbytes)
         found: list[int] = []
         try:
@@ -166,10 +171,9 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
             return None
         extra = max(0, peak - block_bytes)
         held = min(found[0], extra)
-        largest = data.dtype.itemsize * int(np.prod([max(c, default=0) for c in data.chunks]))
         scale = largest / block_bytes if block_bytes and largest > block_bytes else 1.0
         _CACHE[name] = InputProduction(
-            max(largest, block_bytes),
+            largest,
             round(extra * scale),
             round(held * scale),
             seconds,

@@ -174,13 +174,14 @@ def staged_if_faster(
         if c.layout.kind is InputKind.FILE and not c.layout.contiguous
     }
     threads = budget.total_threads
-    reread, per_element = 0.0, {}
+    reread, per_element, factors = 0.0, {}, {}
     for name, cost in files.items():
-        if reread_factor(plan, cost) <= 1.0:
+        factor = reread_factor(plan, cost)
+        if factor <= 1.0:
             continue
         seconds = storage_read_seconds(targets[name], cost.layout.source_chunks)
         if seconds is not None:
-            per_element[name] = seconds
+            per_element[name], factors[name] = seconds, factor
             reread += reread_seconds(plan, cost, seconds)
     if not per_element or reread < MIN_REREAD_SECONDS:
         return None
@@ -195,7 +196,7 @@ def staged_if_faster(
         return None
     why = (
         f"the plan in memory would read the storage chunks of {', '.join(per_element)} "
-        f"{max(reread_factor(plan, files[n]) for n in per_element):.1f} times over (its chunks "
+        f"{max(factors.values()):.1f} times over (its chunks "
         f"cut them; measured at {1e9 * max(per_element.values()):.1f} ns per element: about "
         f"{reread:.0f} s of reads beyond one), where reading them once and staging them costs "
         f"about {staging:.0f} s"

@@ -35,8 +35,12 @@ from ..planning.search import plan_chunks, plan_for_chunks
 from .cost import TaskCost
 from .staging import StagingChunks, StagingSite, staging_chunks, staging_site
 
-__all__ = ["STAGING_ROUNDS", "StagedPlan", "plan_staged"]
+__all__ = ["FILE_STAGING_WHY", "GRAPH_STAGING_WHY", "STAGING_ROUNDS", "StagedPlan", "plan_staged"]
 
+#: Why a graph's data is staged, in the plan's note (where the caller names no other reason).
+GRAPH_STAGING_WHY = "the data's chunks cannot be rechunked in memory within the budget"
+#: Why a file's data is staged where no plan fits reading its own storage chunks.
+FILE_STAGING_WHY = "no plan reading the file's own storage chunks fits the budget"
 #: Times at most the staging store's chunks are chosen for the plan and the plan made again for
 #: reading them (they settle in one or two).
 STAGING_ROUNDS = 3
@@ -83,6 +87,8 @@ class _Staging:
         Where the store is written.
     nbytes
         Bytes of the staged data.
+    why
+        Why the data is staged: the start of the plan's note.
     """
 
     costs: Mapping[str, TaskCost]
@@ -91,7 +97,7 @@ class _Staging:
     budget: Budget
     site: StagingSite
     nbytes: int
-    why: str = "the data's chunks cannot be rechunked in memory within the budget"
+    why: str
 
 
 def plan_staged(
@@ -137,8 +143,8 @@ def plan_staged(
     """
     if variables is None:  # a file stored without chunks is read in bounded groups already
         graphs = {n: c for n, c in costs.items() if _stageable(c)}
-        if not why and any(c.layout.kind is InputKind.FILE for c in graphs.values()):
-            why = "no plan reading the file's own storage chunks fits the budget"
+        files = any(c.layout.kind is InputKind.FILE for c in graphs.values())
+        why = why or (FILE_STAGING_WHY if files else GRAPH_STAGING_WHY)
     else:
         graphs = {n: costs[n] for n in variables}
     if not graphs:
@@ -147,7 +153,7 @@ def plan_staged(
     _check_writes_fit(graphs, as_source, budget, in_memory)
     nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
     site = _site(nbytes, measure, in_memory)
-    staging = _Staging(costs, graphs, problem, budget, site, nbytes, *([why] if why else []))
+    staging = _Staging(costs, graphs, problem, budget, site, nbytes, why or GRAPH_STAGING_WHY)
     try:
         first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
     except InfeasiblePlanError as on_disk:

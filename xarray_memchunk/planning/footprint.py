@@ -337,11 +337,12 @@ def footprint(
         if layout.kind is InputKind.GRAPH and (layout.produce_bytes or layout.produce_held_bytes):
             produce = np.maximum(produce, _production(layout, cuts, task, identical & ~stencil))
         extra_gather = np.where(stencil | merged, padded, 0.0)
-        ahead = np.where(covering >= array_bytes, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
+        all_to_all = covering >= array_bytes  # every task reads every source chunk
+        ahead = np.where(all_to_all, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
         cut_sources = np.where(identical, 0.0, ahead * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
         # a worker cannot hold more of the input than all of it (twice, where all reads all)
-        most = np.where(covering >= array_bytes, ALL_TO_ALL_COPIES * array_bytes, array_bytes)
+        most = np.where(all_to_all, ALL_TO_ALL_COPIES * array_bytes, array_bytes)
         extra_held = (
             np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, most) / threads
         )
