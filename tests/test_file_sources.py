@@ -11,12 +11,14 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk  # noqa: F401  (registers the accessor)
+from xarray_memchunk.errors import InfeasiblePlanError
 from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.operators.sources import (
     ConcatenatedReads,
     file_backend,
     input_kind,
     read_chunked,
+    reads_own_range,
 )
 from xarray_memchunk.planning.footprint import InputKind
 from xarray_memchunk.testing import watch
@@ -210,3 +212,74 @@ def test_mfdataset_median_runs_below_the_data_without_pause(tmp_path, cluster_cl
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
     assert outcome.peak_bytes < plan.predicted_peak_bytes + plan.budget.worker_baseline
     xr.testing.assert_equal(result, ds.compute().median("time"))
+
+
+@pytest.fixture(scope="module")
+def one_chunk_files(tmp_path_factory):
+    """1500 x 90 x 180 float32 (97 MB) in one storage chunk: stored raw, with zlib, checksummed."""
+    root = tmp_path_factory.mktemp("one-chunk")
+    ds = _tas(1500, 90, 180, "2000-01-01", 0)
+    paths = {}
+    for name, extra in {
+        "raw": {},
+        "zlib": {"zlib": True, "complevel": 1},
+        "fletcher32": {"fletcher32": True},
+    }.items():
+        paths[name] = root / f"{name}.nc"
+        ds.to_netcdf(paths[name], encoding={"tas": {"chunksizes": (1500, 90, 180), **extra}})
+    return paths
+
+
+def test_only_unfiltered_netcdf4_chunks_read_their_own_range(
+    one_chunk_files, contiguous_file, tmp_path
+):
+    def opened(path):
+        return xr.open_dataset(path, chunks={}).tas
+
+    assert reads_own_range(opened(one_chunk_files["raw"]))
+    assert reads_own_range(xr.open_mfdataset([one_chunk_files["raw"]], chunks={}).tas)
+    assert reads_own_range(opened(contiguous_file))
+    # a filter decodes the chunk whole, whatever part is read
+    assert not reads_own_range(opened(one_chunk_files["zlib"]))
+    assert not reads_own_range(opened(one_chunk_files["fletcher32"]))
+    # Zarr decodes whole chunks, compressed or not; a graph is not a file read
+    xr.open_dataset(one_chunk_files["raw"]).to_zarr(
+        tmp_path / "raw.zarr", encoding={"tas": {"compressors": None}}
+    )
+    assert not reads_own_range(xr.open_zarr(tmp_path / "raw.zarr").tas)
+    assert not reads_own_range(opened(one_chunk_files["raw"]) * 2)
+
+
+def test_a_large_unfiltered_chunk_is_not_decoded_whole(one_chunk_files):
+    """Trial 78: a 97 MB storage chunk, 4 threads of 1 GB (128 MiB a task). Read whole with
+    zlib, 3 x the chunk per task does not fit; stored raw, each task reads its own range."""
+    budget = make_budget(1_000_000_000, 4, 1, "test")  # 1 worker x 4 threads x 1 GB
+    raw = xr.open_dataset(one_chunk_files["raw"], chunks={})
+    plan = raw.memchunk.plan("sum", dim="time", budget=budget)
+    assert plan.n_chunks > 1
+    assert plan.predicted_peak_bytes <= plan.budget.per_task
+    zlib = xr.open_dataset(one_chunk_files["zlib"], chunks={})
+    with pytest.raises(InfeasiblePlanError, match="at least"):
+        zlib.memchunk.plan("sum", dim="time", budget=budget)
+
+
+@pytest.mark.cluster
+def test_a_large_unfiltered_chunk_sums_without_pause_on_four_threads(
+    one_chunk_files, quiet_distributed
+):
+    from distributed import Client, LocalCluster
+
+    ds = xr.open_dataset(one_chunk_files["raw"], chunks={})
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=4, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = ds.memchunk.plan("sum", dim="time")
+        computed = {}
+        outcome = watch(client, "sum", lambda: computed.update(sum=plan.apply().compute()))
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    assert outcome.peak_bytes < plan.predicted_peak_bytes * 4 + plan.budget.worker_baseline
+    xr.testing.assert_allclose(computed["sum"], xr.open_dataset(one_chunk_files["raw"]).sum("time"))

@@ -171,7 +171,7 @@ def staged_if_faster(
     files = {
         n: c
         for n, c in costs.items()
-        if c.layout.kind is InputKind.FILE and not c.layout.contiguous
+        if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
     }
     threads = budget.total_threads
     reread, per_element, factors = 0.0, {}, {}

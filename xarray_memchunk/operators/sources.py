@@ -21,7 +21,10 @@ Zarr decodes up to 10 chunks at once, each beside its compressed bytes (measured
 whole 64 MB chunk peaks at 185 MB, two at 290 MB). A variable stored without chunks
 (contiguous netCDF: ``encoding["contiguous"]``) has no storage chunks: any range is read as it
 is, in groups of at most ``READ_GROUP_BYTES`` (measured: reading a 94.6 MB range whole peaks
-at 2.0 x the range, in 32 MiB groups at 1.7 x).
+at 2.0 x the range, in 32 MiB groups at 1.7 x). So is a netCDF4 variable whose storage chunks
+have no HDF5 filter (no compression, shuffle or checksum): with no chunk cache, HDF5 copies the
+range straight from the file (measured: reading one element of a 128 MiB uncompressed chunk held
+0.3 MiB, of the same chunk compressed with zlib 256 MiB; :func:`reads_own_range`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "input_kind",
     "map_blocks_with_halo",
     "read_chunked",
+    "reads_own_range",
     "source_chunks",
     "storage_chunks",
 ]
@@ -198,6 +202,29 @@ def contiguous_storage(da: xr.DataArray) -> bool:
     Any range of such a variable is read as it is: it has no storage chunks to decode whole.
     """
     return da.encoding.get("contiguous") is True and file_backend(da.data) is not None
+
+
+#: ``encoding`` keys of the netCDF4 backend that name an HDF5 filter: a chunk stored through
+#: one is decoded whole, whatever part of it is read.
+HDF5_FILTERS = ("zlib", "szip", "zstd", "bzip2", "blosc", "shuffle", "fletcher32")
+
+
+def reads_own_range(da: xr.DataArray) -> bool:
+    """Whether reading any range of ``da`` touches that range only, decoding no whole chunk.
+
+    True for a variable stored without chunks (:func:`contiguous_storage`), and for one read
+    with the netCDF4 backend whose storage chunks have no HDF5 filter: :class:`BoundedReads`
+    keeps no chunk cache, so HDF5 copies the range straight from the file into the block.
+    """
+    if contiguous_storage(da):
+        return True
+    backend = file_backend(da.data)
+    if backend is None or any(da.encoding.get(key) for key in HDF5_FILTERS):
+        return False
+    from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
+
+    parts = backend.parts if isinstance(backend, ConcatenatedReads) else [backend]
+    return all(isinstance(_backend_array(part), NetCDF4ArrayWrapper) for part in parts)
 
 
 def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:

@@ -168,7 +168,7 @@ def _stageable(cost: TaskCost) -> bool:
     """Whether staging can help: a graph's data, or a file's stored in chunks."""
     layout = cost.layout
     return layout.kind is InputKind.GRAPH or (
-        layout.kind is InputKind.FILE and not layout.contiguous
+        layout.kind is InputKind.FILE and not layout.reads_own_range
     )
 
 

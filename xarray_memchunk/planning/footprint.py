@@ -19,8 +19,9 @@ Hence three kinds of input (:class:`InputKind`): data read straight from a file,
 ``apply`` re-reads at the planned chunks, halo included, so nothing is held, and whose reads
 touch at most ``READ_GROUP_BYTES`` of storage chunks (or one chunk, or ``READ_CONCURRENCY``
 small ones) at once and hold ``READ_COPIES`` x that beside the block being filled, before the
-task's own work starts (``FILE``; a variable stored without chunks, contiguous netCDF, is read
-in groups of at most ``READ_GROUP_BYTES`` of its own range); data
+task's own work starts (``FILE``; a variable stored without chunks, contiguous netCDF, or in
+netCDF4 chunks with no filter, is read in groups of at most ``READ_GROUP_BYTES`` of its own
+range); data
 produced by a Dask graph, which is rechunked and overlapped inside the graph (``GRAPH``); a
 NumPy array, which ``apply`` cuts into the planned chunks (``MEMORY``: a graph whose chunks are
 the plan's). Per task slot:
@@ -128,9 +129,10 @@ class InputLayout:
         Bytes the operator's graph holds for each planned chunk until a later step, whatever
         the chunk's size (the two-pass tsqr's ``n x n`` factors per row block), all on one
         worker: a tree's factors gather where it ends.
-    contiguous
-        A file variable stored without chunks (contiguous netCDF): a read touches its own
-        range only, whatever ``source_chunks`` say, and holds up to ``READ_GROUP_BYTES`` of it.
+    reads_own_range
+        A file variable whose reads touch their own range only, whatever ``source_chunks``
+        say (stored without chunks, contiguous netCDF, or in netCDF4 chunks with no HDF5
+        filter): a read holds up to ``READ_GROUP_BYTES`` of that range.
     produce_bytes
         What producing one source chunk of a graph holds beyond the chunk, at its peak
         (measured: :mod:`~xarray_memchunk.operators.production`).
@@ -149,7 +151,7 @@ class InputLayout:
     source_chunks: Mapping[str, int]
     held_share: float = 0.0
     factors_bytes_per_chunk: float = 0.0
-    contiguous: bool = False
+    reads_own_range: bool = False
     produce_bytes: float = 0.0
     produce_held_bytes: float = 0.0
     runtime_bytes: float = 0.0
@@ -224,7 +226,7 @@ def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarra
 
 def _read_group(layout: InputLayout, cuts: Mapping[str, DimCut], padded: np.ndarray) -> np.ndarray:
     """Storage bytes a bounded read of one padded chunk (``padded`` bytes) decodes at once."""
-    if layout.contiguous:
+    if layout.reads_own_range:
         return np.minimum(padded, READ_GROUP_BYTES)
     touched = np.full(padded.shape, float(layout.itemsize))
     chunk = float(layout.itemsize)
