@@ -52,3 +52,26 @@ def test_tasks_reading_some_source_chunks_hold_those_ahead():
     assert held == pytest.approx((1 + HELD_AHEAD) * covering)
     # no more than the whole array, where that is less
     assert _held(source, {"time": 3542, "lat": 73, "lon": 10}) == 3542 * 73 * 146 * 8 / 4
+
+
+@pytest.mark.parametrize(
+    ("source_time", "threads", "making"), [(3542, 4, 1), (1771, 4, 2), (1, 4, 4), (3542, 1, 1)]
+)
+def test_no_more_slots_make_source_chunks_than_the_graph_has(source_time, threads, making):
+    """Trial 92's kind: a graph of one or two large blocks, each holding 6 x itself while it is
+    made; a worker of 4 threads makes at most as many at once as there are."""
+    sizes = {"time": 3542, "lat": 73, "lon": 146}
+    block = source_time * 73 * 146 * 8
+    layout = InputLayout(
+        "v",
+        tuple(sizes),
+        8,
+        InputKind.GRAPH,
+        {"time": source_time, "lat": 73, "lon": 146},
+        produce_bytes=5 * block,
+    )
+    cuts = {"time": _cut(3542, source_time), "lat": _cut(73, 73), "lon": _cut(146, 146)}
+    task = np.array([1e3])
+    terms = footprint(task, cuts, [layout], threads_per_worker=threads, n_workers=1)
+    # planned in the source chunks: one slot's larger phase is making its block
+    assert float(terms.produce[0]) == pytest.approx(making / threads * (6 * block - 1e3))

@@ -142,3 +142,31 @@ def test_persisted_data_is_planned_without_measuring_its_production(quiet_distri
         array = xr.DataArray(kept * 2 + 1, dims=("time", "y", "x"))
         plan = array.memchunk.plan("median", dim="time", memory_limit="1GB")
     assert plan.produce_bytes == 0  # its blocks live in the workers: nothing computed here
+
+
+@pytest.mark.cluster
+def test_one_source_block_is_made_by_one_slot_of_four(quiet_distributed):
+    """Trial 92's kind: a graph of one block (float64 made, cast to float32) on 1 worker x 4
+    threads x 1 GB. Making the block holds about 7 x its float32 bytes; counted in each of the
+    4 slots the plan refused; one slot makes it, and the plan runs without pause."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.testing import run_watched
+
+    data = da.random.default_rng(5).standard_normal((500, 100, 300), chunks=-1)
+    array = xr.DataArray(data.astype("float32"), dims=("time", "y", "x"))
+    made = input_production(array)
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=4, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = array.memchunk.plan("mean", dim="time")
+        assert made.block_bytes + made.extra_bytes > plan.budget.per_task  # 4 slots would not fit
+        assert plan.produce_bytes <= (made.block_bytes + made.extra_bytes) / 4
+        outcome = run_watched(client, "mean", lambda: plan.apply().data)
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    predicted = plan.budget.worker_baseline + 4 * plan.predicted_peak_bytes
+    assert outcome.peak_bytes <= predicted
