@@ -36,7 +36,7 @@ def test_quantile_equals_xarray(tas, threaded):
 def test_quantile_in_slabs_with_and_without_nan_equals_xarray(method, dtype, slab, monkeypatch):
     from xarray_memchunk.operators import whole_dims
 
-    monkeypatch.setattr(whole_dims, "QUANTILE_SLAB_ELEMENTS", slab)
+    monkeypatch.setattr(whole_dims, "SLAB_ELEMENTS", slab)
     data = synthetic_climate(60, 9, 5, dtype=dtype).tas
     data[7, 4, 2] = np.nan  # one slab takes nanquantile, the others quantile
     data[:, 8, 0] = np.nan  # an all-NaN series
@@ -51,6 +51,24 @@ def test_quantile_in_slabs_with_and_without_nan_equals_xarray(method, dtype, sla
     expected = data.astype("float64").quantile([0.25, 0.9], dim="time", method=method)
     assert result.dtype == clean.dtype
     np.testing.assert_array_equal(values, expected.values.astype(clean.dtype))
+
+
+@pytest.mark.parametrize("slab", [2 * 5 * 60, 2 * 60])  # 2 lat rows; 2 series of a lat row
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_median_in_slabs_with_and_without_nan_equals_xarray(dtype, slab, monkeypatch):
+    from xarray_memchunk.operators import whole_dims
+
+    monkeypatch.setattr(whole_dims, "SLAB_ELEMENTS", slab)
+    data = synthetic_climate(60, 9, 5, dtype=dtype).tas
+    data[7, 4, 2] = np.nan  # one slab takes nanmedian, the others median
+    data[:, 8, 0] = np.nan  # an all-NaN series
+    with dask.config.set(scheduler="synchronous"), np.errstate(invalid="ignore"):
+        result = data.chunk({"lat": 9}).memchunk.apply("median", dim="time", memory_limit="2GB")
+        values = result.values
+    with xr.set_options(use_numbagg=False):  # numbagg, where installed, gives float64
+        expected = data.median("time")
+    assert result.dtype == expected.dtype
+    np.testing.assert_array_equal(values, expected.values)
 
 
 def test_cf_axis_names_the_time_dim(tas, threaded):
