@@ -19,6 +19,7 @@ from xarray_memchunk.operators.sources import (
     input_kind,
     read_chunked,
     reads_own_range,
+    reads_serialized,
 )
 from xarray_memchunk.planning.footprint import InputKind
 from xarray_memchunk.testing import watch
@@ -251,25 +252,31 @@ def test_only_unfiltered_netcdf4_chunks_read_their_own_range(
 
 
 def test_a_large_unfiltered_chunk_is_not_decoded_whole(one_chunk_files):
-    """Trial 78: a 97 MB storage chunk, 4 threads of 1 GB (128 MiB a task). Read whole with
-    zlib, 3 x the chunk per task does not fit; stored raw, each task reads its own range."""
+    """Trial 78: a 97 MB storage chunk, 4 threads of 1 GB (128 MiB a task). Compressed, and
+    read without xarray's lock, 3 x the chunk per task does not fit; stored raw, each task reads
+    its own range."""
     budget = make_budget(1_000_000_000, 4, 1, "test")  # 1 worker x 4 threads x 1 GB
     raw = xr.open_dataset(one_chunk_files["raw"], chunks={})
     plan = raw.memchunk.plan("sum", dim="time", budget=budget)
     assert plan.n_chunks > 1
     assert plan.predicted_peak_bytes <= plan.budget.per_task
-    zlib = xr.open_dataset(one_chunk_files["zlib"], chunks={})
+    zlib = xr.open_dataset(one_chunk_files["zlib"], chunks={}, lock=False)
+    assert not reads_serialized(zlib.tas)
     with pytest.raises(InfeasiblePlanError, match="at least"):
         zlib.memchunk.plan("sum", dim="time", budget=budget)
 
 
 @pytest.mark.cluster
-def test_a_large_unfiltered_chunk_sums_without_pause_on_four_threads(
-    one_chunk_files, quiet_distributed
+@pytest.mark.parametrize("storage", ["raw", "zlib"])
+def test_a_large_chunk_sums_without_pause_on_four_threads(
+    one_chunk_files, storage, quiet_distributed
 ):
+    """Stored raw, each task reads its own range; compressed, under xarray's lock (its default
+    for netCDF4), one task at a time decodes the chunk, and the 4 slots share its copies."""
     from distributed import Client, LocalCluster
 
-    ds = xr.open_dataset(one_chunk_files["raw"], chunks={})
+    ds = xr.open_dataset(one_chunk_files[storage], chunks={})
+    assert reads_serialized(ds.tas)
     with (
         LocalCluster(
             n_workers=1, threads_per_worker=4, memory_limit="1GB", dashboard_address=":0"
@@ -279,7 +286,9 @@ def test_a_large_unfiltered_chunk_sums_without_pause_on_four_threads(
         plan = ds.memchunk.plan("sum", dim="time")
         computed = {}
         outcome = watch(client, "sum", lambda: computed.update(sum=plan.apply().compute()))
+    assert plan.n_chunks > 1
     assert outcome.completed, outcome.error
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
     assert outcome.peak_bytes < plan.predicted_peak_bytes * 4 + plan.budget.worker_baseline
-    xr.testing.assert_allclose(computed["sum"], xr.open_dataset(one_chunk_files["raw"]).sum("time"))
+    expected = xr.open_dataset(one_chunk_files[storage]).sum("time")
+    xr.testing.assert_allclose(computed["sum"], expected)

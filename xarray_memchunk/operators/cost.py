@@ -27,7 +27,7 @@ from ..planning.footprint import InputKind, InputLayout
 from ..planning.problem import DimUse
 from .base import Cost, Features, Operator
 from .production import InputProduction, input_production
-from .sources import input_kind, reads_own_range, source_chunks
+from .sources import input_kind, reads_own_range, reads_serialized, source_chunks
 
 __all__ = [
     "TaskCost",
@@ -249,6 +249,7 @@ def resolve_cost(
             production.extra_bytes if production else 0.0,
             production.held_bytes if production and cost.fuses_with_input else 0.0,
             cost.runtime_bytes,
+            reads_serialized(da),
         ),
         production=production,
         features=features,

@@ -58,6 +58,7 @@ __all__ = [
     "map_blocks_with_halo",
     "read_chunked",
     "reads_own_range",
+    "reads_serialized",
     "source_chunks",
     "storage_chunks",
 ]
@@ -223,8 +224,32 @@ def reads_own_range(da: xr.DataArray) -> bool:
         return False
     from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
 
+    return all(isinstance(a, NetCDF4ArrayWrapper) for a in _backend_arrays(backend))
+
+
+def reads_serialized(da: xr.DataArray) -> bool:
+    """Whether a worker's reads of ``da`` decode one at a time, whatever its threads.
+
+    True for a variable read with the netCDF4 backend under xarray's lock (its default, unless
+    opened with ``lock=False``): HDF5 is not thread-safe, so each read, decompression included,
+    holds a lock shared by every thread of the process.
+    """
+    from xarray.backends.locks import DummyLock
+    from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
+
+    backend = file_backend(da.data)
+    if backend is None:
+        return False
+    return all(
+        isinstance(a, NetCDF4ArrayWrapper) and not isinstance(a.datastore.lock, DummyLock)
+        for a in _backend_arrays(backend)
+    )
+
+
+def _backend_arrays(backend: Any) -> list[Any]:
+    """The backend's own array of each file a :func:`file_backend` result reads."""
     parts = backend.parts if isinstance(backend, ConcatenatedReads) else [backend]
-    return all(isinstance(_backend_array(part), NetCDF4ArrayWrapper) for part in parts)
+    return [_backend_array(part) for part in parts]
 
 
 def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:

@@ -15,15 +15,16 @@ stencil (``map_overlap``), 3^3 to 10^3      35-58% of the whole array on one wor
 chunks                                      chunks wait for the tasks that take their halos
 ==========================================  ================================================
 
-Hence three kinds of input (:class:`InputKind`): data read straight from a file, which
-``apply`` re-reads at the planned chunks, halo included, so nothing is held, and whose reads
-touch at most ``READ_GROUP_BYTES`` of storage chunks (or one chunk, or ``READ_CONCURRENCY``
-small ones) at once and hold ``READ_COPIES`` x that beside the block being filled, before the
-task's own work starts (``FILE``; a variable stored without chunks, contiguous netCDF, or in
-netCDF4 chunks with no filter, is read in groups of at most ``READ_GROUP_BYTES`` of its own
-range); data
-produced by a Dask graph, which is rechunked and overlapped inside the graph (``GRAPH``); a
-NumPy array, which ``apply`` cuts into the planned chunks (``MEMORY``: a graph whose chunks are
+Hence three kinds of input (:class:`InputKind`): data read straight from a file (``FILE``),
+which ``apply`` re-reads at the planned chunks, halo included, so nothing is held, and whose
+reads touch at most ``READ_GROUP_BYTES`` of storage chunks (or one chunk, or
+``READ_CONCURRENCY`` small ones) at once and hold ``READ_COPIES`` x that beside the block being
+filled, before the task's own work starts (a variable stored without chunks, contiguous
+netCDF, or in netCDF4 chunks with no filter, is read in groups of at most ``READ_GROUP_BYTES``
+of its own range; where reads take a lock a worker's threads share, netCDF4 under xarray's, one
+decodes at a time, and its copies are shared among the slots); data produced by a Dask graph,
+which is rechunked and overlapped inside the graph (``GRAPH``); a NumPy array, which ``apply``
+cuts into the planned chunks (``MEMORY``: a graph whose chunks are
 the plan's). Per task slot:
 
 - ``gather``: a task whose input is concatenated from pieces (a halo, or source chunks
@@ -145,6 +146,9 @@ class InputLayout:
     runtime_bytes
         What a worker keeps once it has run the operator's first task (compiled code), once
         per worker: each of its task slots holds its share beside the task.
+    serialized_reads
+        A file variable whose reads take a lock shared by a worker's threads (netCDF4 under
+        xarray's lock): one read decodes at a time, so its copies are shared among the slots.
     """
 
     name: str
@@ -158,6 +162,7 @@ class InputLayout:
     produce_bytes: float = 0.0
     produce_held_bytes: float = 0.0
     runtime_bytes: float = 0.0
+    serialized_reads: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,8 +334,10 @@ def footprint(
         factors = np.maximum(factors, layout.factors_bytes_per_chunk * n_chunks / threads)
         if layout.kind is InputKind.FILE:
             group = _read_group(layout, cuts, padded)
-            # the read ends before the task's own work starts: it adds only where it is larger
-            read = np.maximum(padded + READ_COPIES * group - task, 0.0)
+            # the read ends before the task's own work starts: it adds only where it is larger;
+            # reads under a worker-wide lock decode one at a time
+            decoding = READ_COPIES * group / (threads if layout.serialized_reads else 1)
+            read = np.maximum(padded + decoding - task, 0.0)
             extra_held = np.full(task.shape, waiting / threads)
             worst = read + extra_held > gather + held
             gather = np.where(worst, read, gather)
