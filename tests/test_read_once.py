@@ -71,3 +71,64 @@ def test_a_plan_of_whole_storage_chunks_is_never_staged(daily, monkeypatch):
     monkeypatch.setattr(read_once, "STAGING_GAIN", 0.0)
     plan = tas.memchunk.plan("mean", dim="time", budget=budget(2**30))
     assert not any("temporary Zarr store" in n for n in plan.notes)
+
+
+@pytest.fixture(scope="module")
+def large_chunks(tmp_path_factory):
+    """Trial 93's kind: a store in 50 MiB chunks (400 x 256 x 256 float32, 2 chunks)."""
+    path = tmp_path_factory.mktemp("read-once") / "large.zarr"
+    data = np.random.default_rng(1).random((400, 256, 256)).astype("float32")
+    xr.Dataset({"tas": (("time", "lat", "lon"), data)}).to_zarr(
+        path, encoding={"tas": {"chunks": (200, 256, 256)}}
+    )
+    return path
+
+
+def test_staging_a_file_holds_the_larger_of_reading_and_writing():
+    from xarray_memchunk.operators.staged_plan import _write_task_bytes
+    from xarray_memchunk.operators.staging import WRITE_COPIES, StagingChunks
+    from xarray_memchunk.planning.footprint import READ_COPIES, InputKind
+
+    class Cost:  # what _write_task_bytes reads of a TaskCost
+        dtype = np.dtype("float32")
+        layout = type("Layout", (), {"kind": InputKind.FILE, "produce_bytes": 0.0})()
+
+    chunk = {"time": 200, "lat": 256, "lon": 256}
+    nbytes = 4 * 200 * 256 * 256
+    as_source = StagingChunks(chunk, chunk, chunk)
+    assert _write_task_bytes(Cost(), as_source) == max(READ_COPIES, WRITE_COPIES) * nbytes
+    Cost.layout.kind = InputKind.GRAPH  # a graph's chunk is made, not decoded
+    assert _write_task_bytes(Cost(), as_source) == WRITE_COPIES * nbytes
+
+
+@pytest.mark.cluster
+def test_at_the_minimum_a_refusal_states_the_file_is_staged_not_read_over(
+    large_chunks, quiet_distributed
+):
+    """Trial 93: refused at 0.75 GB, its stated minimum ran past its time limit, re-reading
+    each 127 MiB chunk 181 times, since staging was counted as reading and writing at once."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.errors import InfeasiblePlanError
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.testing import watch
+    from xarray_memchunk.units import format_size_up
+
+    tas = xr.open_zarr(large_chunks)["tas"]
+    with pytest.raises(InfeasiblePlanError) as refused:
+        tas.memchunk.plan("median", dim="time", budget=make_budget(400_000_000, 1, 1, "test"))
+    minimum = refused.value.minimum_memory_limit
+    assert f"at least {format_size_up(minimum)} (memory_limit)" in str(refused.value)
+    limit = int(minimum * 1.02)
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit=limit, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = tas.memchunk.plan("median", dim="time")
+        assert any("temporary Zarr store" in n for n in plan.notes), plan.notes
+        computed = {}
+        outcome = watch(client, "median", lambda: computed.update(m=plan.apply().values))
+    assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
+    np.testing.assert_allclose(computed["m"], tas.median("time").values)

@@ -579,6 +579,7 @@ def _choose(
     resolutions: dict[int, _Alternative] = {}  # resolved (and measured) once for both passes
     for staging in (False, True):
         failures: list[tuple[str, str]] = []  # (alternative, why it was not taken)
+        refusals: list[InfeasiblePlanError] = []
         over_budget: list[tuple[str, _Prepared, list[str]]] = []
         fitting: list[tuple[str, _Prepared, list[str]]] = []
         for index, (label, kwargs, reason) in enumerate(alternatives):
@@ -595,6 +596,7 @@ def _choose(
                 )
             except InfeasiblePlanError as exc:
                 failures.append((label, str(exc)))
+                refusals.append(exc)
                 continue
             if prepared.plan.fits:
                 fitting.append((label, prepared, cautions))
@@ -613,9 +615,14 @@ def _choose(
             break
     if chosen is None:
         if not over_budget:
-            if len(alternatives) == 1:
-                raise InfeasiblePlanError(failures[0][1])
-            raise InfeasiblePlanError("; ".join(f"{what}: {why}" for what, why in failures))
+            if len(alternatives) == 1 and len(refusals) == 1:
+                raise refusals[0]
+            limits = [e.minimum_memory_limit for e in refusals]
+            raise InfeasiblePlanError(
+                "; ".join(f"{what}: {why}" for what, why in failures),
+                # any alternative runs at its own minimum, where every one states one
+                minimum_memory_limit=min(limits) if limits and None not in limits else None,
+            )
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
     return chosen, failures
 

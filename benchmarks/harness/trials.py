@@ -34,7 +34,7 @@ import xarray as xr
 
 from xarray_memchunk.errors import InfeasiblePlanError
 from xarray_memchunk.testing import RunOutcome, watch
-from xarray_memchunk.units import to_bytes
+from xarray_memchunk.units import format_size_up, to_bytes
 
 from .fresh import fresh_client
 from .plan_safety import SafetyCase, _consume, _input
@@ -330,6 +330,8 @@ def run_side(trial: Trial, side: str, x: xr.DataArray, memory_limit: str | None 
             plan = x.memchunk.plan(op, **kwargs)
         except InfeasiblePlanError as exc:
             record.error = str(exc)
+            if exc.minimum_memory_limit:
+                record.minimum_limit = format_size_up(exc.minimum_memory_limit)
             raise
         record.chunks = " x ".join(str(n) for n in plan.chunks.values())
         record.binding = str(plan.binding)
@@ -360,7 +362,7 @@ def run_side(trial: Trial, side: str, x: xr.DataArray, memory_limit: str | None 
 
 def _refusal(trial: Trial, x: xr.DataArray, memchunk: Side) -> None:
     """A refusal's stated minimum, and what happened when run again at it (in place)."""
-    memchunk.minimum_limit = stated_minimum(memchunk.error)
+    memchunk.minimum_limit = memchunk.minimum_limit or stated_minimum(memchunk.error)
     if not memchunk.minimum_limit:
         return
     needed = to_bytes(memchunk.minimum_limit)

@@ -120,6 +120,22 @@ class Budget:
         """As :meth:`format`, rounded up: a minimum stated is one that suffices."""
         return format_size_up(nbytes)
 
+    def minimum_memory_limit(self, per_task: float) -> int | None:
+        """The worker ``memory_limit`` at which ``per_task`` bytes fit, at the same threads.
+
+        None for a budget whose ``per_task`` was given by hand (:attr:`from_formula` False):
+        no ``memory_limit`` decides it.
+        """
+        if not self.from_formula:
+            return None
+        return min_worker_memory(
+            per_task,
+            self.threads_per_worker,
+            worker_baseline=self.worker_baseline,
+            reserve=self.reserve,
+            pause_fraction=self.pause_fraction,
+        )
+
     @property
     def from_formula(self) -> bool:
         """Whether ``per_task`` is what the module's formula gives for the other terms.

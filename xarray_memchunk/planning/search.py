@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import InfeasiblePlanError
 from .balance import balanced_chunks, packed_chunks
-from .budget import Budget, held_memory_remedy, min_worker_memory
+from .budget import Budget, held_memory_remedy
 from .candidates import DimCandidates, dim_candidates, padded_extent
 from .footprint import DimCut, Footprint, footprint
 from .plan import Binding, ChunkPlan
@@ -91,7 +91,11 @@ def _footprint(problem: PlanProblem, budget: Budget, cuts: Mapping[str, DimCut])
 
 
 def _infeasible(
-    problem: PlanProblem, budget: Budget, least: dict[str, float], smallest: dict[str, int]
+    problem: PlanProblem,
+    budget: Budget,
+    least: dict[str, float],
+    smallest: dict[str, int],
+    needed: int | None,
 ) -> str:
     whole = [d.name for d in problem.dims if d.role is DimRole.WHOLE]
     chunks = ", ".join(f"{k}: {v}" for k, v in smallest.items())
@@ -106,13 +110,6 @@ def _infeasible(
         terms += f" + factors the operator holds {size(least['factors'])}"
     if least["produce"]:
         terms += f" + producing its input {size(least['produce'])}"
-    needed = min_worker_memory(
-        total,
-        budget.threads_per_worker,
-        worker_baseline=budget.worker_baseline,
-        reserve=budget.reserve,
-        pause_fraction=budget.pause_fraction,
-    )
     advice = []
     if least["held"] > least["task"]:
         sources = "; ".join(
@@ -127,7 +124,7 @@ def _infeasible(
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
     threads = budget.threads_per_worker
-    if budget.from_formula:
+    if needed is not None:
         advice += [
             f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
             f"{threads} thread{'' if threads == 1 else 's'} per worker",
@@ -212,7 +209,12 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         smallest = int(np.argmin(peak))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
         least = {k: float(getattr(terms, k)[smallest]) for k in Footprint.TERMS}
-        raise InfeasiblePlanError(_infeasible(problem, budget, least, shape))
+        needed = budget.minimum_memory_limit(sum(least.values()))
+        raise InfeasiblePlanError(
+            _infeasible(problem, budget, least, shape, needed),
+            minimum_memory_limit=needed,
+            smallest_chunks=shape,
+        )
     ranked = order[fits[order]]
     fastest = int(ranked[0])
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
