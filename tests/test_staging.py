@@ -98,6 +98,19 @@ def test_month_length_chunks_are_staged_in_equal_chunks(tmp_path, threaded):
     np.testing.assert_allclose(result, np.median(array.values, axis=0))
 
 
+def test_the_staged_store_is_not_compressed(tmp_path, threaded):
+    """Written once and read back once: compressing it cost more than it saved (a staged
+    quantile of a 1.21 GB store took 10.6 s uncompressed, 13.2 s with zstd)."""
+    import zarr
+
+    array = time_chunked((60, 40, 40), (10, 40, 40))
+    site = staging.StagingSite(tmp_path, 10**9, 0.0)
+    staged = staging.stage(array, site)
+    (store,) = tmp_path.glob("memchunk-staged-*")
+    assert not zarr.open_array(store / "t", mode="r").compressors
+    np.testing.assert_array_equal(staged.values, array.values)
+
+
 def test_a_failed_staging_write_leaves_nothing_and_says_so(tmp_path, threaded, monkeypatch):
     def failing_write(*args, **kwargs):
         raise OSError("No space left on device")

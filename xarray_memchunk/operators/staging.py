@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from zarr import __version__ as _zarr_version
 
 from ..clusters import workers_on_this_machine
 from ..units import format_size, format_size_up
@@ -46,6 +47,7 @@ __all__ = [
     "MERGE_COPIES",
     "MIN_STORE_CHUNK_BYTES",
     "STAGING_DIR_KEY",
+    "UNCOMPRESSED",
     "WRITE_COPIES",
     "StagingChunks",
     "StagingSite",
@@ -67,6 +69,13 @@ WRITE_COPIES = 3.0
 #: Zarr chunks, 3.9 x and 4.4 x ones of 197 and 100 MB merged from one-step chunks; unmerged,
 #: 3.0 x a 128 MB chunk cut into 8, 2.0 x one written whole).
 MERGE_COPIES = 2.0
+#: The staged store's encoding: no compressor. Staged data is written once and read back once
+#: from a disk that holds its bytes (checked), and compressing it costs more than writing it:
+#: a quantile over time of a 1.21 GB one-day-chunked store, staged, took 10.5 s and 10.6 s
+#: uncompressed against 13.1 s and 13.3 s with Zarr's default zstd (2 workers x 1 thread).
+UNCOMPRESSED = (
+    {"compressors": None} if int(_zarr_version.split(".")[0]) >= 3 else {"compressor": None}
+)
 #: Room kept free on the staging disk beyond the data (fraction of the data).
 DISK_MARGIN = 0.1
 #: Bytes written to measure the staging disk's bandwidth.
@@ -361,6 +370,7 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
         var.encoding.clear()
     # safe_chunks (xarray's default) refuses a write chunk that is not whole Zarr chunks
     staged.variables[str(name)].encoding["chunks"] = tuple(store[d] for d in da.dims)
+    staged.variables[str(name)].encoding |= UNCOMPRESSED
     try:
         staged.to_zarr(path, mode="w-", consolidated=False)
     except Exception as exc:
