@@ -208,3 +208,20 @@ def test_infeasible_under_a_hand_built_budget_asks_for_a_larger_per_task_budget(
     assert "give each task at least 156.25 kiB (Budget.per_task)" in message
     assert "give each worker" not in message and "fewer threads" not in message
     assert "per-task budget 97.66 kiB as given (source: test)" in message
+    assert err.value.minimum_memory_limit is None  # no memory_limit decides a given per_task
+
+
+def test_the_minimum_a_refusal_states_is_kept_and_suffices():
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.units import format_size_up
+
+    specs = (DimSpec("time", 10_000, DimRole.WHOLE), DimSpec("x", 10))
+    problem = PlanProblem("median", specs, linear_peak(16.0))
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, make_budget(300_000, 2, 1, "test", worker_baseline=0))
+    minimum = err.value.minimum_memory_limit
+    assert f"at least {format_size_up(minimum)} (memory_limit)" in str(err.value)
+    plan = plan_chunks(problem, make_budget(minimum, 2, 1, "test", worker_baseline=0))
+    assert plan.predicted_peak_bytes <= plan.budget.per_task
+    with pytest.raises(InfeasiblePlanError):
+        plan_chunks(problem, make_budget(int(minimum * 0.99), 2, 1, "test", worker_baseline=0))

@@ -35,9 +35,6 @@ class InfeasiblePlanError(MemchunkError):
         The least worker ``memory_limit`` (bytes) at which the plan runs, at the same threads
         per worker, as the message states it; None where it states none (a per-task budget
         given by hand, a model measured on too small tasks).
-    smallest_chunks
-        The smallest chunks the operator allows, that still did not fit; None where not
-        known.
     """
 
     def __init__(
@@ -45,11 +42,9 @@ class InfeasiblePlanError(MemchunkError):
         message: str,
         *,
         minimum_memory_limit: int | None = None,
-        smallest_chunks: dict[str, int] | None = None,
     ) -> None:
         super().__init__(message)
         self.minimum_memory_limit = minimum_memory_limit
-        self.smallest_chunks = smallest_chunks
 
 
 class CalibrationError(MemchunkError):

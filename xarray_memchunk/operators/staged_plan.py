@@ -167,7 +167,6 @@ def plan_staged(
         raise InfeasiblePlanError(
             f"{str(in_memory).rstrip('.')}. Staged on disk, it does not fit either: {on_disk}",
             minimum_memory_limit=min(limits) if limits else None,
-            smallest_chunks=in_memory.smallest_chunks,
         ) from None
     chunk_plan, chosen = _settle(staging, as_source, first)
     return StagedPlan(chunk_plan, tuple(graphs), site, chosen)
@@ -246,7 +245,6 @@ def _check_writes_fit(
         f"{size(smallest)}, over the per-task budget of {size(budget.per_task)}: give the "
         f"data smaller chunks first (.chunk(...))",
         minimum_memory_limit=in_memory.minimum_memory_limit,
-        smallest_chunks=in_memory.smallest_chunks,
     ) from None
 
 
@@ -276,7 +274,6 @@ def _site(nbytes: int, measure: str, in_memory: InfeasiblePlanError) -> StagingS
         raise InfeasiblePlanError(
             f"{str(in_memory).rstrip('.')}. Nor can it be staged on disk: {site.refusal}",
             minimum_memory_limit=in_memory.minimum_memory_limit,
-            smallest_chunks=in_memory.smallest_chunks,
         ) from None
     return site
 

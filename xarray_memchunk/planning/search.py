@@ -213,7 +213,6 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         raise InfeasiblePlanError(
             _infeasible(problem, budget, least, shape, needed),
             minimum_memory_limit=needed,
-            smallest_chunks=shape,
         )
     ranked = order[fits[order]]
     fastest = int(ranked[0])
