@@ -1,6 +1,6 @@
 """Each workload against its floor: what the machine allows, measured in the same run.
 
-    python benchmarks/floors.py                         # median, quantile, mean; median of 3
+    python benchmarks/floors.py                         # median, quantile, mean, gst3d; median of 3
     python benchmarks/floors.py --only median --repeats 1 --scale 0.25
 
 The floor of a reduction over time of the climate cube (Zarr, one-day zstd chunks, as in
@@ -18,6 +18,14 @@ Dask's threaded scheduler) plus the reduction of the array in memory on the same
   and quantile, as xarray asks) — the best peer in ``peers.md`` for these rows; Cubed's rows
   are there.
 
+The floor of GST3D (dip, the Gaussian kernel, sigma 1, rho 2) on a seismic volume (384^3 x
+``--scale`` float32, Zarr in 128^3 chunks) is reading the store once plus memchunk's kernel on
+the volume in memory on the same 2 threads. Against it: ``memchunk`` on the cluster; ``dask``,
+``map_overlap`` of the same kernel on the store's chunks; and ``structure-tensor``, the PyPI
+package's ``parallel_structure_tensor_analysis`` (2 processes, its own blocks, no memory limit:
+the eigenvectors dip is made from, from the volume read once; its peak is its largest process's
+RSS).
+
 Runs alternate the order of the tools on each repeat; the median-time run is kept. Prints a
 Markdown table and writes it to ``benchmarks/results/floors.md``.
 """
@@ -25,14 +33,17 @@ Markdown table and writes it to ``benchmarks/results/floors.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import dask
 import dask.array
@@ -40,14 +51,22 @@ import numpy as np
 import xarray as xr
 from harness.fresh import fresh_client
 from harness.timeouts import within
-from peers import make_cube
+from peers import GST3D_HALO, make_cube
 
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
+from xarray_memchunk.datasets import synthetic_seismic
 from xarray_memchunk.operators import read_once
+from xarray_memchunk.operators.gst3d.kernels import gst3d_block
 from xarray_memchunk.testing import watch
 
-ROWS = ("median", "quantile", "mean")
-TOOLS = ("memchunk", "memchunk in memory", "memchunk staged", "dask")
+REDUCTIONS = ("median", "quantile", "mean")
+ROWS = (*REDUCTIONS, "gst3d")
+TOOLS = {
+    **dict.fromkeys(REDUCTIONS, ("memchunk", "memchunk in memory", "memchunk staged", "dask")),
+    "gst3d": ("memchunk", "dask", "structure-tensor"),
+}
+#: Side of the GST3D volume at ``--scale 1``, and its storage chunk.
+VOLUME_SIDE, VOLUME_CHUNK = 384, 128
 #: The staging decision forced, for the tools that force it: (STAGING_GAIN, MIN_REREAD_SECONDS).
 FORCED = {"memchunk in memory": (math.inf, math.inf), "memchunk staged": (0.0, 0.0)}
 
@@ -56,6 +75,24 @@ def _reduce(op: str, data: xr.DataArray) -> xr.DataArray:
     if op == "quantile":
         return data.quantile(0.9, dim="time")
     return getattr(data, op)("time")
+
+
+def make_volume(root: Path, scale: float) -> Path:
+    """Write the seismic volume (384^3 x ``scale``, float32, 128^3 Zarr chunks) under ``root``."""
+    side = round(VOLUME_SIDE * scale ** (1 / 3))
+    synthetic_seismic((side,) * 3, chunks=(VOLUME_CHUNK,) * 3).to_zarr(root / "volume.zarr")
+    return root / "volume.zarr"
+
+
+def gst3d_floor_seconds(volume: Path) -> tuple[float, float]:
+    """Seconds to read the volume once and to compute its dip in memory, both on 2 threads."""
+    with dask.config.set(scheduler="threads", num_workers=2):
+        start = time.perf_counter()
+        amplitude = xr.open_zarr(volume)["amplitude"].load()
+        read = time.perf_counter() - start
+        start = time.perf_counter()
+        amplitude.memchunk.apply("gst3d").compute()
+        return read, time.perf_counter() - start
 
 
 def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
@@ -85,6 +122,84 @@ def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
     return min(by_xarray, by_zarr), min(xarray_compute, memchunk_compute)
 
 
+def run_gst3d_tool(tool: str, volume: Path, limit: str, timeout: float) -> dict:
+    """One GST3D run of ``tool``: on fresh workers, or structure-tensor's own processes."""
+    if tool == "structure-tensor":
+        return _structure_tensor(volume, timeout)
+    found: dict = {"tool": tool}
+
+    def work() -> None:
+        amplitude = xr.open_zarr(volume)["amplitude"]
+        if tool == "dask":
+            data = amplitude.data
+            dip = data.map_overlap(gst3d_block, depth=GST3D_HALO, boundary="none", dtype="f4")
+            found["chunks"] = " x ".join(str(max(c)) for c in data.chunks)
+        else:
+            plan = amplitude.memchunk.plan("gst3d")
+            dip = plan.apply().data
+            found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
+        found["total"] = float(dip.astype("float64").sum().compute())
+
+    return found | _watched(work, limit, timeout, tool)
+
+
+def _structure_tensor(volume: Path, timeout: float) -> dict:
+    """structure-tensor's ``parallel_structure_tensor_analysis`` on 2 processes, timed."""
+    import psutil
+    from structure_tensor.multiprocessing import parallel_structure_tensor_analysis
+
+    def work() -> None:
+        amplitude = xr.open_zarr(volume)["amplitude"].values
+        parallel_structure_tensor_analysis(
+            amplitude, 1.0, 2.0, truncate=3.0, devices=["cpu", "cpu"], eigenvalues=None
+        )
+
+    me, peak, done = psutil.Process(), [0], []
+
+    def sample() -> None:
+        while not done:
+            with contextlib.suppress(psutil.Error):
+                tree = [me, *me.children(recursive=True)]
+                peak[0] = max(peak[0], *(p.memory_info().rss for p in tree))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    error = ""
+    try:
+        within(timeout, work)
+    except Exception as exc:  # recorded as the run's outcome
+        error = f"{type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - start
+    done.append(True)
+    sampler.join()
+    return {
+        "tool": "structure-tensor",
+        "chunks": "its blocks of 128",
+        "completed": not error,
+        "error": error,
+        "seconds": seconds,
+        "peak": peak[0],
+        "pauses": 0,
+        "deaths": 0,
+    }
+
+
+def _watched(work: Any, limit: str, timeout: float, tool: str) -> dict:
+    """``work`` run on a fresh ``LocalCluster`` of 2 workers x 1 thread x ``limit``, watched."""
+    with fresh_client(2, 1, limit) as client:
+        outcome = watch(client, tool, lambda: within(timeout, work))
+    return {
+        "completed": outcome.completed,
+        "error": outcome.error,
+        "seconds": outcome.seconds,
+        "peak": outcome.peak_bytes,
+        "pauses": outcome.pauses,
+        "deaths": outcome.worker_deaths,
+    }
+
+
 def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict:
     """One run of ``tool`` on fresh workers: its outcome, seconds, peak and chunks."""
     found: dict = {"tool": tool}
@@ -107,17 +222,7 @@ def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict
         found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
         found["staged"] = any("temporary Zarr store" in note for note in plan.notes)
 
-    with fresh_client(2, 1, limit) as client:
-        outcome = watch(client, tool, lambda: within(timeout, work))
-    found |= {
-        "completed": outcome.completed,
-        "error": outcome.error,
-        "seconds": outcome.seconds,
-        "peak": outcome.peak_bytes,
-        "pauses": outcome.pauses,
-        "deaths": outcome.worker_deaths,
-    }
-    return found
+    return found | _watched(work, limit, timeout, tool)
 
 
 def main() -> None:
@@ -136,19 +241,33 @@ def main() -> None:
         "| " + " | ".join(["---"] * 9) + " |",
     ]
     every: dict[str, list[float]] = {}
+    inputs: list[str] = []
     with tempfile.TemporaryDirectory(prefix="memchunk-floors-") as tmp:
-        cube = make_cube(Path(tmp), args.scale)
-        nbytes = xr.open_zarr(cube)["tas"].nbytes
+        if set(rows) & set(REDUCTIONS):
+            cube = make_cube(Path(tmp), args.scale)
+            nbytes = xr.open_zarr(cube)["tas"].nbytes
+            inputs.append(f"the cube {nbytes / 1e9:.2f} GB float32 in one-day Zarr chunks")
+        if "gst3d" in rows:
+            volume = make_volume(Path(tmp), args.scale)
+            shape = xr.open_zarr(volume)["amplitude"].shape
+            inputs.append(f"the volume {' x '.join(map(str, shape))} float32 in 128^3 chunks")
         for op in rows:
-            floors = [floor_seconds(op, cube) for _ in range(args.repeats)]
+            if op == "gst3d":
+                floors = [gst3d_floor_seconds(volume) for _ in range(args.repeats)]
+            else:
+                floors = [floor_seconds(op, cube) for _ in range(args.repeats)]
             read = statistics.median(f[0] for f in floors)
             compute = statistics.median(f[1] for f in floors)
             floor = read + compute
-            runs: dict[str, list[dict]] = {t: [] for t in TOOLS}
+            tools = TOOLS[op]
+            runs: dict[str, list[dict]] = {t: [] for t in tools}
             for repeat in range(args.repeats):
-                for i in range(len(TOOLS)):
-                    tool = TOOLS[(i + repeat) % len(TOOLS)]
-                    found = run_tool(op, tool, cube, args.memory_limit, args.timeout)
+                for i in range(len(tools)):
+                    tool = tools[(i + repeat) % len(tools)]
+                    if op == "gst3d":
+                        found = run_gst3d_tool(tool, volume, args.memory_limit, args.timeout)
+                    else:
+                        found = run_tool(op, tool, cube, args.memory_limit, args.timeout)
                     runs[tool].append(found)
                     print(f"[{repeat + 1}] {op} {tool}: {found}", flush=True)
             lines.append(
@@ -170,8 +289,8 @@ def main() -> None:
                 )
     header = (
         f"Measured {datetime.date.today()} on {platform.node()} ({platform.machine()}, Python "
-        f"{platform.python_version()}) with `python {' '.join(sys.argv)}`: the cube "
-        f"{nbytes / 1e9:.2f} GB float32 in one-day Zarr chunks; 2 workers x 1 thread x "
+        f"{platform.python_version()}) with `python {' '.join(sys.argv)}`: "
+        f"{'; '.join(inputs)}; 2 workers x 1 thread x "
         f"{args.memory_limit}; median of {args.repeats} (pauses and deaths summed over runs, "
         f"peak the largest); dask {dask.__version__}, numpy {np.__version__}."
     )
