@@ -5,7 +5,7 @@
 The seed's GST3D (NumPy + eigh per voxel) calibrates itself as its first plan does, on a
 200^3 float32 volume for 2 workers x 1.5GB (a fresh calibration directory), and the time it
 takes is printed. Then blocks it did not measure run in a worker as calibration runs them:
-shapes within the measured range (where plans go), and beyond it (where they do not go: the
+shapes within the range it trusts (where plans go), and beyond it (where they do not go: the
 numbers show what extrapolating would have risked). The table gives predicted and measured
 peaks and the error, per shape, then the median absolute error and the worst under-prediction
 of each group.
@@ -37,12 +37,25 @@ def main() -> None:
     print(calibration.explain())
     model = load_calibration(seed_gst3d.calibration, "cpu", "float32").model
     largest = calibration.largest_elements
-    shapes = {
-        "within": [(60, 90, 110), (120, 80, 70), (100, 100, 90), (150, 60, 90)],
-        "beyond": [(140, 140, 140), (180, 160, 150), (200, 200, 200)],
+    blocks = [
+        (40, 50, 60),
+        (50, 80, 100),
+        (64, 64, 110),
+        (60, 90, 110),
+        (120, 80, 70),
+        (100, 100, 90),
+        (150, 60, 90),
+        (140, 140, 140),
+        (180, 160, 150),
+        (200, 200, 200),
+    ]
+    trusted = calibration.trusted_elements
+    shapes = {  # where plans go, and where they do not (what extrapolating would have risked)
+        "within": [b for b in blocks if np.prod(b) <= trusted],
+        "beyond": [b for b in blocks if np.prod(b) > trusted],
     }
     dims = ("inline", "crossline", "sample")
-    print(f"largest block measured: {largest:,} elements")
+    print(f"largest block measured: {largest:,} elements; plans go up to {trusted:,}")
     print(
         f"{'group':<7} {'block':<12} {'elements':>10} {'measured MB':>12} "
         f"{'predicted MB':>13} {'error %':>8}"

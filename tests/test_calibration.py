@@ -140,3 +140,18 @@ def test_calibrate_custom_operator_end_to_end(user_dir):
         "test-hog", memory_limit="2GB"
     )
     assert any(str(user_dir) in note for note in plan.notes)
+
+
+def test_the_measuring_worker_is_asked_of_the_scheduler_not_the_cached_identity():
+    """A self-calibrating plan raised StopIteration: the client's cached identity listed no
+    worker on a cluster whose two workers were running."""
+    from xarray_memchunk.models.profiling import _workers
+
+    class Cached:
+        def scheduler_info(self, **kwargs):
+            return {"workers": {}}
+
+        def ncores(self):
+            return {"tcp://127.0.0.1:4000": 1}
+
+    assert _workers(Cached()) == ["tcp://127.0.0.1:4000"]

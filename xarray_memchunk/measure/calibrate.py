@@ -570,7 +570,8 @@ def self_calibrate(
     Parameters
     ----------
     seconds
-        Time bound; the dask config key ``memchunk.self-calibration-seconds`` (10) by default.
+        Time bound, what is measured after the largest block included; the dask config key
+        ``memchunk.self-calibration-seconds`` (3) by default.
 
     Raises
     ------
@@ -584,7 +585,7 @@ def self_calibrate(
 
     start = time.perf_counter()
     target = writable_calibration_dir(directory)
-    limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 10))
+    limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 3))
     dtype = np.dtype(da.dtype).name
     uses, key = operator.dims(da, **kwargs), operator.cost(da, **kwargs).calibration_key
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
@@ -606,8 +607,12 @@ def self_calibrate(
         method = profiler.submit(peak_method, pure=False).result()
         for extents in growing_shapes(sizes, whole):
             # the first, smallest block three times: a fresh process's first run pays extra
-            profiles += measure(extents, repeats=1 if profiles else 3)
-            if not _grow(profiles, per_task, limit - (time.perf_counter() - start)):
+            runs, started = 1 if profiles else 3, time.perf_counter()
+            profiles += measure(extents, repeats=runs)
+            now = time.perf_counter()
+            overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
+            after = _after(operator, kwargs, extents, whole)
+            if not _grow(profiles, per_task, limit - (now - start), after, overhead):
                 break
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
@@ -688,11 +693,34 @@ def superlinear_dims(
     return falling or list(halved)
 
 
-def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -> bool:
+def _after(
+    operator: Operator, kwargs: Mapping[str, Any], extents: Mapping[str, int], whole: Sequence[str]
+) -> float:
+    """What measuring a largest block of ``extents`` adds after it, in units of that block.
+
+    Each halved block is half of it; each tree of chunks is as many blocks as the tree holds.
+    """
+    elements = math.prod(extents.values())
+    trees = sum(
+        math.prod(array.values()) / elements for _, array in operator.tree_shapes(extents, **kwargs)
+    )
+    return 0.5 * len(halved_shapes(extents, whole)) + trees
+
+
+def _grow(
+    profiles: Sequence[TaskProfile],
+    per_task: int,
+    seconds_left: float,
+    after: float = 0.0,
+    overhead: float = 0.0,
+) -> bool:
     """Whether to measure a block twice as large: time left, and its peak within a task's budget.
 
     The next peak is extrapolated from the last two blocks' growth (at least doubling), so a
     function whose memory grows faster than its block is caught before it outgrows the budget.
+    The time left must hold the next block and what is measured after the largest one
+    (``after`` x it: :func:`_after`), each measurement with its ``overhead`` (seconds beyond
+    the task, as the last one took), so that the whole calibration keeps to its bound.
     """
     last = profiles[-1]
     growth = 2.0
@@ -700,7 +728,8 @@ def _grow(profiles: Sequence[TaskProfile], per_task: int, seconds_left: float) -
         growth = max(2.0, last.peak_bytes / profiles[-2].peak_bytes)
     if growth * last.peak_bytes > per_task:
         return False
-    return len(profiles) < 3 or growth * last.seconds < seconds_left
+    next_block = growth * last.seconds + overhead
+    return len(profiles) < 3 or next_block * (1.0 + after) < seconds_left
 
 
 @contextlib.contextmanager

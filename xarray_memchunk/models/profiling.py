@@ -244,7 +244,7 @@ def profile_in_worker(
     measure
         :func:`measure_peak` (host memory) or :func:`measure_device_peak` (GPU memory).
     """
-    worker = next(iter(client.scheduler_info()["workers"]))
+    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
     profiles = []
     for extents, sizes, args in cases:
         runs = [
@@ -272,6 +272,27 @@ def profile_in_worker(
     return profiles
 
 
+#: Seconds :func:`profile_in_worker` waits for a worker to join a cluster that has none.
+WORKER_WAIT_SECONDS = 60.0
+
+
+def _workers(client, wait: float = 0.0) -> list[str]:
+    """The cluster's worker addresses, asked of its scheduler now.
+
+    ``ncores`` asks the scheduler; ``scheduler_info()`` may return the client's cached
+    identity, which lists no worker (a self-calibrating plan once failed to find one, on a
+    cluster whose two workers were running). With ``wait``, up to that many seconds for one to
+    join where none is there. A :class:`ProbeProcess` names its own.
+    """
+    if not hasattr(client, "ncores"):
+        return list(client.scheduler_info()["workers"])
+    workers = list(client.ncores())
+    if not workers and wait:
+        client.wait_for_workers(1, timeout=wait)
+        workers = list(client.ncores())
+    return workers
+
+
 def _result_while_alive(client, future, worker: str, extents: dict) -> Any:
     """``future.result()``, or a ``CalibrationError`` if ``worker`` leaves the cluster first.
 
@@ -286,7 +307,7 @@ def _result_while_alive(client, future, worker: str, extents: dict) -> Any:
         try:
             return future.result(timeout=_ALIVE_CHECK_SECONDS)
         except TimeoutError:
-            if worker not in client.scheduler_info(n_workers=-1)["workers"]:
+            if worker not in _workers(client):
                 future.cancel()
                 shape = " x ".join(f"{d}={n}" for d, n in extents.items())
                 raise CalibrationError(
