@@ -55,6 +55,8 @@ def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypa
     (note,) = [n for n in plan.notes if "temporary Zarr store" in n]
     assert "would read the storage chunks of tas" in note and "times over" in note
     assert plan.storage_chunks["time"] > 1  # read back in chunks made for the plan
+    # the writes run first, held to the same budget
+    assert 0 < plan.staging_task_bytes <= plan.budget.per_task
     with dask.config.set(scheduler="threads"):
         staged = plan.apply().values
     np.testing.assert_allclose(staged, tas.median("time").values)
@@ -85,20 +87,20 @@ def large_chunks(tmp_path_factory):
 
 
 def test_staging_a_file_holds_the_larger_of_reading_and_writing():
-    from xarray_memchunk.operators.staged_plan import _write_task_bytes
+    from xarray_memchunk.operators.staged_plan import write_task_bytes
     from xarray_memchunk.operators.staging import WRITE_COPIES, StagingChunks
     from xarray_memchunk.planning.footprint import READ_COPIES, InputKind
 
-    class Cost:  # what _write_task_bytes reads of a TaskCost
+    class Cost:  # what write_task_bytes reads of a TaskCost
         dtype = np.dtype("float32")
         layout = type("Layout", (), {"kind": InputKind.FILE, "produce_bytes": 0.0})()
 
     chunk = {"time": 200, "lat": 256, "lon": 256}
     nbytes = 4 * 200 * 256 * 256
     as_source = StagingChunks(chunk, chunk, chunk)
-    assert _write_task_bytes(Cost(), as_source) == max(READ_COPIES, WRITE_COPIES) * nbytes
+    assert write_task_bytes(Cost(), as_source) == max(READ_COPIES, WRITE_COPIES) * nbytes
     Cost.layout.kind = InputKind.GRAPH  # a graph's chunk is made, not decoded
-    assert _write_task_bytes(Cost(), as_source) == WRITE_COPIES * nbytes
+    assert write_task_bytes(Cost(), as_source) == WRITE_COPIES * nbytes
 
 
 @pytest.mark.cluster
@@ -128,7 +130,15 @@ def test_at_the_minimum_a_refusal_states_the_file_is_staged_not_read_over(
     ):
         plan = tas.memchunk.plan("median", dim="time")
         assert any("temporary Zarr store" in n for n in plan.notes), plan.notes
+        assert plan.staging_task_bytes > plan.predicted_peak_bytes  # decoding a 50 MiB chunk
         computed = {}
         outcome = watch(client, "median", lambda: computed.update(m=plan.apply().values))
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
+    assert outcome.peak_bytes <= plan.budget.worker_baseline + plan.staging_task_bytes
     np.testing.assert_allclose(computed["m"], tas.median("time").values)
+
+
+def test_a_plan_that_stages_nothing_writes_nothing(daily):
+    plan = xr.open_zarr(daily)["tas"].memchunk.plan("mean", dim="time", budget=budget(2**30))
+    assert not any("temporary Zarr store" in n for n in plan.notes)
+    assert plan.staging_task_bytes == 0

@@ -34,7 +34,7 @@ from .operators.cost import TaskCost, bind_cost, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.read_once import staged_if_faster
 from .operators.sources import device_of, read_chunked, storage_chunks
-from .operators.staged_plan import plan_staged
+from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
 from .planning.budget import format_size
@@ -115,6 +115,26 @@ class Plan:
     def obj(self) -> xr.DataArray | xr.Dataset:
         """The Dataset or DataArray this plan was made for."""
         return self._obj
+
+    @property
+    def staging_task_bytes(self) -> float:
+        """Bytes a task writing the staged data holds at its peak; 0 where nothing is staged.
+
+        Staging runs before the operator's tasks and is held to the same per-task budget: a
+        worker's peak is the larger of the two phases (``predicted_peak_bytes`` is the
+        operator's).
+        """
+        prepared = self._prepared
+        return max(
+            (
+                write_task_bytes(
+                    prepared.costs[name],
+                    prepared.staging_chunks.get(name) or as_stored(prepared.costs[name]),
+                )
+                for name in prepared.staged
+            ),
+            default=0.0,
+        )
 
     def __getattr__(self, name: str) -> Any:
         """The :class:`ChunkPlan`'s attributes and methods (called for what Plan lacks)."""

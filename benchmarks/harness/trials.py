@@ -335,9 +335,9 @@ def run_side(trial: Trial, side: str, x: xr.DataArray, memory_limit: str | None 
             raise
         record.chunks = " x ".join(str(n) for n in plan.chunks.values())
         record.binding = str(plan.binding)
-        record.predicted_worker = (
-            plan.budget.worker_baseline + plan.predicted_peak_bytes * trial.threads
-        )
+        # a staged plan's writes run before its tasks: the larger phase
+        per_task = max(plan.predicted_peak_bytes, plan.staging_task_bytes)
+        record.predicted_worker = plan.budget.worker_baseline + per_task * trial.threads
         built.append(_total(plan.apply()))
 
     def compute() -> None:

@@ -40,7 +40,9 @@ __all__ = [
     "GRAPH_STAGING_WHY",
     "STAGING_ROUNDS",
     "StagedPlan",
+    "as_stored",
     "plan_staged",
+    "write_task_bytes",
 ]
 
 #: Why a graph's data is staged, in the plan's note (where the caller names no other reason).
@@ -155,7 +157,7 @@ def plan_staged(
         graphs = {n: costs[n] for n in variables}
     if not graphs:
         raise in_memory
-    as_source = {n: StagingChunks(*(dict(c.layout.source_chunks),) * 3) for n, c in graphs.items()}
+    as_source = {n: as_stored(c) for n, c in graphs.items()}
     _check_writes_fit(graphs, as_source, budget, in_memory)
     nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
     site = _site(nbytes, measure, in_memory)
@@ -180,7 +182,12 @@ def _stageable(cost: TaskCost) -> bool:
     )
 
 
-def _write_task_bytes(cost: TaskCost, chunks: StagingChunks) -> float:
+def as_stored(cost: TaskCost) -> StagingChunks:
+    """The variable staged in its source's chunks, as they come."""
+    return StagingChunks(*(dict(cost.layout.source_chunks),) * 3)
+
+
+def write_task_bytes(cost: TaskCost, chunks: StagingChunks) -> float:
     """Bytes a task writing one chunk of ``chunks`` holds, producing its source chunks included.
 
     A file's source chunk is decoded whole (:data:`READ_COPIES` x one) before the write starts,
@@ -235,7 +242,7 @@ def _check_writes_fit(
     InfeasiblePlanError
         When the largest such write task is over the per-task budget.
     """
-    smallest = max(_write_task_bytes(c, as_source[n]) for n, c in graphs.items())
+    smallest = max(write_task_bytes(c, as_source[n]) for n, c in graphs.items())
     if smallest <= budget.per_task:
         return
     size = budget.format
@@ -328,7 +335,7 @@ def _staging_note(staging: _Staging, chunks: Mapping[str, StagingChunks], chosen
         + (chunks[n].describe() if chosen else "in the source's chunks")
         for n in graphs
     ]
-    held = max(_write_task_bytes(c, chunks[n]) for n, c in graphs.items())
+    held = max(write_task_bytes(c, chunks[n]) for n, c in graphs.items())
     return (
         f"{staging.why}, so apply first writes {', '.join(graphs)} to a temporary Zarr store "
         f"in {site.directory} "
