@@ -444,6 +444,13 @@ def _metadata(method: str, kwargs: Mapping[str, Any], **extra: Any) -> dict[str,
     }
 
 
+#: Seconds self-calibration takes at most, by default.
+DEFAULT_SECONDS = 3.0
+#: A largest block that ran shorter than this (seconds) is grown past the default time bound,
+#: up to :data:`MAX_SECONDS`.
+MIN_LARGEST_TASK_SECONDS = 0.5
+#: Seconds self-calibration may take where its blocks ran too short to stop at.
+MAX_SECONDS = 10.0
 #: Peak growth over element growth, between the two largest blocks measured, up to which a
 #: model counts as linear.
 LINEAR_GROWTH = 1.05
@@ -567,11 +574,16 @@ def self_calibrate(
     :func:`~xarray_memchunk.models.fitting.fit_linear`'s, and records how far plans may go
     (:func:`trusted_range`).
 
+    The time bound holds what is measured after the largest block. Under the default bound,
+    where the largest block measured ran shorter than :data:`MIN_LARGEST_TASK_SECONDS`, blocks
+    keep growing up to :data:`MAX_SECONDS`: plans go up to twice the largest block, and tasks
+    much shorter than a second spend their time on Dask's per-task overhead and halos.
+
     Parameters
     ----------
     seconds
-        Time bound, what is measured after the largest block included; the dask config key
-        ``memchunk.self-calibration-seconds`` (3) by default.
+        Time bound; the dask config key ``memchunk.self-calibration-seconds``, else
+        :data:`DEFAULT_SECONDS`. A bound given either way is kept to.
 
     Raises
     ------
@@ -585,7 +597,9 @@ def self_calibrate(
 
     start = time.perf_counter()
     target = writable_calibration_dir(directory)
-    limit = seconds or float(dask.config.get("memchunk.self-calibration-seconds", 3))
+    given = seconds or dask.config.get("memchunk.self-calibration-seconds", None)
+    limit = float(given or DEFAULT_SECONDS)
+    max_limit = limit if given else MAX_SECONDS  # a bound given is kept to
     dtype = np.dtype(da.dtype).name
     uses, key = operator.dims(da, **kwargs), operator.cost(da, **kwargs).calibration_key
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
@@ -612,7 +626,10 @@ def self_calibrate(
             now = time.perf_counter()
             overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
             after = _after(operator, kwargs, extents, whole)
-            if not _grow(profiles, per_task, limit - (now - start), after, overhead):
+            left = limit - (now - start)
+            if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
+                left = max(left, max_limit - (now - start))
+            if not _grow(profiles, per_task, left, after, overhead):
                 break
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
