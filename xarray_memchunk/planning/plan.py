@@ -31,7 +31,7 @@ class Binding:
         STORAGE_ALIGNMENT: "storage alignment: whole storage chunks per task, at little cost",
         USER_CHUNKS: "the chunks were given by the user",
         MODEL_RANGE: "the memory model's measured range: larger chunks would go beyond the "
-        "largest task it was measured on (a run measures more, and widens it)",
+        "largest task it was measured on (calibrating it on larger blocks widens it)",
     }
 
 
