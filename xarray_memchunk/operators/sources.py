@@ -219,12 +219,8 @@ def reads_own_range(da: xr.DataArray) -> bool:
     """
     if contiguous_storage(da):
         return True
-    backend = file_backend(da.data)
-    if backend is None or any(da.encoding.get(key) for key in HDF5_FILTERS):
-        return False
-    from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
-
-    return all(isinstance(a, NetCDF4ArrayWrapper) for a in _backend_arrays(backend))
+    unfiltered = not any(da.encoding.get(key) for key in HDF5_FILTERS)
+    return unfiltered and _netcdf4_arrays(da) is not None
 
 
 def reads_serialized(da: xr.DataArray) -> bool:
@@ -235,21 +231,21 @@ def reads_serialized(da: xr.DataArray) -> bool:
     holds a lock shared by every thread of the process.
     """
     from xarray.backends.locks import DummyLock
+
+    arrays = _netcdf4_arrays(da)
+    return arrays is not None and not any(isinstance(a.datastore.lock, DummyLock) for a in arrays)
+
+
+def _netcdf4_arrays(da: xr.DataArray) -> list[Any] | None:
+    """The netCDF4 backend array of each file ``da`` is read from; None unless all are such."""
     from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
 
     backend = file_backend(da.data)
     if backend is None:
-        return False
-    return all(
-        isinstance(a, NetCDF4ArrayWrapper) and not isinstance(a.datastore.lock, DummyLock)
-        for a in _backend_arrays(backend)
-    )
-
-
-def _backend_arrays(backend: Any) -> list[Any]:
-    """The backend's own array of each file a :func:`file_backend` result reads."""
+        return None
     parts = backend.parts if isinstance(backend, ConcatenatedReads) else [backend]
-    return [_backend_array(part) for part in parts]
+    arrays = [_backend_array(part) for part in parts]
+    return arrays if all(isinstance(a, NetCDF4ArrayWrapper) for a in arrays) else None
 
 
 def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:

@@ -166,9 +166,10 @@ def plan_staged(
         first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
     except InfeasiblePlanError as on_disk:
         limits = [e.minimum_memory_limit for e in (in_memory, on_disk) if e.minimum_memory_limit]
-        raise InfeasiblePlanError(
-            f"{str(in_memory).rstrip('.')}. Staged on disk, it does not fit either: {on_disk}",
-            minimum_memory_limit=min(limits) if limits else None,
+        raise _refusal(
+            in_memory,
+            f"Staged on disk, it does not fit either: {on_disk}",
+            min(limits) if limits else None,
         ) from None
     chunk_plan, chosen = _settle(staging, as_source, first)
     return StagedPlan(chunk_plan, tuple(graphs), site, chosen)
@@ -246,13 +247,25 @@ def _check_writes_fit(
     if smallest <= budget.per_task:
         return
     size = budget.format
-    head = str(in_memory).rstrip(".")
-    raise InfeasiblePlanError(
-        f"{head}. Nor can it be staged on disk: writing one of the data's chunks needs "
+    raise _refusal(
+        in_memory,
+        f"Nor can it be staged on disk: writing one of the data's chunks needs "
         f"{size(smallest)}, over the per-task budget of {size(budget.per_task)}: give the "
         f"data smaller chunks first (.chunk(...))",
-        minimum_memory_limit=in_memory.minimum_memory_limit,
     ) from None
+
+
+def _refusal(
+    in_memory: InfeasiblePlanError, why: str, minimum: int | None = None
+) -> InfeasiblePlanError:
+    """``in_memory``'s refusal, then ``why`` staging cannot do it either.
+
+    ``minimum``: the least ``memory_limit`` either way, where it differs from ``in_memory``'s.
+    """
+    return InfeasiblePlanError(
+        f"{str(in_memory).rstrip('.')}. {why}",
+        minimum_memory_limit=minimum if minimum is not None else in_memory.minimum_memory_limit,
+    )
 
 
 def _site(nbytes: int, measure: str, in_memory: InfeasiblePlanError) -> StagingSite:
@@ -278,10 +291,7 @@ def _site(nbytes: int, measure: str, in_memory: InfeasiblePlanError) -> StagingS
     """
     site = staging_site(nbytes, active_client(), measure_bandwidth=measure != "never")
     if site.refusal:
-        raise InfeasiblePlanError(
-            f"{str(in_memory).rstrip('.')}. Nor can it be staged on disk: {site.refusal}",
-            minimum_memory_limit=in_memory.minimum_memory_limit,
-        ) from None
+        raise _refusal(in_memory, f"Nor can it be staged on disk: {site.refusal}") from None
     return site
 
 
