@@ -11,6 +11,9 @@ each repeat, and quotes medians:
 
 - ``memchunk ingest``: 128^3 storage chunks, LocalCluster 2 workers x 1 thread x 1.5GB;
 - ``memchunk ingest --for gst3d``: storage chunks from gst3d's plan on that cluster;
+- ``memchunk ingest (command line)``: the command a user types, ``memchunk ingest IN OUT
+  --memory-limit 1.5GB``, timed whole (interpreter start and imports included): with no
+  ``--scheduler`` it writes with threads in its own process, starting no cluster;
 - ``segyio cube + to_zarr``: ``segyio.tools.cube`` (the whole volume in memory), then
   ``to_zarr`` in 128^3 chunks with Dask's threaded scheduler (2 threads): the read-once route;
 - ``mdio segy_to_mdio`` (with ``--mdio-python``, an interpreter with ``multidimio``, which needs
@@ -18,8 +21,9 @@ each repeat, and quotes medians:
   rev 1 headers, its own chunks and workers.
 
 Peak memory: the largest sampled RSS of any worker, and each process's own peak RSS
-(``VmHWM``; for the cube case that process does all the work). Three inlines of every
-store are checked against the file. Writes the table to ``benchmarks/results/segy_ingest.txt``.
+(``VmHWM``; for the cube and command-line cases that process does all the work). Three
+inlines of every store are checked against the file. Writes the table to
+``benchmarks/results/segy_ingest.txt``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-CASES = ("memchunk ingest", "memchunk ingest --for gst3d", "segyio cube + to_zarr")
+COMMAND = "memchunk ingest (command line)"
+CASES = ("memchunk ingest", "memchunk ingest --for gst3d", COMMAND, "segyio cube + to_zarr")
 MDIO = "mdio segy_to_mdio"
 MEMORY_LIMIT = "1.5GB"
 
@@ -102,6 +107,23 @@ def run_case(case: str, source: str, target: str) -> dict:
             da.chunk(128).to_zarr(target)
         seconds = time.perf_counter() - start
         return {"seconds": seconds, "worker_peak": 0, "process_peak": _own_peak(), "ok": True}
+
+    if case == COMMAND:
+        command = [sys.executable, "-m", "xarray_memchunk.cli", "ingest", source, target]
+        start = time.perf_counter()
+        done = subprocess.run(
+            [*command, "--memory-limit", MEMORY_LIMIT], capture_output=True, text=True
+        )
+        seconds = time.perf_counter() - start
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        error = done.stderr.strip().splitlines()[-1:] if done.returncode else []
+        return {
+            "seconds": seconds,
+            "worker_peak": 0,
+            "process_peak": peak,
+            "ok": done.returncode == 0,
+            "error": "".join(error),
+        }
 
     from distributed import Client, LocalCluster
 
@@ -232,7 +254,8 @@ def main() -> None:
         )
     lines.append(
         "peak/worker: largest sampled RSS of a worker over all runs; process peak: the median "
-        "of each run's own peak RSS (the client for memchunk, everything for the cube); "
+        "of each run's own peak RSS (the client for memchunk on a cluster; everything for the "
+        "command line and the cube); "
         "pauses and deaths summed over runs; values: 3 inlines of each store against segyio"
     )
     table = "\n".join(lines)

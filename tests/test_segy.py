@@ -287,3 +287,13 @@ def test_cli_ingest_bad_input_exits_2_with_one_line(
     assert message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out.zarr").exists()
+
+
+def test_headers_are_scanned_once_and_again_when_the_file_changes(volume, tmp_path):
+    path = write_segy(volume, tmp_path / "v.sgy")
+    first = segy.read_geometry(path)
+    assert segy.read_geometry(path) is first  # opening, planning and writing share one scan
+    assert not first.traces.flags.writeable  # shared, so read-only
+    write_segy(volume.isel(inline=slice(0, 20)), path)
+    assert segy.read_geometry(path).shape == (20, 26, 40)
+    assert open_segy(path).shape == (20, 26, 40)

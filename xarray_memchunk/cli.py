@@ -410,20 +410,27 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     if budget is not None:  # check the plan before starting the cluster
         storage_chunks_for(volume, args.op, memory_limit=budget, **kwargs)
 
-    def work(client) -> None:
+    def write(memory_limit: Any, compute) -> None:
         _, storage, reason = ingest(
             args.input,
             args.output,
             operator=args.op,
+            memory_limit=memory_limit,
             overwrite=args.overwrite,
-            compute=_computer(client),
+            compute=compute,
             segy_options=segy,
             **kwargs,
         )
         sizes = ", ".join(f"{d}: {n}" for d, n in storage.items())
         print(f"storage chunks {sizes}: {reason}", flush=True)
 
-    return _on_cluster(args, work)
+    if budget is None:  # --scheduler: on its workers, with their budget
+        return _on_cluster(args, lambda client: write(None, _computer(client)))
+    # No LocalCluster to start: each write task reads and writes whole storage chunks, at most
+    # a quarter of a task's budget, so threads in this process hold no more than the workers
+    # would, and the cluster's start (seconds) is saved.
+    threads = args.nworkers * args.nthreads
+    return _writing(args, lambda: write(budget, _threaded_computer(threads)))
 
 
 @contextlib.contextmanager
@@ -453,7 +460,15 @@ def _cluster_budget(obj: Any):
 
 
 def _same_budget(planned, found) -> bool:
-    """Whether two budgets have the same terms (where they came from aside)."""
+    """Whether a plan's budget is the cluster's (where the terms came from aside).
+
+    A plan may raise the baseline for what its operator leaves in a worker
+    (:func:`~xarray_memchunk.planning.budget.with_baseline`); the cluster's budget is raised
+    alike before the terms are compared.
+    """
+    from .planning.budget import with_baseline
+
+    found = with_baseline(found, planned.worker_baseline, planned.baseline_source)
     terms = (
         "worker_memory",
         "threads_per_worker",
@@ -495,20 +510,75 @@ def _computer(client):
     return compute
 
 
+def _threaded_computer(threads: int):
+    """Run a delayed write with ``threads`` threads in this process, reporting progress."""
+
+    def compute(delayed) -> None:
+        import dask
+
+        with dask.config.set(scheduler="threads", num_workers=threads), _threaded_progress():
+            dask.compute(delayed)
+
+    return compute
+
+
+def _threaded_progress():
+    """Dask's progress bar on a terminal; a plain line every few seconds elsewhere."""
+    from dask.callbacks import Callback
+    from dask.diagnostics import ProgressBar
+
+    if sys.stdout.isatty():
+        return ProgressBar()
+
+    class _Lines(Callback):
+        def _start(self, dsk) -> None:
+            import time
+
+            self._clock = time.perf_counter
+            self._began = self._last = self._clock()
+            self._tasks, self._done = len(dsk), 0
+
+        def _posttask(self, key, result, dsk, state, worker_id) -> None:
+            self._done += 1
+            if self._clock() - self._last >= PROGRESS_PERIOD_S:
+                self._line()
+
+        def _finish(self, dsk, state, errored) -> None:
+            if not errored:
+                self._line()
+
+        def _line(self) -> None:
+            self._last = self._clock()
+            done = self._done / self._tasks if self._tasks else 1.0
+            elapsed = self._last - self._began
+            print(f"{100 * done:.0f}% of {self._tasks} tasks done, {elapsed:.0f} s", flush=True)
+
+    return _Lines()
+
+
 def _on_cluster(args: argparse.Namespace, work) -> int:
-    """Run ``work(client)`` on the cluster ``args`` name, writing ``args.output``.
+    """Run ``work(client)`` on the cluster ``args`` name, writing ``args.output``."""
+    _quiet_distributed()
+
+    def run() -> None:
+        with _client(args) as client:
+            work(client)
+
+    return _writing(args, run)
+
+
+def _writing(args: argparse.Namespace, run) -> int:
+    """Run ``run()``, which writes ``args.output``; the command's exit status.
 
     A failed computation (a worker's error, KilledWorker) is one line and status 1; any
     failure or interrupt removes the partial output.
     """
     from .io import recover
 
-    _quiet_distributed()
     try:
-        with _client(args) as client:
-            work(client)
+        run()
     except (MemchunkError, KeyboardInterrupt):
-        recover(args.output)  # the workers have stopped: remove what they wrote meanwhile
+        recover(args.output)  # the computation has stopped: remove what it wrote meanwhile
         raise
     except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
         recover(args.output)

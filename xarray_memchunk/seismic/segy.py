@@ -29,6 +29,7 @@ sequence numbers. Both functions are in :mod:`xarray_memchunk.io`.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -63,6 +64,8 @@ CDP_X_BYTE, CDP_Y_BYTE, COORDINATE_SCALAR_BYTE = 181, 185, 71
 COORDINATE_SCALARS = (1, 10, 100, 1000, 10000, -10, -100, -1000, -10000)
 #: Bytes of a SEG-Y file's textual and binary headers, and of one trace header.
 FILE_HEADER_BYTES, TRACE_HEADER_BYTES = 3600, 240
+#: Files whose scanned geometry is kept (keyed by path, size and modification time).
+GEOMETRY_CACHE_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,20 @@ def read_geometry(
     path = str(path)
     if not Path(path).is_file():
         raise MemchunkError(f"input {path!r} does not exist")
-    size = Path(path).stat().st_size
+    stat = Path(path).stat()
+    return _scanned_geometry(path, stat.st_size, stat.st_mtime_ns, iline, xline, endian)
+
+
+@functools.lru_cache(maxsize=GEOMETRY_CACHE_SIZE)
+def _scanned_geometry(
+    path: str, size: int, mtime_ns: int, iline: int, xline: int, endian: str
+) -> SegyGeometry:
+    """The geometry of ``path`` as it is now (its size and modification time), scanned once.
+
+    Opening a file, planning for it and writing it each need its geometry, and each scan reads
+    every trace header; a file changed since (another size or modification time) is scanned
+    again. The geometry's arrays are read-only, as it is shared.
+    """
     if size <= FILE_HEADER_BYTES + TRACE_HEADER_BYTES:
         raise _fail(
             path,
@@ -203,6 +219,8 @@ def _grid(path, endian, iline, xline, inl, xl, samples, dtype, sample_format) ->
         )
     traces.reshape(-1)[position] = np.arange(len(position))
     fast = "inline" if len(xl) > 1 and xl[0] == xl[1] else "crossline"
+    for shared in (inlines, crosslines, samples, traces):
+        shared.flags.writeable = False
     return SegyGeometry(
         path, endian, iline, xline, inlines, crosslines, samples, dtype, sample_format, traces, fast
     )
@@ -346,13 +364,13 @@ def open_segy(
         else {"long_name": "depth", "standard_name": "depth"}
     )
     coords: dict[str, Any] = {
-        "inline": ("inline", geometry.inlines, {"axis": "X", "long_name": "inline number"}),
+        "inline": ("inline", geometry.inlines.copy(), {"axis": "X", "long_name": "inline number"}),
         "crossline": (
             "crossline",
-            geometry.crosslines,
+            geometry.crosslines.copy(),
             {"axis": "Y", "long_name": "crossline number"},
         ),
-        "sample": ("sample", geometry.samples, sample_attrs),
+        "sample": ("sample", geometry.samples.copy(), sample_attrs),
     }
     if geometry.missing:
         coords["trace_present"] = (("inline", "crossline"), geometry.traces >= 0)
