@@ -8,7 +8,12 @@ import pytest
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
 from xarray_memchunk.clusters import WorkerLayout, spec_workers
 from xarray_memchunk.memory_limits import make_budget
-from xarray_memchunk.planning.budget import MEASURED_BASELINE, per_task_bytes, tightest_worker
+from xarray_memchunk.planning.budget import (
+    MEASURED_BASELINE,
+    per_task_bytes,
+    tightest_worker,
+    with_baseline,
+)
 from xarray_memchunk.units import to_bytes
 
 
@@ -250,3 +255,22 @@ def test_budgets_show_binary_units_and_the_limit_as_written():
     binary = resolve_budget("2GiB").explain()
     assert "2,048.00 MiB memory_limit" in binary or "2.00 GiB memory_limit" in binary
     assert " GB" not in binary and " MB" not in binary
+
+
+def test_a_larger_baseline_gives_each_task_less_and_says_why():
+    budget = make_budget(to_bytes("1GB"), 2, 1, "test")
+    raised = with_baseline(budget, budget.worker_baseline + 50 * 2**20, "what f leaves")
+    expected = per_task_bytes(
+        budget.worker_memory,
+        2,
+        worker_baseline=budget.worker_baseline + 50 * 2**20,
+        reserve=budget.reserve,
+        pause_fraction=budget.pause_fraction,
+    )
+    assert raised.per_task == expected < budget.per_task
+    assert raised.baseline_source == "what f leaves" and "what f leaves" in raised.explain()
+    assert with_baseline(budget, budget.worker_baseline - 1, "less") is budget
+    given = Budget(to_bytes("1GB"), 1, 1, per_task=10**8, source="by hand")
+    assert with_baseline(given, 10**9, "more") is given
+    with pytest.raises(BudgetError, match="no room for a task"):
+        with_baseline(budget, budget.worker_memory, "all of it")

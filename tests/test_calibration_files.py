@@ -84,6 +84,10 @@ BAD_FILES = {
     "fits a list": (document_with(fits=[1]), "'fits' must be an object"),
     "fit figures a list": (mean_file(fit=[1]), r"\['fit'\] must be an object"),
     "profiles a number": (mean_file(profiles=5), r"\['profiles'\] must be a list"),
+    "resident memory a string": (
+        mean_file(fit={"resident_after_bytes": "2e8"}),
+        r"\['resident_after_bytes'\] must be a number, not str",
+    ),
     "missing operator": (
         json.dumps({k: v for k, v in SHIPPED_MEAN.items() if k != "operator"}),
         "lacks 'operator'",

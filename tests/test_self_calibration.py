@@ -13,6 +13,7 @@ from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.measure.calibrate import growing_shapes, trusted_range
+from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
 from xarray_memchunk.models.profiling import TaskProfile
 from xarray_memchunk.units import to_bytes
@@ -237,3 +238,50 @@ def test_growing_shapes_keep_whole_dims_and_double():
     elements = [np.prod(list(s.values())) for s in shapes]
     assert all(b > a for a, b in itertools.pairwise(elements))
     assert shapes[-1] == {"time": 300, "y": 200, "x": 100}
+
+
+def smooth_keeping_a_cache(block):
+    """``smooth``, keeping 320 MiB after its first call, as a library's import or cache would."""
+    import builtins
+
+    if not hasattr(builtins, "_memchunk_test_cache"):
+        builtins._memchunk_test_cache = np.ones(40 * 2**20)  # written: resident
+    return smooth(block)
+
+
+@pytest.fixture
+def cache_dropped():
+    """Drop what ``smooth_keeping_a_cache`` kept here (dask calls it here to infer meta)."""
+    import builtins
+
+    yield
+    vars(builtins).pop("_memchunk_test_cache", None)
+
+
+def test_what_a_function_leaves_in_a_worker_raises_the_baseline(user_dir, cache_dropped):
+    plain = xm.BlockwiseOperator("selfcal-plain", smooth, depth={"y": 2, "x": 2})
+    keeping = xm.BlockwiseOperator("selfcal-keep", smooth_keeping_a_cache, depth={"y": 2, "x": 2})
+    data = field()
+    before = data.memchunk.plan(plain, memory_limit="2GB")
+    after = data.memchunk.plan(keeping, memory_limit="2GB")
+    configured = to_bytes(DEFAULT_WORKER_BASELINE)
+    assert configured <= before.budget.worker_baseline < configured + 64 * 2**20  # scipy's import
+    assert after.budget.worker_baseline >= configured + 320 * 2**20
+    assert "once it has run 'selfcal-keep'" in after.budget.explain()
+    assert after.budget.per_task < before.budget.per_task
+    fit = load_calibration(keeping.calibration, "cpu", "float32").metadata["fit"]
+    rise = fit["resident_after_bytes"] - fit["resident_before_bytes"]
+    assert 320 * 2**20 <= rise < 400 * 2**20
+
+
+def test_what_stays_after_running_is_the_rise_on_top_of_the_baseline():
+    from xarray_memchunk.models.calibration import Calibration
+
+    def calibration(**figures):
+        return Calibration("f", "cpu", "float32", None, 0.0, metadata={"fit": figures})
+
+    held = calibration(resident_before_bytes=150, resident_after_bytes=250)
+    assert held.held_after_running(200) == 300  # the baseline and the rise of 100 on top
+    dirty = calibration(resident_before_bytes=900, resident_after_bytes=950)
+    assert dirty.held_after_running(200) == 250  # measured where earlier data was held
+    assert calibration().held_after_running(200) is None  # calibrated before this was recorded

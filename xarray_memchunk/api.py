@@ -37,7 +37,7 @@ from .operators.sources import device_of, read_chunked, storage_chunks
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
-from .planning.budget import format_size
+from .planning.budget import format_size, with_baseline
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
 from .planning.problem import PlanProblem
@@ -695,6 +695,26 @@ class _Alternative:
     problem: PlanProblem
 
 
+def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, TaskCost]):
+    """``budget`` for workers that keep what running ``operator`` leaves in them.
+
+    A self-calibrated function's calibration records how much its runs raised the measuring
+    process's memory (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`):
+    imports such as flox's numba stay in the worker after the first task. Where that makes a
+    worker hold more between tasks than the budget's baseline, the baseline is raised to it.
+    """
+    if budget.device != "cpu":
+        return budget
+    held = [
+        c.calibration.held_after_running(budget.worker_baseline)
+        for c in costs.values()
+        if c.calibration is not None
+    ]
+    largest = max((h for h in held if h is not None), default=0)
+    source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
+    return with_baseline(budget, largest, source)
+
+
 def _alternative(
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
@@ -749,6 +769,7 @@ def _prepare_one(
     write speed measured unless ``measure="never"``).
     """
     kwargs, costs, problem = alternative.kwargs, alternative.costs, alternative.problem
+    resolved = _held_after_running(resolved, operator, costs)
     if chunks is None:
         try:
             in_memory_plan = plan_chunks(problem, resolved)

@@ -32,6 +32,7 @@ from ..models.profiling import (
     measure_peak,
     peak_method,
     profile_in_worker,
+    resident_in_worker,
 )
 from ..operators import Cost, DimUse, Operator, get_operator
 from ..operators.cost import bind_cost, with_squared_extents
@@ -391,13 +392,17 @@ def fit_record(
     *,
     measured_range: bool = False,
     squared_dims: Sequence[str] = (),
+    resident: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
 
     ``measured_range``: record the largest task plans may reach (``max_task_elements``, see
     :func:`trusted_range`): self-calibration measures small tasks only. ``squared_dims``: dims
     along which memory grew faster than the block: their squared extents are features, and
-    plans stay within the largest extent measured along them (``max_extents``).
+    plans stay within the largest extent measured along them (``max_extents``). ``resident``:
+    the measuring process's resident memory before and after the runs
+    (``resident_before_bytes``, ``resident_after_bytes``): what running the operator leaves in
+    a worker (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`).
     """
     fit, seconds = fit_profiles(operator, profiles, kwargs, squared_dims)
     stats: dict[str, float] = {
@@ -409,6 +414,8 @@ def fit_record(
     }
     if measured_range:
         stats["max_task_elements"] = trusted_range(profiles)
+    if resident is not None and all(resident):  # 0: not measurable here
+        stats["resident_before_bytes"], stats["resident_after_bytes"] = resident
     if squared_dims:
         stats["squared_dims"] = list(squared_dims)
         stats["max_extents"] = {
@@ -619,6 +626,7 @@ def self_calibrate(
     profiles: list[TaskProfile] = []
     with _profiling_client(client or active_client()) as profiler:
         method = profiler.submit(peak_method, pure=False).result()
+        resident_before = resident_in_worker(profiler)
         for extents in growing_shapes(sizes, whole):
             # the first, smallest block three times: a fresh process's first run pays extra
             runs, started = 1 if profiles else 3, time.perf_counter()
@@ -638,9 +646,12 @@ def self_calibrate(
             measure(extents, array=array)[0]
             for extents, array in operator.tree_shapes(profiles[-1].extents, **kwargs)
         ]
+        resident = (resident_before, resident_in_worker(profiler))
     squared = superlinear_dims(operator, kwargs, profiles, halved)
     everything = [*profiles, *halved.values(), *trees]
-    record = fit_record(operator, everything, kwargs, measured_range=True, squared_dims=squared)
+    record = fit_record(
+        operator, everything, kwargs, measured_range=True, squared_dims=squared, resident=resident
+    )
     path = save_calibration(
         key,
         "cpu",

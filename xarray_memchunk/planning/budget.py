@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import BudgetError
 from ..units import format_decimal, format_in_unit_of, format_size, format_size_up
@@ -47,6 +47,7 @@ __all__ = [
     "min_worker_memory",
     "per_task_bytes",
     "tightest_worker",
+    "with_baseline",
 ]
 
 #: ``Budget.baseline_source`` when the baseline is what the workers' processes hold now
@@ -184,6 +185,29 @@ class Budget:
             f"x (1 - {self.reserve:g} reserve) / {_count(threads, 'thread')} per {worker}"
             f"{written}; source: {self.source}; {layout}"
         )
+
+
+def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
+    """``budget`` for workers that hold ``baseline`` bytes between tasks, where that is more.
+
+    A budget whose ``per_task`` was given by hand, or whose baseline is already as large, is
+    returned as it is. ``source`` says where the larger baseline comes from.
+
+    Raises
+    ------
+    BudgetError
+        When the larger baseline leaves no room for a task (:func:`per_task_bytes`).
+    """
+    if baseline <= budget.worker_baseline or not budget.from_formula:
+        return budget
+    per_task = per_task_bytes(
+        budget.worker_memory,
+        budget.threads_per_worker,
+        worker_baseline=baseline,
+        reserve=budget.reserve,
+        pause_fraction=budget.pause_fraction,
+    )
+    return replace(budget, per_task=per_task, worker_baseline=baseline, baseline_source=source)
 
 
 def per_task_bytes(
