@@ -1,6 +1,7 @@
 """Each workload against its floor: what the machine allows, measured in the same run.
 
-    python benchmarks/floors.py                         # median, quantile, mean, gst3d; median of 3
+    python benchmarks/floors.py                         # every row; median of 3
+    python benchmarks/floors.py --only svd-exact svd-compressed
     python benchmarks/floors.py --only median --repeats 1 --scale 0.25
 
 The floor of a reduction over time of the climate cube (Zarr, one-day zstd chunks, as in
@@ -25,6 +26,16 @@ the volume in memory on the same 2 threads. Against it: ``memchunk`` on the clus
 package's ``parallel_structure_tensor_analysis`` (2 processes, its own blocks, no memory limit:
 the eigenvectors dip is made from, from the volume read once; its peak is its largest process's
 RSS).
+
+The floor of an SVD (``svd-exact`` of the tall and skinny matrix, 60000 x ``--scale`` x 2000;
+``svd-compressed``, 10 components with no power iteration, of the wide one, 8000 x 30000 x
+``--scale``; float32 Zarr in chunks of 1000 rows, as in ``peers.py``) is reading the store once
+plus the fastest in memory of NumPy (LAPACK's ``gesdd``, and a QR then the SVD of its R; for
+the compressed one, the same randomized range finder and its SVD in NumPy) and Dask on the
+array in memory (``svd``, ``svd_compressed``), on the same 2 threads. Against it:
+``memchunk``, ``apply("svd", sample_dims=("time",))``; and ``dask``, the call a Dask user
+writes on the store's auto chunks (rechunked to one chunk across the columns, as tsqr needs,
+for the exact one).
 
 Runs alternate the order of the tools on each repeat; the median-time run is kept. Prints a
 Markdown table and writes it to ``benchmarks/results/floors.md``.
@@ -51,7 +62,7 @@ import numpy as np
 import xarray as xr
 from harness.fresh import fresh_client
 from harness.timeouts import within
-from peers import GST3D_HALO, make_cube
+from peers import GST3D_HALO, make_cube, make_matrix
 
 import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
 from xarray_memchunk.datasets import synthetic_seismic
@@ -60,11 +71,16 @@ from xarray_memchunk.operators.gst3d.kernels import gst3d_block
 from xarray_memchunk.testing import watch
 
 REDUCTIONS = ("median", "quantile", "mean")
-ROWS = (*REDUCTIONS, "gst3d")
+#: The SVD rows and the matrix each decomposes (``peers.MATRIX_SHAPES``).
+SVDS = {"svd-exact": "tall", "svd-compressed": "wide"}
+ROWS = (*REDUCTIONS, "gst3d", *SVDS)
 TOOLS = {
     **dict.fromkeys(REDUCTIONS, ("memchunk", "memchunk in memory", "memchunk staged", "dask")),
     "gst3d": ("memchunk", "dask", "structure-tensor"),
+    **dict.fromkeys(SVDS, ("memchunk", "dask")),
 }
+#: Components of the compressed SVD (the Dask call's ``k``; no power iteration, its default).
+COMPONENTS = 10
 #: Side of the GST3D volume at ``--scale 1``, and its storage chunk.
 VOLUME_SIDE, VOLUME_CHUNK = 384, 128
 #: The staging decision forced, for the tools that force it: (STAGING_GAIN, MIN_REREAD_SECONDS).
@@ -120,6 +136,89 @@ def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
         tas.memchunk.apply(op, **kwargs).compute()
         memchunk_compute = time.perf_counter() - start
     return min(by_xarray, by_zarr), min(xarray_compute, memchunk_compute)
+
+
+def svd_floor_seconds(row: str, matrix: Path) -> tuple[float, float]:
+    """Seconds to read the matrix once and to decompose it in memory, both on 2 threads.
+
+    The read is the faster of xarray's (Dask's threads) and zarr's alone. The decomposition is
+    the fastest of NumPy's (BLAS on 2 threads: LAPACK's SVD, and for the exact one also a QR
+    then the SVD of its R), Dask's on the array in memory (its threaded scheduler, one BLAS
+    thread per task, blocks of 5000 rows for tsqr, 1000 for the compressed one).
+    """
+    import zarr
+    from threadpoolctl import threadpool_limits
+
+    exact = row == "svd-exact"
+    with dask.config.set(scheduler="threads", num_workers=2), threadpool_limits(2):
+        start = time.perf_counter()
+        field = xr.open_zarr(matrix)["field"].values
+        by_xarray = time.perf_counter() - start
+        start = time.perf_counter()
+        zarr.open_group(matrix, mode="r")["field"][...]
+        by_zarr = time.perf_counter() - start
+        in_memory = []
+        ways = (_thin_svd, _svd_of_qr) if exact else (_randomized_svd,)
+        for way in ways:
+            start = time.perf_counter()
+            way(field) if exact else way(field, COMPONENTS)
+            in_memory.append(time.perf_counter() - start)
+        blocks = dask.array.from_array(field, chunks=(5000 if exact else 1000, -1))
+        with threadpool_limits(1):  # Dask's 2 threads, one BLAS thread each
+            start = time.perf_counter()
+            if exact:
+                dask.compute(*dask.array.linalg.svd(blocks))
+            else:
+                dask.compute(*dask.array.linalg.svd_compressed(blocks, COMPONENTS, seed=0))
+            in_memory.append(time.perf_counter() - start)
+    return min(by_xarray, by_zarr), min(in_memory)
+
+
+def _thin_svd(field: np.ndarray) -> tuple[np.ndarray, ...]:
+    """LAPACK's SVD, as many singular vectors as the matrix has columns."""
+    return np.linalg.svd(field, full_matrices=False)
+
+
+def _svd_of_qr(field: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The thin SVD of a tall matrix as Q R, then the SVD of the small R."""
+    q, r = np.linalg.qr(field)
+    u, s, v = np.linalg.svd(r)
+    return q @ u, s, v
+
+
+def _randomized_svd(field: np.ndarray, k: int) -> tuple[np.ndarray, ...]:
+    """Dask's ``svd_compressed`` (no power iteration) in NumPy: Halko et al.'s range finder."""
+    oversampled = k + 10  # Dask's default oversampling
+    sketch = np.random.default_rng(0).standard_normal((field.shape[1], oversampled))
+    q, _ = np.linalg.qr(field @ sketch.astype(field.dtype))
+    u, s, v = np.linalg.svd(q.T @ field, full_matrices=False)
+    return (q @ u)[:, :k], s[:k], v[:k]
+
+
+def run_svd_tool(row: str, tool: str, matrix: Path, limit: str, timeout: float) -> dict:
+    """One SVD run of ``tool`` on fresh workers: its outcome, seconds, peak and chunks."""
+    found: dict = {"tool": tool}
+
+    def work() -> None:
+        field = xr.open_zarr(matrix)["field"]
+        if tool == "dask":
+            data = xr.open_zarr(matrix, chunks="auto")["field"].data
+            if row == "svd-exact":  # tsqr needs one chunk across the columns
+                data = data.rechunk({0: "auto", 1: -1})
+                _, s, _ = dask.array.linalg.svd(data)
+            else:
+                _, s, _ = dask.array.linalg.svd_compressed(data, COMPONENTS, seed=0)
+            found["total"] = float(s[:COMPONENTS].sum().compute())
+            found["chunks"] = " x ".join(str(max(c)) for c in data.chunks)
+            return
+        kwargs: dict[str, Any] = {"sample_dims": ("time",)}
+        if row == "svd-compressed":  # the Dask call's work: no power iteration
+            kwargs |= {"k": COMPONENTS, "n_power_iter": 0}
+        plan = field.memchunk.plan("svd", **kwargs)
+        found["total"] = float(plan.apply()["S"][:COMPONENTS].sum().values)
+        found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
+
+    return found | _watched(work, limit, timeout, tool)
 
 
 def run_gst3d_tool(tool: str, volume: Path, limit: str, timeout: float) -> dict:
@@ -230,7 +329,13 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="1GB", help="per worker (process)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=ROWS, help="rows to run")
-    parser.add_argument("--scale", type=float, default=1.0, help="the cube's days, x 2,920")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="each input's size against its default (the cube's days, the volume's voxels, the "
+        "matrices' long side)",
+    )
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "floors.md"))
     args = parser.parse_args()
@@ -251,9 +356,19 @@ def main() -> None:
             volume = make_volume(Path(tmp), args.scale)
             shape = xr.open_zarr(volume)["amplitude"].shape
             inputs.append(f"the volume {' x '.join(map(str, shape))} float32 in 128^3 chunks")
+        matrices = {}
+        for row in set(rows) & set(SVDS):
+            matrices[row] = make_matrix(Path(tmp), SVDS[row], args.scale)
+            shape = xr.open_zarr(matrices[row])["field"].shape
+            inputs.append(
+                f"the {SVDS[row]} matrix {' x '.join(map(str, shape))} float32 in chunks of "
+                f"1000 rows"
+            )
         for op in rows:
             if op == "gst3d":
                 floors = [gst3d_floor_seconds(volume) for _ in range(args.repeats)]
+            elif op in SVDS:
+                floors = [svd_floor_seconds(op, matrices[op]) for _ in range(args.repeats)]
             else:
                 floors = [floor_seconds(op, cube) for _ in range(args.repeats)]
             read = statistics.median(f[0] for f in floors)
@@ -266,6 +381,10 @@ def main() -> None:
                     tool = tools[(i + repeat) % len(tools)]
                     if op == "gst3d":
                         found = run_gst3d_tool(tool, volume, args.memory_limit, args.timeout)
+                    elif op in SVDS:
+                        found = run_svd_tool(
+                            op, tool, matrices[op], args.memory_limit, args.timeout
+                        )
                     else:
                         found = run_tool(op, tool, cube, args.memory_limit, args.timeout)
                     runs[tool].append(found)

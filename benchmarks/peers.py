@@ -100,21 +100,36 @@ def make_cube(root: Path, scale: float) -> Path:
     return root / "cube.zarr"
 
 
+#: Shapes of the SVD inputs at ``--scale 1``: tall and skinny (exact SVD), and wide (compressed).
+MATRIX_SHAPES = {"tall": (60000, 2000), "wide": (8000, 30000)}
+
+
+def make_matrix(root: Path, name: str, scale: float) -> Path:
+    """Write the ``name`` matrix (:data:`MATRIX_SHAPES`, its long side x ``scale``) under ``root``.
+
+    Rank 20 plus noise, float32, in Zarr chunks of 1000 rows; deterministic (the seeds of
+    ``name``'s position).
+    """
+    rows, cols = MATRIX_SHAPES[name]
+    shape = (int(rows * scale), cols) if name == "tall" else (rows, int(cols * scale))
+    rng = np.random.default_rng(list(MATRIX_SHAPES).index(name))
+    basis = rng.standard_normal((20, shape[1])).astype("float32")
+    data = dask.array.random.default_rng(1).standard_normal(
+        (shape[0], 20), chunks=(1000, 20), dtype="float32"
+    ) @ dask.array.from_array(basis) + 0.1 * dask.array.random.default_rng(2).standard_normal(
+        shape, chunks=(1000, shape[1]), dtype="float32"
+    )
+    xr.DataArray(data.astype("float32"), dims=("time", "space"), name="field").to_dataset().to_zarr(
+        root / f"{name}.zarr", mode="w"
+    )
+    return root / f"{name}.zarr"
+
+
 def make_inputs(root: Path, scale: float) -> Inputs:
     """Write the stores (generated, deterministic) under ``root``."""
     make_cube(root, scale)
-    rng = np.random.default_rng(0)
-    tall_shape, wide_shape = (int(60000 * scale), 2000), (8000, int(30000 * scale))
-    for name, shape in (("tall", tall_shape), ("wide", wide_shape)):
-        basis = rng.standard_normal((20, shape[1])).astype("float32")
-        data = dask.array.random.default_rng(1).standard_normal(
-            (shape[0], 20), chunks=(1000, 20), dtype="float32"
-        ) @ dask.array.from_array(basis) + 0.1 * dask.array.random.default_rng(2).standard_normal(
-            shape, chunks=(1000, shape[1]), dtype="float32"
-        )
-        xr.DataArray(
-            data.astype("float32"), dims=("time", "space"), name="field"
-        ).to_dataset().to_zarr(root / f"{name}.zarr", mode="w")
+    for name in MATRIX_SHAPES:
+        make_matrix(root, name, scale)
     side = int(512 * scale ** (1 / 3))
     volume = synthetic_seismic((side,) * 3, chunks=(64, 64, 64))
     volume.to_zarr(root / "volume.zarr", mode="w")
