@@ -294,6 +294,8 @@ def test_headers_are_scanned_once_and_again_when_the_file_changes(volume, tmp_pa
     first = segy.read_geometry(path)
     assert segy.read_geometry(path) is first  # opening, planning and writing share one scan
     assert not first.traces.flags.writeable  # shared, so read-only
+    write_segy(volume, path, first_inline=5001)  # the same size: other inline numbers
+    assert segy.read_geometry(path).inlines[0] == 5001
     write_segy(volume.isel(inline=slice(0, 20)), path)
     assert segy.read_geometry(path).shape == (20, 26, 40)
     assert open_segy(path).shape == (20, 26, 40)

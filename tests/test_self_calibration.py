@@ -269,6 +269,8 @@ def test_what_a_function_leaves_in_a_worker_raises_the_baseline(user_dir, cache_
     assert after.budget.worker_baseline >= configured + 320 * 2**20
     assert "once it has run 'selfcal-keep'" in after.budget.explain()
     assert after.budget.per_task < before.budget.per_task
+    with pytest.raises(xm.InfeasiblePlanError, match=r"no room for a task.*once it has run"):
+        data.memchunk.plan(keeping, memory_limit="600MB")  # the cache leaves no room
     fit = load_calibration(keeping.calibration, "cpu", "float32").metadata["fit"]
     rise = fit["resident_after_bytes"] - fit["resident_before_bytes"]
     assert 320 * 2**20 <= rise < 400 * 2**20

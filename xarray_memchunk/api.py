@@ -712,7 +712,10 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
     ]
     largest = max((h for h in held if h is not None), default=0)
     source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
-    return with_baseline(budget, largest, source)
+    try:
+        return with_baseline(budget, largest, source)
+    except BudgetError as exc:  # a refusal like any other: the alternatives are tried
+        raise InfeasiblePlanError(f"{operator.name!r}: {exc} (its baseline: {source})") from None
 
 
 def _alternative(

@@ -377,7 +377,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # again, from its workers, only where they differ (their memory, threads or count, or a
         # baseline already above the configured one): the plan must fit the workers that run it.
         # With --scheduler, once, from its workers.
-        if plan is None or not _same_budget(plan.budget, _cluster_budget(obj)):
+        if plan is None or not _same_budget(budget, _cluster_budget(obj)):
             plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
         print(plan.explain(), flush=True)
         result = plan.apply(record_plan=True)
@@ -460,15 +460,12 @@ def _cluster_budget(obj: Any):
 
 
 def _same_budget(planned, found) -> bool:
-    """Whether a plan's budget is the cluster's (where the terms came from aside).
+    """Whether two budgets have the same terms (where they came from aside).
 
-    A plan may raise the baseline for what its operator leaves in a worker
-    (:func:`~xarray_memchunk.planning.budget.with_baseline`); the cluster's budget is raised
-    alike before the terms are compared.
+    Compare the budget a plan was made for, not the plan's own: a plan may raise the baseline
+    for what its operator leaves in a worker
+    (:func:`~xarray_memchunk.planning.budget.with_baseline`).
     """
-    from .planning.budget import with_baseline
-
-    found = with_baseline(found, planned.worker_baseline, planned.baseline_source)
     terms = (
         "worker_memory",
         "threads_per_worker",
@@ -514,10 +511,16 @@ def _threaded_computer(threads: int):
     """Run a delayed write with ``threads`` threads in this process, reporting progress."""
 
     def compute(delayed) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         import dask
 
-        with dask.config.set(scheduler="threads", num_workers=threads), _threaded_progress():
-            dask.compute(delayed)
+        pool = ThreadPoolExecutor(threads)
+        try:
+            with dask.config.set(scheduler="threads", pool=pool), _threaded_progress():
+                dask.compute(delayed)
+        finally:  # on an error or interrupt: no task still writing when the output is removed
+            pool.shutdown(wait=True, cancel_futures=True)
 
     return compute
 

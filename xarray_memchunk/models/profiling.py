@@ -291,7 +291,8 @@ def resident_in_worker(client) -> int:
     leaves in a worker (a function that imports flox imports numba: about 90 MiB).
     """
     worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
-    return int(client.submit(resident_bytes, pure=False, workers=[worker]).result())
+    future = client.submit(resident_bytes, pure=False, workers=[worker])
+    return int(_result_while_alive(client, future, worker, {}))
 
 
 #: Seconds :func:`profile_in_worker` waits for a worker to join a cluster that has none.

@@ -191,7 +191,8 @@ def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
     """``budget`` for workers that hold ``baseline`` bytes between tasks, where that is more.
 
     A budget whose ``per_task`` was given by hand, or whose baseline is already as large, is
-    returned as it is. ``source`` says where the larger baseline comes from.
+    returned as it is. ``source`` says where the larger baseline comes from; it is appended to
+    a source already given (memory the workers hold now stays named, with its remedy).
 
     Raises
     ------
@@ -207,6 +208,8 @@ def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
         reserve=budget.reserve,
         pause_fraction=budget.pause_fraction,
     )
+    if budget.baseline_source:
+        source = f"{budget.baseline_source}, and {source}"
     return replace(budget, per_task=per_task, worker_baseline=baseline, baseline_source=source)
 
 
@@ -264,7 +267,7 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
         Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` names memory the
         workers hold now, which a restart frees; a configured baseline has no such remedy.
     """
-    if baseline_source != MEASURED_BASELINE:
+    if not baseline_source.startswith(MEASURED_BASELINE):
         return ""
     return (
         f"or free the {format_size(worker_baseline)} a worker process holds "

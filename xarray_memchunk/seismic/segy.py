@@ -64,8 +64,8 @@ CDP_X_BYTE, CDP_Y_BYTE, COORDINATE_SCALAR_BYTE = 181, 185, 71
 COORDINATE_SCALARS = (1, 10, 100, 1000, 10000, -10, -100, -1000, -10000)
 #: Bytes of a SEG-Y file's textual and binary headers, and of one trace header.
 FILE_HEADER_BYTES, TRACE_HEADER_BYTES = 3600, 240
-#: Files whose scanned geometry is kept (keyed by path, size and modification time).
-GEOMETRY_CACHE_SIZE = 8
+#: Files whose scanned geometry is kept (its trace grid: 8 bytes per inline x crossline).
+GEOMETRY_CACHE_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,8 @@ def read_geometry(
     """Read a SEG-Y file's headers: its grid, samples, format and byte order.
 
     segyio's warnings about a byte order that turns out wrong are dropped; those of the one
-    that reads the file are passed on.
+    that reads the file are passed on, on the first scan: the geometry of an unchanged file is
+    kept (:data:`GEOMETRY_CACHE_SIZE` files) and returned again without a scan.
 
     Raises
     ------
@@ -160,19 +161,21 @@ def read_geometry(
     if not Path(path).is_file():
         raise MemchunkError(f"input {path!r} does not exist")
     stat = Path(path).stat()
-    return _scanned_geometry(path, stat.st_size, stat.st_mtime_ns, iline, xline, endian)
+    identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    return _scanned_geometry(path, identity, iline, xline, endian)
 
 
 @functools.lru_cache(maxsize=GEOMETRY_CACHE_SIZE)
 def _scanned_geometry(
-    path: str, size: int, mtime_ns: int, iline: int, xline: int, endian: str
+    path: str, identity: tuple[int, ...], iline: int, xline: int, endian: str
 ) -> SegyGeometry:
-    """The geometry of ``path`` as it is now (its size and modification time), scanned once.
+    """The geometry of ``path`` as it is now (inode, size, modification and change times).
 
     Opening a file, planning for it and writing it each need its geometry, and each scan reads
-    every trace header; a file changed since (another size or modification time) is scanned
-    again. The geometry's arrays are read-only, as it is shared.
+    every trace header; a file changed since (any of those four differs) is scanned again. The
+    geometry's arrays are read-only, as it is shared. Cache hits repeat no segyio warning.
     """
+    size = identity[1]
     if size <= FILE_HEADER_BYTES + TRACE_HEADER_BYTES:
         raise _fail(
             path,
