@@ -287,3 +287,23 @@ def test_what_stays_after_running_is_the_rise_on_top_of_the_baseline():
     dirty = calibration(resident_before_bytes=900, resident_after_bytes=950)
     assert dirty.held_after_running(200) == 250  # measured where earlier data was held
     assert calibration().held_after_running(200) is None  # calibrated before this was recorded
+
+
+def smooth_of_many_rows(block):
+    """``smooth``, for blocks of 100 rows or more (as a function with a window may be)."""
+    if block.shape[0] < 100:
+        raise ValueError(f"needs 100 rows or more, got {block.shape[0]}")
+    return smooth(block)
+
+
+def test_a_small_block_takes_the_first_run_or_the_first_block_runs_three_times(user_dir, threaded):
+    plain = xm.BlockwiseOperator("selfcal-warm", smooth, depth={"y": 2, "x": 2})
+    choosy = xm.BlockwiseOperator("selfcal-choosy", smooth_of_many_rows, depth={"y": 2, "x": 2})
+    data = field()
+    for op, first_runs in ((plain, 1), (choosy, 3)):  # choosy fails on the small block
+        plan = data.memchunk.plan(op, memory_limit="2GB")
+        assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+        profiles = load_calibration(op.calibration, "cpu", "float32").profiles
+        assert profiles[0]["runs"] == first_runs
+        assert all(p["runs"] == 1 for p in profiles[1:])
+        assert min(p["extents"]["y"] for p in profiles) >= 100  # the small block is not fitted

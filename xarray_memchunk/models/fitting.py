@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ABSOLUTE_SLACK", "UNDER_TOLERANCE", "LinearFit", "fit_linear", "prediction_errors"]
+__all__ = [
+    "ABSOLUTE_SLACK",
+    "UNDER_TOLERANCE",
+    "LinearFit",
+    "fit_linear",
+    "import_fitting_in_background",
+    "prediction_errors",
+]
 
 #: Largest under-prediction (fraction of the measurement) left on the fitted profiles.
 UNDER_TOLERANCE = 0.03
@@ -64,6 +72,23 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
         "worst_under_pct": float(max(0.0, -pct.min())),
         "worst_over_pct": float(max(0.0, pct.max())),
     }
+
+
+def _import_fitting() -> None:
+    from sklearn.linear_model import LinearRegression  # noqa: F401
+
+
+def import_fitting_in_background() -> threading.Thread:
+    """Start importing what :func:`fit_linear` needs (scikit-learn) in a daemon thread.
+
+    The import takes about 1 s (scikit-learn brings ``scipy.stats``). Self-calibration starts
+    it before measuring: the measuring process runs the blocks meanwhile, and this process only
+    waits for it. :func:`fit_linear` imports as usual; a Python import still under way in
+    another thread is waited for, not run twice.
+    """
+    thread = threading.Thread(target=_import_fitting, name="memchunk-import-sklearn", daemon=True)
+    thread.start()
+    return thread
 
 
 def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:

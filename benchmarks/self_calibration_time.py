@@ -1,0 +1,106 @@
+"""How long self-calibration takes: the seed's GST3D measuring itself, each run a fresh process.
+
+    python benchmarks/self_calibration_time.py                     # this checkout, 3 runs each
+    python benchmarks/self_calibration_time.py --code /tmp/before . --repeats 3
+
+Each run is a new Python process (nothing imported, nothing calibrated: a fresh calibration
+directory) that self-calibrates the seed's NumPy GST3D on a 200^3 float32 volume for a 1.5 GB
+budget, as its first plan does, and prints the seconds, the blocks measured and the largest.
+Two places the blocks run: a probe process started for them (no cluster), and a worker of a
+fresh ``LocalCluster`` of 2 workers x 1 thread x 1.5 GB. ``--code`` names checkouts of this
+repository to compare (each put first on ``PYTHONPATH``); their runs alternate, and the table
+gives each one's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLACES = ("probe process", "LocalCluster 2 x 1.5GB")
+
+
+def one(place: str) -> None:
+    """Self-calibrate once here and print what it took, as a JSON line."""
+    os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    import xarray_memchunk
+    from xarray_memchunk.datasets import synthetic_seismic
+    from xarray_memchunk.demo.seed_gst3d import seed_gst3d
+    from xarray_memchunk.measure.calibrate import self_calibrate
+    from xarray_memchunk.memory_limits import resolve_budget
+
+    volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
+    kwargs = seed_gst3d.check_arguments({})
+    per_task = resolve_budget("1.5GB").per_task
+
+    def calibrate() -> tuple[float, object]:
+        started = time.perf_counter()
+        calibration = self_calibrate(seed_gst3d, volume, kwargs, per_task)
+        return time.perf_counter() - started, calibration
+
+    if place == PLACES[0]:
+        seconds, calibration = calibrate()
+    else:
+        from distributed import Client, LocalCluster
+
+        with (
+            LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1.5GB") as cluster,
+            Client(cluster),
+        ):
+            seconds, calibration = calibrate()
+    print(
+        json.dumps(
+            {
+                "code": str(Path(xarray_memchunk.__file__).parent.parent),
+                "seconds": seconds,
+                "blocks": calibration.n_profiles,
+                "largest": calibration.largest_elements,
+            }
+        )
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--code", nargs="+", default=["."], help="checkouts to compare")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", choices=PLACES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one(args.one)
+        return
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for place in PLACES:
+        for _ in range(args.repeats):
+            for code in args.code:  # alternated
+                env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
+                done = subprocess.run(
+                    [sys.executable, __file__, "--one", place],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                )
+                record = json.loads(done.stdout.strip().splitlines()[-1])
+                runs.setdefault((place, code), []).append(record)
+                print(f"{place:<24} {code}: {record['seconds']:.2f} s", flush=True)
+    print("\n| where the blocks run | code | median s | runs s | blocks | largest block |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (place, code), records in runs.items():
+        seconds = [r["seconds"] for r in records]
+        print(
+            f"| {place} | {code} | {statistics.median(seconds):.2f} | "
+            f"{', '.join(f'{s:.2f}' for s in seconds)} | {records[-1]['blocks']} | "
+            f"{records[-1]['largest']:,} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
