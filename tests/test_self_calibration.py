@@ -12,10 +12,12 @@ import xarray as xr
 from scipy import ndimage
 
 import xarray_memchunk as xm
+from xarray_memchunk.errors import MeasuringWorkerDiedError
 from xarray_memchunk.measure.calibrate import growing_shapes, trusted_range
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
-from xarray_memchunk.models.profiling import TaskProfile
+from xarray_memchunk.models.probe_process import ProbeProcess
+from xarray_memchunk.models.profiling import TaskProfile, measures_here
 from xarray_memchunk.units import to_bytes
 
 pytestmark = pytest.mark.cluster
@@ -137,9 +139,12 @@ def test_a_measurement_that_kills_its_worker_raises_and_never_hangs(user_dir, qu
             n_workers=1, threads_per_worker=1, memory_limit="400MB", dashboard_address=":0"
         ) as cluster,
         Client(cluster),
-        pytest.raises(xm.CalibrationError, match="died"),
+        # on the small first block, run unmeasured: its death is not taken for the function's
+        # own failure (which would go on to kill the worker again on a larger block)
+        pytest.raises(MeasuringWorkerDiedError, match="block of y=64 x x=64 died"),
     ):
         data.memchunk.plan(op)
+    assert issubclass(MeasuringWorkerDiedError, xm.CalibrationError)
 
 
 def c_allocation(block):
@@ -307,3 +312,15 @@ def test_a_small_block_takes_the_first_run_or_the_first_block_runs_three_times(u
         assert profiles[0]["runs"] == first_runs
         assert all(p["runs"] == 1 for p in profiles[1:])
         assert min(p["extents"]["y"] for p in profiles) >= 100  # the small block is not fitted
+
+
+def test_a_cluster_of_threads_here_measures_in_this_process():
+    from distributed import Client, LocalCluster
+
+    with ProbeProcess() as probe:
+        assert not measures_here(probe)
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        assert measures_here(client)  # no scikit-learn imported beside its blocks then

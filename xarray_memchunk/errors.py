@@ -51,6 +51,10 @@ class CalibrationError(MemchunkError):
     """A calibration file that is missing, malformed, or does not match its operator."""
 
 
+class MeasuringWorkerDiedError(CalibrationError):
+    """The process measuring an operator's tasks died (its memory, a signal) before answering."""
+
+
 class MemoryBudgetWarning(UserWarning):
     """A plan made other than asked, for memory.
 

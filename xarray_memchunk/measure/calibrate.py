@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MemchunkError
+from ..errors import MeasuringWorkerDiedError, MemchunkError
 from ..models.calibration import save_calibration, writable_calibration_dir
 from ..models.fitting import (
     ABSOLUTE_SLACK,
@@ -35,6 +35,7 @@ from ..models.profiling import (
     TaskProfile,
     measure_device_peak,
     measure_peak,
+    measures_here,
     peak_method,
     profile_in_worker,
     resident_in_worker,
@@ -611,7 +612,6 @@ def self_calibrate(
 
     start = time.perf_counter()
     target = writable_calibration_dir(directory)
-    import_fitting_in_background()  # while the blocks run elsewhere
     given = seconds or dask.config.get("memchunk.self-calibration-seconds", None)
     limit = float(given or DEFAULT_SECONDS)
     max_limit = limit if given else MAX_SECONDS  # a bound given is kept to
@@ -633,6 +633,8 @@ def self_calibrate(
 
     profiles: list[TaskProfile] = []
     with _profiling_client(client or active_client()) as profiler:
+        if not measures_here(profiler):  # this process only waits for the blocks meanwhile
+            import_fitting_in_background()
         method = profiler.submit(peak_method, pure=False).result()
         resident_before = resident_in_worker(profiler)
         # a fresh process's first run pays extra: a small block takes it, else the first block
@@ -693,12 +695,24 @@ def _warmed_up(
 ) -> bool:
     """Run the function once on a small block of the array's proportions, its result dropped.
 
-    False where it fails there (a function may need more than a few elements along a dim):
-    the first measured block then pays the first run's extra, and is run three times.
+    False where there is no block smaller than the first measured one (whole dims of 65536
+    elements or more), or where the function fails on it (a function may need more than a
+    few elements along a dim): the first measured block then pays the first run's extra, and
+    is run three times.
+
+    Raises
+    ------
+    MeasuringWorkerDiedError
+        When the measuring process died on it: calibration stops there, as on any block.
     """
+    small = next(growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS))
+    if small == next(growing_shapes(sizes, whole)):
+        return False
     try:
-        measure(next(growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS)))
-    except Exception:  # any failure: the first measured block runs three times instead
+        measure(small)
+    except MeasuringWorkerDiedError:
+        raise
+    except Exception:  # the function's own failure: the first measured block runs three times
         return False
     return True
 

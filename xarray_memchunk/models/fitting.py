@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,18 +76,23 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
 
 
 def _import_fitting() -> None:
-    from sklearn.linear_model import LinearRegression  # noqa: F401
+    try:
+        from sklearn.linear_model import LinearRegression  # noqa: F401
+    except ImportError:  # fit_linear raises it where it is needed
+        pass
 
 
-def import_fitting_in_background() -> threading.Thread:
-    """Start importing what :func:`fit_linear` needs (scikit-learn) in a daemon thread.
+def import_fitting_in_background() -> threading.Thread | None:
+    """Start importing what :func:`fit_linear` needs (scikit-learn) in a thread of its own.
 
     The import takes about 1 s (scikit-learn brings ``scipy.stats``). Self-calibration starts
-    it before measuring: the measuring process runs the blocks meanwhile, and this process only
-    waits for it. :func:`fit_linear` imports as usual; a Python import still under way in
-    another thread is waited for, not run twice.
+    it before measuring, where the blocks run in another process: this process only waits for
+    them meanwhile. :func:`fit_linear` imports as usual; a Python import still under way in
+    another thread is waited for, not run twice. None where it is imported already.
     """
-    thread = threading.Thread(target=_import_fitting, name="memchunk-import-sklearn", daemon=True)
+    if "sklearn.linear_model" in sys.modules:
+        return None
+    thread = threading.Thread(target=_import_fitting, name="memchunk-import-sklearn")
     thread.start()
     return thread
 

@@ -19,6 +19,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -62,8 +63,9 @@ class ProbeProcess:
     Raises
     ------
     CalibrationError
-        From :meth:`submit`, when the call failed in the child (with its error) or the child
-        died (memory, a signal).
+        From :meth:`submit`, when the call failed in the child (with its error);
+        :class:`~xarray_memchunk.errors.MeasuringWorkerDiedError` when the child died (memory,
+        a signal).
     """
 
     def __init__(self) -> None:
@@ -86,12 +88,10 @@ class ProbeProcess:
             return
         try:
             process.stdin.close()
-            process.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            process.kill()
-            process.wait()
-        finally:
-            process.stdout.close()
+        except OSError:
+            pass
+        # the child now exits, tearing down what it imported (~0.5 s): not waited for here
+        threading.Thread(target=_reap, args=(process,), name="memchunk-probe-exit").start()
 
     def scheduler_info(self) -> dict[str, Any]:
         """One worker, as a one-worker cluster's scheduler would describe it."""
@@ -101,7 +101,7 @@ class ProbeProcess:
         """Run ``func(*args)`` in the child and wait for it (``pure``, ``workers`` are ignored)."""
         import cloudpickle
 
-        from ..errors import CalibrationError
+        from ..errors import CalibrationError, MeasuringWorkerDiedError
 
         if self._process is None:
             raise RuntimeError("ProbeProcess is used as a context manager")
@@ -112,7 +112,7 @@ class ProbeProcess:
             answer = None
         if answer is None:
             code = self._process.poll()
-            raise CalibrationError(
+            raise MeasuringWorkerDiedError(
                 f"the process measuring the operator died (exit code {code}): it may have run "
                 f"out of memory; give the operator a memory_model, or free memory first"
             )
@@ -120,6 +120,17 @@ class ProbeProcess:
         if not ok:
             raise CalibrationError(f"measuring the operator failed in its process: {value}")
         return _Done(value)
+
+
+def _reap(process: subprocess.Popen) -> None:
+    """Wait for a child whose input is closed to exit (killed after 10 s), then close its pipe."""
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    finally:
+        process.stdout.close()
 
 
 def _serve() -> None:
@@ -138,10 +149,6 @@ def _serve() -> None:
         except Exception as exc:  # the caller raises it as a CalibrationError
             answer = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
         _send(protocol, cloudpickle.dumps(answer))
-    # the caller has closed its end: leave without tearing down every module imported on the
-    # way (~0.5 s that the caller would wait for); nothing is left to write
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

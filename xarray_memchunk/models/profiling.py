@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "TaskProfile",
     "measure_device_peak",
     "measure_peak",
+    "measures_here",
     "peak_method",
     "profile_in_worker",
     "release_freed_memory",
@@ -121,7 +123,11 @@ def peak_method() -> str:
 
 
 def release_freed_memory() -> None:
-    """Collect garbage and hand the allocator's freed pages back to the system (glibc)."""
+    """Collect garbage and hand the allocator's freed pages back to the system (glibc).
+
+    Inside :func:`measure_peak`'s run the collection walks only what that run made
+    (``gc.freeze``).
+    """
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -184,8 +190,9 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
     """
     release_freed_memory()
     method = peak_method()
-    # what lived before the call is not garbage after it: the collection that hands back what
-    # the call left need not walk it again (a full one takes ~0.1 s in a worker)
+    # the collection after the call walks only what the call made (a full one takes ~0.1 s in
+    # a worker): what lived before it and died during it is collected by the next full one,
+    # before the next baseline is read; the peak measured can only be the higher for it
     gc.freeze()
     try:
         if method == "hwm":
@@ -301,6 +308,19 @@ def resident_in_worker(client) -> int:
     return int(_result_while_alive(client, future, worker, {}))
 
 
+def measures_here(client) -> bool:
+    """Whether :func:`profile_in_worker` measures in this very process.
+
+    So it does on a cluster of threads in this process (``LocalCluster(processes=False)``):
+    what this process does meanwhile (an import) is then part of what is measured. A
+    :class:`~xarray_memchunk.models.probe_process.ProbeProcess` is always another process.
+    """
+    if not hasattr(client, "ncores"):
+        return False
+    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
+    return client.run(os.getpid, workers=[worker])[worker] == os.getpid()
+
+
 #: Seconds :func:`profile_in_worker` waits for a worker to join a cluster that has none.
 WORKER_WAIT_SECONDS = 60.0
 
@@ -323,12 +343,12 @@ def _workers(client, wait: float = 0.0) -> list[str]:
 
 
 def _result_while_alive(client, future, worker: str, extents: dict) -> Any:
-    """``future.result()``, or a ``CalibrationError`` if ``worker`` leaves the cluster first.
+    """``future.result()``; a ``MeasuringWorkerDiedError`` if ``worker`` leaves the cluster first.
 
     A run pinned to one worker never starts elsewhere: if that worker dies (the nanny kills it
     past its memory limit), the scheduler would hold the run forever and the plan would hang.
     """
-    from ..errors import CalibrationError
+    from ..errors import MeasuringWorkerDiedError
 
     if not hasattr(future, "status"):  # a ProbeProcess's run: done, or raised, already
         return future.result()
@@ -339,7 +359,7 @@ def _result_while_alive(client, future, worker: str, extents: dict) -> Any:
             if worker not in _workers(client):
                 future.cancel()
                 shape = " x ".join(f"{d}={n}" for d, n in extents.items())
-                raise CalibrationError(
+                raise MeasuringWorkerDiedError(
                     f"the worker measuring the operator on a block of {shape} died (it may "
                     f"have run out of memory): give the operator a memory_model, or calibrate "
                     f"it on a cluster with more memory per worker"

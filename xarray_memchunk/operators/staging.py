@@ -69,15 +69,24 @@ WRITE_COPIES = 3.0
 #: Zarr chunks, 3.9 x and 4.4 x ones of 197 and 100 MB merged from one-step chunks; unmerged,
 #: 3.0 x a 128 MB chunk cut into 8, 2.0 x one written whole).
 MERGE_COPIES = 2.0
+
+
+def _zarr_version() -> str:
+    """Zarr's version, from its metadata: importing it (~0.2 s) waits for the first write."""
+    try:
+        return importlib.metadata.version("zarr")
+    except importlib.metadata.PackageNotFoundError:  # importable, not installed (a checkout)
+        import zarr
+
+        return zarr.__version__
+
+
 #: The staged store's encoding: no compressor. Staged data is written once and read back once
 #: from a disk that holds its bytes (checked), and compressing it costs more than writing it:
 #: a quantile over time of a 1.21 GB one-day-chunked store, staged, took 10.5 s and 10.6 s
 #: uncompressed against 13.1 s and 13.3 s with Zarr's default zstd (2 workers x 1 thread).
-#: Zarr's version is read from its metadata: importing it (~0.2 s) waits for the first write.
 UNCOMPRESSED = (
-    {"compressors": None}
-    if int(importlib.metadata.version("zarr").split(".")[0]) >= 3
-    else {"compressor": None}
+    {"compressors": None} if int(_zarr_version().split(".")[0]) >= 3 else {"compressor": None}
 )
 #: Room kept free on the staging disk beyond the data (fraction of the data).
 DISK_MARGIN = 0.1
