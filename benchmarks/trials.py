@@ -204,6 +204,13 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         if not _failed(r["memchunk"]["rerun"], to_bytes(r["memchunk"]["rerun"]["memory_limit"]))
     ]
 
+    # a refusal where Dask completed with no pause and no death: cautious beyond need
+    cautious = [
+        r
+        for r in refused
+        if r["dask"]["outcome"] == "completed" and not _failed(r["dask"], _limit(r))
+    ]
+
     def med(values: list[float]) -> str:
         return f"{statistics.median(values):.2f} (n={len(values)})" if values else "n/a"
 
@@ -219,6 +226,9 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         + (f"{max(predicted):.2f}" if predicted else "n/a"),
         f"- memchunk's refusals: {len(refused)}; re-run at the stated minimum: "
         f"{len(rerun_ok)} completed, {len(rerun_safe)} with 0 pauses and 0 deaths",
+        f"- refusals where Dask completed with no pause and no death (cautious beyond need): "
+        f"{len(cautious)}"
+        + (f" (trials {', '.join(str(r['index']) for r in cautious)})" if cautious else ""),
     ]
     failures = [
         r

@@ -82,6 +82,13 @@ def test_the_summary_counts_failures_ratios_and_refusals(records):
     assert "Dask did not pause or lose a worker: median 0.50 (n=1)" in text
     assert "refusals: 1; re-run at the stated minimum: 1 completed, 1 with 0 pauses" in text
     assert "memchunk's failures" not in text
+    assert "(cautious beyond need): 0\n" in text + "\n"  # Dask paused where it was refused
+
+
+def test_a_refusal_where_dask_ran_cleanly_is_named_cautious(records):
+    records[2]["dask"] = _side()  # no pause, no death
+    records[2]["index"] = 7
+    assert "(cautious beyond need): 1 (trials 7)" in summary_table(records)
 
 
 def test_a_memchunk_failure_is_named(records):
