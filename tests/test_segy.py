@@ -299,3 +299,41 @@ def test_headers_are_scanned_once_and_again_when_the_file_changes(volume, tmp_pa
     write_segy(volume.isel(inline=slice(0, 20)), path)
     assert segy.read_geometry(path).shape == (20, 26, 40)
     assert open_segy(path).shape == (20, 26, 40)
+
+
+def test_segyio_is_imported_by_one_thread_at_a_time(monkeypatch):
+    """A worker's threads reading blocks at once import segyio one at a time (trial 268)."""
+    import builtins
+    import sys
+    import threading
+    import time
+
+    from xarray_memchunk.seismic.segy import _segyio
+
+    real_import, inside, most = builtins.__import__, [0], [0]
+
+    def slow_import(name, *args, **kwargs):
+        if name != "segyio":
+            return real_import(name, *args, **kwargs)
+        inside[0] += 1
+        most[0] = max(most[0], inside[0])
+        time.sleep(0.05)  # the import's own time, in which another thread may come in
+        try:
+            return real_import(name, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    monkeypatch.setattr(builtins, "__import__", slow_import)
+    monkeypatch.delitem(sys.modules, "segyio")  # imported anew (the real one is put back)
+    barrier = threading.Barrier(4)
+
+    def read():
+        barrier.wait()
+        _segyio()
+
+    threads = [threading.Thread(target=read) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert most[0] == 1

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,10 +119,17 @@ class SegyGeometry:
         return int((self.traces < 0).sum())
 
 
+#: One thread at a time imports segyio. In trial 268 (a worker with 2 threads reading blocks of a
+#: SEG-Y file), one thread's read failed with "cannot access submodule '_segyio' of module
+#: 'segyio' (most likely due to a circular import)": it saw the package half-initialised.
+_IMPORT_LOCK = threading.Lock()
+
+
 def _segyio() -> Any:
     """The segyio module, or an error that says how to install it."""
     try:
-        import segyio
+        with _IMPORT_LOCK:
+            import segyio
     except ImportError as exc:
         raise MemchunkError(
             "reading and writing SEG-Y needs segyio: pip install 'xarray-memchunk[seismic]'"
