@@ -82,19 +82,17 @@ def _import_fitting() -> None:
         pass
 
 
-def import_fitting_in_background() -> threading.Thread | None:
+def import_fitting_in_background() -> None:
     """Start importing what :func:`fit_linear` needs (scikit-learn) in a thread of its own.
 
     The import takes about 1 s (scikit-learn brings ``scipy.stats``). Self-calibration starts
     it before measuring, where the blocks run in another process: this process only waits for
     them meanwhile. :func:`fit_linear` imports as usual; a Python import still under way in
-    another thread is waited for, not run twice. None where it is imported already.
+    another thread is waited for, not run twice. Nothing is started where it is imported
+    already.
     """
-    if "sklearn.linear_model" in sys.modules:
-        return None
-    thread = threading.Thread(target=_import_fitting, name="memchunk-import-sklearn")
-    thread.start()
-    return thread
+    if "sklearn.linear_model" not in sys.modules:
+        threading.Thread(target=_import_fitting, name="memchunk-import-sklearn").start()
 
 
 def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearFit:
