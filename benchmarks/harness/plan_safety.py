@@ -258,11 +258,17 @@ def choose_limit(case: SafetyCase, data: xr.DataArray, n_workers: int = 2) -> st
 
 
 def _consume(result: Any) -> Any:
-    """The sum of every output, so that computing it gathers nothing large to the client."""
+    """The sum of every output, so that computing it gathers nothing large to the client.
+
+    Each block is summed in float64 without a float64 copy of it (``sum(dtype=...)``, not
+    ``astype``): the sum is fused into the task that makes the block, and a copy there would
+    add twice a float32 block to a task the plan never saw (trial 249: 601 MB measured against
+    505 MB predicted; the copy alone is one more block, measured in one process).
+    """
     import dask.array
 
     arrays = result.data_vars.values() if isinstance(result, xr.Dataset) else [result]
-    return dask.array.stack([a.data.astype("float64").sum() for a in arrays]).sum()
+    return dask.array.stack([a.data.sum(dtype="float64") for a in arrays]).sum()
 
 
 def _process_rss() -> int:

@@ -253,7 +253,7 @@ def _total(result: Any) -> Any:
     """The sum of every output, as a lazy Dask scalar (nothing large comes to the client)."""
     if isinstance(result, xr.DataArray | xr.Dataset):
         return _consume(result)
-    return result.astype("float64").sum()
+    return result.sum(dtype="float64")
 
 
 @dataclass
