@@ -241,11 +241,11 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         lines += [f"- {_line(r)}" for r in crashed]
     rerun = [r for r in records if r.get("earlier")]
     if rerun:
-        lines += ["", "Run again after a fix in the library (the earlier runs, then this one):", ""]
+        lines += ["", "Run again after a fix (the earlier runs, then this one):", ""]
         for r in rerun:
             for before in r["earlier"]:
                 lines.append(f"- before: {_line(before)}")
-                lines.append(f"  - fixed: {before['why']}")
+                lines.append(f"  - why: {before['why']}")
             lines.append(f"  - again at {r.get('commit', '?')}: {_line(r)}")
     by_op = Counter(r["op"] for r in ran)
     lines += ["", "Trials per operator: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))]

@@ -111,5 +111,5 @@ def test_a_trial_run_again_after_a_fix_names_its_earlier_run(records):
     text = summary_table(records)
     assert "memchunk's failures" not in text  # counted as it runs now
     assert "- before: " in text and "memchunk hung" in text
-    assert "  - fixed: held input fixed" in text
+    assert "  - why: held input fixed" in text
     assert "  - again at abc1234: " in text
