@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,20 +51,40 @@ def memchunk(*args, timeout=300):
 
 
 def start(command, *args):
-    """Start a command line in its own process group, its output captured."""
-    return subprocess.Popen(
+    """Start a command line in its own process group, its stderr to a file.
+
+    Not to pipes: a pipe that nobody reads while the command runs stops the command at its
+    next write once 64 KiB wait in it (a scheduler's log, a slow machine's warnings).
+    """
+    stderr = tempfile.TemporaryFile()
+    proc = subprocess.Popen(
         [*command, *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
         start_new_session=True,
     )
+    proc.stderr_file = stderr  # Popen keeps a file it is given nowhere
+    return proc
 
 
-def wait_for(condition, timeout=120):
+def finish(proc, timeout=60):
+    """Wait for a command from :func:`start` to end; what it wrote to stderr."""
+    proc.wait(timeout=timeout)
+    return stderr_of(proc)
+
+
+def stderr_of(proc):
+    proc.stderr_file.seek(0)
+    return proc.stderr_file.read().decode(errors="replace")
+
+
+def wait_for(condition, timeout=120, proc=None):
+    """Wait until ``condition()``; fail at once, with its stderr, if ``proc`` ends first."""
     deadline = time.time() + timeout
     while not condition():
-        assert time.time() < deadline, "timed out waiting"
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the command ended ({proc.returncode}) first:\n{stderr_of(proc)}")
+        assert time.time() < deadline, f"timed out waiting after {timeout} s"
         time.sleep(0.05)
 
 
@@ -233,11 +254,11 @@ def test_interrupted_run_is_one_line_and_keeps_the_old_output(
     args += ["--nworkers", "1", "--memory-limit", "1GB"]
     proc = start(SLOW_WRITE if moment == "write" else MEMCHUNK, *args)
     if moment == "write":
-        wait_for(lambda: pieces(tmp_path))
+        wait_for(lambda: pieces(tmp_path), proc=proc)
     else:  # the LocalCluster's first worker process is starting
-        wait_for(lambda: psutil.Process(proc.pid).children())
+        wait_for(lambda: psutil.Process(proc.pid).children(), proc=proc)
     proc.send_signal(signum)
-    _, stderr = proc.communicate(timeout=60)
+    stderr = finish(proc)
     assert proc.returncode == status, stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert f"interrupted by {signal.Signals(signum).name}" in stderr
@@ -253,7 +274,7 @@ def test_next_run_removes_what_a_killed_run_left(files, tmp_path):
     args = ["run", "mean", files / "tas.nc", target, "--dim", "time"]
     args += ["--nworkers", "1", "--memory-limit", "1GB"]
     proc = start(SLOW_WRITE, *args, "--overwrite")
-    wait_for(lambda: pieces(tmp_path))
+    wait_for(lambda: pieces(tmp_path), proc=proc)
     os.killpg(proc.pid, signal.SIGKILL)  # the client, its LocalCluster and workers
     proc.wait(timeout=30)
     assert pieces(tmp_path)[0].startswith(".mean.zarr.memchunk-partial-")
@@ -279,7 +300,7 @@ def test_lost_scheduler_is_one_line(files, tmp_path):
     )
     worker = None
     try:
-        wait_for(scheduler_file.exists, timeout=60)
+        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
         address = json.loads(scheduler_file.read_text())["address"]
         worker = start(
             [sys.executable, "-m", "distributed.cli.dask_worker"],
@@ -290,10 +311,10 @@ def test_lost_scheduler_is_one_line(files, tmp_path):
             SLOW_WRITE,
             *["run", "mean", files / "tas.nc", target, "--dim", "time", "--scheduler", address],
         )
-        wait_for(lambda: pieces(tmp_path))
+        wait_for(lambda: pieces(tmp_path), proc=run)
         os.killpg(scheduler.pid, signal.SIGKILL)
         killed = time.time()
-        _, stderr = run.communicate(timeout=60)
+        stderr = finish(run)
         ended_after_s = time.time() - killed
     finally:
         for proc in (scheduler, worker):
@@ -313,27 +334,9 @@ def test_killed_run_leaves_old_target_intact(files, tmp_path):
     target = tmp_path / "dip.zarr"
     old = xr.Dataset({"dip": ("x", np.arange(5.0))})
     old.to_zarr(target)
-    proc = subprocess.Popen(
-        [
-            *MEMCHUNK,
-            "run",
-            "gst3d",
-            str(source),
-            str(target),
-            "--overwrite",
-            "--nworkers",
-            "1",
-            "--memory-limit",
-            "2GB",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and not any("memchunk-" in p.name for p in tmp_path.iterdir()):
-        time.sleep(0.05)
-    assert any("memchunk-" in p.name for p in tmp_path.iterdir()), "the write never started"
+    args = ["run", "gst3d", source, target, "--overwrite", "--nworkers", "1"]
+    proc = start(MEMCHUNK, *args, "--memory-limit", "2GB")
+    wait_for(lambda: any("memchunk-" in p.name for p in tmp_path.iterdir()), proc=proc)
     time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)  # the client, its LocalCluster and workers: all at once
     proc.wait(timeout=30)
