@@ -25,7 +25,6 @@ import math
 import re
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from xarray_memchunk.testing import RunOutcome, watch
 from xarray_memchunk.units import format_size_up, to_bytes
 
 from .fresh import fresh_client
-from .plan_safety import SafetyCase, _consume, _input
+from .plan_safety import SafetyCase, _consume, _input, sum_in_float64
 from .timeouts import within
 
 __all__ = ["SIDES", "Trial", "draw", "run_trial"]
@@ -244,17 +243,12 @@ def dask_call(trial: Trial, x: xr.DataArray) -> Any:
     # U, S and V, as memchunk's result: asking for S alone lets Dask skip U's pass (and, for
     # tsqr, holding Q), work that memchunk's side does
     if op == "svd-exact":  # tsqr needs one chunk across the columns
-        return _sum_each(dask.array.linalg.svd(x.data.rechunk({0: "auto", 1: -1})))
+        return sum_in_float64(dask.array.linalg.svd(x.data.rechunk({0: "auto", 1: -1})))
     if op == "svd-compressed":
-        return _sum_each(dask.array.linalg.svd_compressed(x.data, 10, seed=0))
+        return sum_in_float64(dask.array.linalg.svd_compressed(x.data, 10, seed=0))
     if op == "temporaries":
         return x.data.map_blocks(temporaries)
     return FUNCTIONS[op](x)
-
-
-def _sum_each(arrays: Sequence[Any]) -> Any:
-    """The sum of several Dask arrays' sums, each taken in float64: one lazy scalar."""
-    return sum(a.sum(dtype="float64") for a in arrays)
 
 
 def _total(result: Any) -> Any:
