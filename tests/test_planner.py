@@ -104,6 +104,18 @@ def test_memory_binds_and_splits_evenly():
         assert max(chunks) - min(chunks) <= 1  # never 159 + 41
 
 
+def test_the_measured_range_binds_where_larger_chunks_fit_the_budget_but_not_the_range():
+    specs = tuple(DimSpec(n, 200, DimRole.FREE) for n in "xyz")
+    per_task = int(100 * 200**3 / 40)  # larger chunks than the range allows fit the budget
+    ranged = PlanProblem("op", specs, linear_peak(100.0), max_task_elements=200**3 / 400)
+    plan = plan_chunks(ranged, budget(per_task))
+    assert plan.binding == Binding.MODEL_RANGE
+    assert math.prod(max(c) for c in plan.dask_chunks.values()) <= 200**3 / 400
+    # a range wider than the budget allows leaves the budget binding
+    wide = PlanProblem("op", specs, linear_peak(100.0), max_task_elements=200**3 / 4)
+    assert plan_chunks(wide, budget(per_task)).binding == Binding.MEMORY
+
+
 def test_parallelism_when_memory_is_plentiful():
     specs = (DimSpec("x", 1000), DimSpec("y", 1000))
     problem = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-8)

@@ -13,7 +13,13 @@ from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.errors import MeasuringWorkerDiedError
-from xarray_memchunk.measure.calibrate import growing_shapes, trusted_range
+from xarray_memchunk.measure.calibrate import (
+    DEFAULT_SECONDS,
+    MAX_WORK_SECONDS,
+    _work_bound,
+    growing_shapes,
+    trusted_range,
+)
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
 from xarray_memchunk.models.probe_process import ProbeProcess
@@ -235,6 +241,14 @@ def test_models_are_trusted_twice_as_far_only_where_they_grew_linearly():
     # 12.5% faster than its block: not extrapolated
     assert trusted_range([measured(1000, 10_000), measured(2000, 22_500)]) == 2000
     assert trusted_range([measured(2000, 20_000)]) == 2000
+
+
+def test_long_work_lets_calibration_measure_larger_blocks():
+    # the largest block: 1 s on 2**20 elements
+    largest = TaskProfile({"x": 2**20}, "float32", 0, 0, 1.0, 1, "hwm", {"x": 2**20})
+    assert _work_bound(largest, {"x": 2**24}) < DEFAULT_SECONDS  # 16 s of work: the default
+    assert _work_bound(largest, {"x": 2**30}) == pytest.approx(0.01 * 1024)  # 1024 s: 1%
+    assert _work_bound(largest, {"x": 2**34}) == MAX_WORK_SECONDS
 
 
 def test_growing_shapes_keep_whole_dims_and_double():

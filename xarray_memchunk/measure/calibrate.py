@@ -464,6 +464,14 @@ DEFAULT_SECONDS = 3.0
 MIN_LARGEST_TASK_SECONDS = 0.5
 #: Seconds self-calibration may take where its blocks ran too short to stop at.
 MAX_SECONDS = 10.0
+#: Share of the work it plans (the function's measured seconds per element over the whole
+#: array) that self-calibration may take past its default bound, measuring larger blocks: a
+#: plan stays within twice the largest, and a stencil's tasks that small recompute their halo
+#: over and over (the seed's GST3D, halo 10, on 776 x 731 x 731: blocks of 520,182 elements,
+#: 42% of each task its own voxels).
+WORK_SHARE = 0.01
+#: Seconds self-calibration may take at most under :data:`WORK_SHARE`.
+MAX_WORK_SECONDS = 30.0
 #: Peak growth over element growth, between the two largest blocks measured, up to which a
 #: model counts as linear.
 LINEAR_GROWTH = 1.05
@@ -592,7 +600,9 @@ def self_calibrate(
     The time bound holds what is measured after the largest block. Under the default bound,
     where the largest block measured ran shorter than :data:`MIN_LARGEST_TASK_SECONDS`, blocks
     keep growing up to :data:`MAX_SECONDS`: plans go up to twice the largest block, and tasks
-    much shorter than a second spend their time on Dask's per-task overhead and halos.
+    much shorter than a second spend their time on Dask's per-task overhead and halos. Where
+    the work planned is long, the default bound grows to :data:`WORK_SHARE` of it (at most
+    :data:`MAX_WORK_SECONDS`): larger blocks measured widen the range plans may use.
 
     Parameters
     ----------
@@ -646,7 +656,8 @@ def self_calibrate(
             now = time.perf_counter()
             overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
             after = _after(operator, kwargs, extents, whole)
-            left = limit - (now - start)
+            bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
+            left = bound - (now - start)
             if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
                 left = max(left, max_limit - (now - start))
             if not _grow(profiles, per_task, left, after, overhead):
@@ -764,6 +775,16 @@ def superlinear_dims(
     half = largest.peak_bytes / 2
     falling = [d for d, p in halved.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
     return falling or list(halved)
+
+
+def _work_bound(largest: TaskProfile, sizes: Mapping[str, int]) -> float:
+    """Seconds calibration may take for the work it plans: :data:`WORK_SHARE` of it, capped.
+
+    The work is the whole array at the largest block's seconds per element, on one thread.
+    """
+    elements = math.prod(largest.extents.values())
+    work = largest.seconds / max(1, elements) * math.prod(sizes.values())
+    return min(MAX_WORK_SECONDS, WORK_SHARE * work)
 
 
 def _after(

@@ -219,8 +219,10 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
     chosen, notes = fastest, list(problem.notes)
     binding = Binding.PARALLELISM if n_chunks[fastest] > 1 else Binding.TASK_OVERHEAD
-    if not fits[int(order[0])]:
-        binding = Binding.MEMORY if peak[int(order[0])] > budget.per_task else Binding.MODEL_RANGE
+    faster = order[: int(np.flatnonzero(order == fastest)[0])]  # ranked ahead, none fits
+    if len(faster):  # the range binds where one of them fits the budget but not the range
+        in_budget = (peak[faster] <= budget.per_task).any()
+        binding = Binding.MODEL_RANGE if in_budget else Binding.MEMORY
     if not aligned[fastest]:
         aligned_fits = ranked[aligned[ranked]]
         limit = seconds[fastest] * (1 + ALIGNMENT_TOLERANCE)
