@@ -467,8 +467,8 @@ MAX_SECONDS = 10.0
 #: Share of the work it plans (the function's measured seconds per element over the whole
 #: array) that self-calibration may take past its default bound, measuring larger blocks: a
 #: plan stays within twice the largest, and a stencil's tasks that small recompute their halo
-#: over and over (the seed's GST3D, halo 10, on 776 x 731 x 731: blocks of 520,182 elements,
-#: 42% of each task its own voxels).
+#: over and over (the seed's GST3D, halo 10, on 776 x 731 x 731 under the 3 s bound: tasks of
+#: 60 x 74 x 49 voxels padded to 80 x 94 x 69, 42% of each task its own).
 WORK_SHARE = 0.01
 #: Seconds self-calibration may take at most under :data:`WORK_SHARE`.
 MAX_WORK_SECONDS = 30.0
