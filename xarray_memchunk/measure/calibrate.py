@@ -657,10 +657,9 @@ def self_calibrate(
             overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
             after = _after(operator, kwargs, extents, whole)
             bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
-            left = bound - (now - start)
             if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
-                left = max(left, max_limit - (now - start))
-            if not _grow(profiles, per_task, left, after, overhead):
+                bound = max(bound, max_limit)
+            if not _grow(profiles, per_task, bound - (now - start), after, overhead):
                 break
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
