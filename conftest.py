@@ -1,4 +1,4 @@
-"""Test-run settings, for the tests and the tutorial notebooks (collected by nbmake) alike.
+"""Test-run settings, for the tests and the tutorial notebooks (``pytest notebooks``) alike.
 
 - The notebooks run at their small size.
 - User calibrations (self-calibration, learning from runs) go to a temporary directory, never

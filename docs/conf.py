@@ -1,8 +1,10 @@
 """Sphinx configuration: MyST pages, executed tutorial notebooks, accessor API reference."""
 
+import atexit
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import sphinx_autosummary_accessors
@@ -45,6 +47,11 @@ nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True  # a failing cell prints its traceback in the build log
 os.environ.setdefault("MEMCHUNK_NOTEBOOK_SIZE", "small")
+# What the notebooks measure and learn goes to a directory removed after the build, never to the
+# user's own calibrations (which would also make a second build plan differently from the first).
+_CALIBRATIONS = tempfile.mkdtemp(prefix="memchunk-docs-calibrations-")
+os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", _CALIBRATIONS)
+atexit.register(shutil.rmtree, _CALIBRATIONS, ignore_errors=True)
 tutorials = HERE / "tutorials"
 tutorials.mkdir(exist_ok=True)
 for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
