@@ -8,8 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xarray_memchunk import Budget, InfeasiblePlanError
+from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.planning.balance import balanced_chunks
 from xarray_memchunk.planning.budget import MEASURED_BASELINE
+from xarray_memchunk.planning.footprint import InputKind, InputLayout
 from xarray_memchunk.planning.plan import Binding
 from xarray_memchunk.planning.problem import DimRole, DimSpec, PlanProblem
 from xarray_memchunk.planning.search import plan_chunks, plan_for_chunks
@@ -224,7 +226,6 @@ def test_infeasible_under_a_hand_built_budget_asks_for_a_larger_per_task_budget(
 
 
 def test_the_minimum_a_refusal_states_is_kept_and_suffices():
-    from xarray_memchunk.memory_limits import make_budget
     from xarray_memchunk.units import format_size_up
 
     specs = (DimSpec("time", 10_000, DimRole.WHOLE), DimSpec("x", 10))
@@ -237,3 +238,23 @@ def test_the_minimum_a_refusal_states_is_kept_and_suffices():
     assert plan.predicted_peak_bytes <= plan.budget.per_task
     with pytest.raises(InfeasiblePlanError):
         plan_chunks(problem, make_budget(int(minimum * 0.99), 2, 1, "test", worker_baseline=0))
+
+
+def test_a_stated_minimum_is_one_at_which_a_chunking_within_the_measured_range_fits():
+    # the input comes from a Dask graph in one 4000 x 4000 float64 chunk: a plan of that one
+    # chunk holds nothing beside its task, where smaller chunks also hold the 128 MB they are
+    # cut from. The least peak of all is then the whole array, beyond the model's measured
+    # range (trial 391: a refusal's minimum at which the plan was refused again, for the range)
+    n = 4000
+    specs = tuple(DimSpec(d, n, DimRole.FREE, storage_chunk=n) for d in "xy")
+    source = InputLayout("v", ("x", "y"), 8, InputKind.GRAPH, {"x": n, "y": n})
+    problem = PlanProblem(
+        "op", specs, linear_peak(10.0), inputs=(source,), max_task_elements=n * n / 4
+    )
+    with pytest.raises(InfeasiblePlanError) as refused:
+        plan_chunks(problem, make_budget(400 * 10**6, 1, 2, "test"))
+    needed = refused.value.minimum_memory_limit
+    at_minimum = make_budget(needed, 1, 2, "test")
+    plan = plan_chunks(problem, at_minimum)  # runs where the refusal said it would
+    assert math.prod(max(c) for c in plan.dask_chunks.values()) <= n * n / 4
+    assert plan.predicted_peak_bytes <= at_minimum.per_task

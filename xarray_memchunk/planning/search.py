@@ -206,7 +206,9 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
         )
     fits &= measured
     if not fits.any():
-        smallest = int(np.argmin(peak))
+        # the least a chunking within the measured range needs: the minimum a refusal states
+        # is one at which the plan it names is allowed
+        smallest = int(np.argmin(np.where(measured, peak, np.inf)))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
         least = {k: float(getattr(terms, k)[smallest]) for k in Footprint.TERMS}
         needed = budget.minimum_memory_limit(sum(least.values()))
