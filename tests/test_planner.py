@@ -258,3 +258,13 @@ def test_a_stated_minimum_is_one_at_which_a_chunking_within_the_measured_range_f
     plan = plan_chunks(problem, at_minimum)  # runs where the refusal said it would
     assert math.prod(max(c) for c in plan.dask_chunks.values()) <= n * n / 4
     assert plan.predicted_peak_bytes <= at_minimum.per_task
+
+
+def test_a_range_below_every_chunking_is_refused_for_the_range_with_no_minimum():
+    # a halo of 10 pads the smallest task to 21 elements: none within a range of 16, and none
+    # fits the budget either (10 MB an element): no memory_limit would let it run
+    halo = DimSpec("x", 100, DimRole.HALO, depth=10)
+    problem = PlanProblem("op", (halo,), linear_peak(1e7), max_task_elements=16)
+    with pytest.raises(InfeasiblePlanError, match="every chunking it allows has tasks") as err:
+        plan_chunks(problem, make_budget(400 * 10**6, 1, 2, "test"))
+    assert err.value.minimum_memory_limit is None  # no memory lets it run: calibrate instead

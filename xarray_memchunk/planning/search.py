@@ -198,11 +198,13 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     for name, cap in problem.max_extents.items():
         if name in cuts:
             measured = measured & (cuts[name].padded <= cap)
-    if (fits & ~measured).any() and not (fits & measured).any():
+    beyond = not measured.any() or ((fits & ~measured).any() and not (fits & measured).any())
+    if beyond:
+        which = "that fits the budget" if measured.any() else "it allows"
         raise InfeasiblePlanError(
-            f"{problem.operator!r}: every chunking that fits the budget has tasks larger than "
-            f"its memory model was measured on ({_measured_range(problem)}); calibrate it on "
-            f"larger blocks (xarray_memchunk.calibrate with shapes=...)"
+            f"{problem.operator!r}: every chunking {which} has tasks larger than its memory "
+            f"model was measured on ({_measured_range(problem)}); calibrate it on larger "
+            f"blocks (xarray_memchunk.calibrate with shapes=...)"
         )
     fits &= measured
     if not fits.any():
