@@ -47,8 +47,9 @@ nb_execution_timeout = 600
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True  # a failing cell prints its traceback in the build log
 os.environ.setdefault("MEMCHUNK_NOTEBOOK_SIZE", "small")
-# What the notebooks measure and learn goes to a directory removed after the build, never to the
-# user's own calibrations (which would also make a second build plan differently from the first).
+# What the notebooks measure and learn goes to a directory removed after the build, not to the
+# user's own calibrations (which would also make a second build plan differently from the first),
+# unless MEMCHUNK_CALIBRATION_DIR is set already.
 _CALIBRATIONS = tempfile.mkdtemp(prefix="memchunk-docs-calibrations-")
 os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", _CALIBRATIONS)
 atexit.register(shutil.rmtree, _CALIBRATIONS, ignore_errors=True)

@@ -14,9 +14,9 @@ from xarray_memchunk.operators.rolling import window_halo
 from xarray_memchunk.planning.candidates import padded_extent
 from xarray_memchunk.testing import run_watched
 
-# The data are standard normal float32. A rolling sum runs along each task's block, so where the
-# plan (timed when it measures itself) puts the block edges moves the last bits of values near
-# zero: compare relative to the data's scale (the CI run that failed differed by 2.1e-8).
+# The data are standard normal float32. A rolling sum runs along each task's block, so where a
+# plan puts the block edges (a plan left to choose them is timed) moves the last bits of values
+# near zero: compare relative to the data's scale (the CI run that failed differed by 2.1e-8).
 FLOAT32 = {"rtol": 1e-6, "atol": 1e-6}
 
 
