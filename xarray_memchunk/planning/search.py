@@ -198,15 +198,15 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     for name, cap in problem.max_extents.items():
         if name in cuts:
             measured = measured & (cuts[name].padded <= cap)
-    beyond = not measured.any() or ((fits & ~measured).any() and not (fits & measured).any())
-    if beyond:
-        which = "that fits the budget" if measured.any() else "it allows"
+    in_range = fits & measured
+    if not measured.any() or (fits.any() and not in_range.any()):
+        which = "it allows" if not measured.any() else "that fits the budget"
         raise InfeasiblePlanError(
             f"{problem.operator!r}: every chunking {which} has tasks larger than its memory "
             f"model was measured on ({_measured_range(problem)}); calibrate it on larger "
             f"blocks (xarray_memchunk.calibrate with shapes=...)"
         )
-    fits &= measured
+    fits = in_range
     if not fits.any():
         # the least a chunking within the measured range needs: the minimum a refusal states
         # is one at which the plan it names is allowed
