@@ -3,6 +3,7 @@
     python benchmarks/trials.py run --seed 2026 --stop 768       # resumable: skips done trials
     python benchmarks/trials.py run --start 100 --stop 200 --max-minutes 120
     python benchmarks/trials.py again 44 --why "..."              # after a fix: run it again
+    python benchmarks/trials.py again 44 --why "..." --memchunk-only  # Dask's side kept
     python benchmarks/trials.py summary                           # the table, from the JSONL
 
 Each trial (:func:`harness.trials.draw`) is run in a process of its own, on fresh
@@ -11,7 +12,8 @@ trial whose process dies or overruns is recorded as such. ``summary`` prints the
 table and writes it to ``benchmarks/results/trials.md``. ``again`` runs trials once more after
 the library changed to fix what they found: the record is replaced, and the one it replaces is
 kept in its ``earlier`` list with why it was run again and the commit it ran at; the summary
-names them.
+names them. With ``--memchunk-only`` (a fix to memchunk, which Dask's side does not run), only
+memchunk's side runs again, and the record keeps the earlier run's Dask side (``dask_kept``).
 """
 
 from __future__ import annotations
@@ -67,13 +69,16 @@ def run(args: argparse.Namespace) -> None:
         print(_line(record), flush=True)
 
 
-def _run_in_process(seed: int, index: int, env: dict[str, str]) -> dict[str, Any]:
-    """Trial ``index``, run by ``one`` in a process of its own; its record."""
+def _run_in_process(
+    seed: int, index: int, env: dict[str, str], sides: tuple[str, ...] = SIDES
+) -> dict[str, Any]:
+    """Trial ``index``, run by ``one`` in a process of its own (its ``sides``); its record."""
     from harness.trials import _timeout, draw
 
     trial = draw(seed, index)
     limit = 600 + 3 * _timeout(trial)  # input, both sides, a refusal's rerun
     command = [sys.executable, __file__, "one", "--seed", str(seed), str(index)]
+    command += [f"--side={side}" for side in sides]
     started = time.monotonic()
     try:
         done_run = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env)
@@ -97,7 +102,11 @@ def again(args: argparse.Namespace) -> None:
             i for i, r in enumerate(records) if r["seed"] == args.seed and r["index"] == index
         ]
         earlier = records[position]
-        record = _run_in_process(args.seed, index, env)
+        sides = ("memchunk",) if args.memchunk_only else SIDES
+        record = _run_in_process(args.seed, index, env, sides)
+        if args.memchunk_only and "crashed" not in record:
+            record["dask"] = earlier["dask"]
+            record["dask_kept"] = earlier.get("commit", "the first run")
         kept = {k: v for k, v in earlier.items() if k not in ("earlier",)}
         record["earlier"] = [*earlier.get("earlier", []), {**kept, "why": args.why}]
         record["commit"] = commit
@@ -116,7 +125,7 @@ def one(args: argparse.Namespace) -> None:
     """Run one trial here and print its record as a JSON line."""
     from harness.trials import draw, run_trial
 
-    print(json.dumps(run_trial(draw(args.seed, args.index))), flush=True)
+    print(json.dumps(run_trial(draw(args.seed, args.index), args.side or SIDES)), flush=True)
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -246,7 +255,8 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             for before in r["earlier"]:
                 lines.append(f"- before: {_line(before)}")
                 lines.append(f"  - why: {before['why']}")
-            lines.append(f"  - again at {r.get('commit', '?')}: {_line(r)}")
+            only = " (memchunk's side only; Dask's kept)" if r.get("dask_kept") else ""
+            lines.append(f"  - again at {r.get('commit', '?')}{only}: {_line(r)}")
     by_op = Counter(r["op"] for r in ran)
     lines += ["", "Trials per operator: " + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))]
     return "\n".join(lines)
@@ -278,10 +288,14 @@ def main() -> None:
     one_parser = commands.add_parser("one", help="run one trial, print its JSON line")
     one_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     one_parser.add_argument("index", type=int)
+    one_parser.add_argument("--side", action="append", choices=SIDES, help="only this side")
     again_parser = commands.add_parser("again", help="after a fix: run trials again")
     again_parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     again_parser.add_argument("--why", required=True, help="what was fixed")
     again_parser.add_argument("index", type=int, nargs="+")
+    again_parser.add_argument(
+        "--memchunk-only", action="store_true", help="run memchunk's side; keep Dask's"
+    )
     commands.add_parser("summary", help="print the summary table, write trials.md")
     for sub in commands.choices.values():
         sub.add_argument("--out", type=Path, default=JSONL, help="the JSONL of trials")

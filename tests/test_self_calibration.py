@@ -15,15 +15,19 @@ import xarray_memchunk as xm
 from xarray_memchunk.errors import MeasuringWorkerDiedError
 from xarray_memchunk.measure.calibrate import (
     DEFAULT_SECONDS,
+    HALO_WORK_SHARE,
     MAX_WORK_SECONDS,
     _work_bound,
     growing_shapes,
+    own_share_elements,
     trusted_range,
 )
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
 from xarray_memchunk.models.probe_process import ProbeProcess
 from xarray_memchunk.models.profiling import TaskProfile, measures_here
+from xarray_memchunk.operators import DimUse
+from xarray_memchunk.planning.problem import DimRole
 from xarray_memchunk.units import to_bytes
 
 pytestmark = pytest.mark.cluster
@@ -220,7 +224,10 @@ def test_a_deliberately_small_model_learns_from_a_paused_run(user_dir, quiet_dis
             Client(cluster) as client,
         ):
             plans.append(data.memchunk.plan(op))
-            outcomes.append(run_watched(client, "hog", lambda: plans[-1].apply().data.sum()))
+            # a run whose workers pause over memory that never frees would wait forever
+            outcomes.append(
+                run_watched(client, "hog", lambda: plans[-1].apply().data.sum(), timeout=180)
+            )
             reports.append(plans[-1].report())
     first, second = outcomes
     assert first.pauses > 0 or first.worker_deaths > 0  # the wrong model hurt the first run
@@ -249,6 +256,24 @@ def test_long_work_lets_calibration_measure_larger_blocks():
     assert _work_bound(largest, {"x": 2**24}) < DEFAULT_SECONDS  # 16 s of work: the default
     assert _work_bound(largest, {"x": 2**30}) == pytest.approx(0.01 * 1024)  # 1024 s: 1%
     assert _work_bound(largest, {"x": 2**34}) == MAX_WORK_SECONDS
+
+
+def test_a_stencils_calibration_aims_at_tasks_half_their_own():
+    halo = {d: DimUse(DimRole.HALO, depth=10) for d in ("z", "y", "x")}
+    sizes = {"z": 776, "y": 731, "x": 731}
+    # a cube's own share (s / (s + 20))**3 reaches 0.5 at s = 77: 97**3 = 912,673 padded
+    padded = own_share_elements(sizes, [], halo)
+    assert 912_673 <= padded < 2 * 912_673
+    free = {d: DimUse() for d in sizes}
+    assert own_share_elements(sizes, [], free) == 0
+    # a trailing window along time only: the first, smallest block is 92% its own
+    window = {"time": DimUse(DimRole.HALO, depth=(29, 0)), "y": DimUse(), "x": DimUse()}
+    assert own_share_elements({"time": 10_000, "y": 100, "x": 100}, [], window) < 2**13
+    assert _work_bound(
+        TaskProfile({"x": 2**20}, "float32", 0, 0, 1.0, 1, "hwm", {"x": 2**20}),
+        {"x": 2**28},
+        HALO_WORK_SHARE,
+    ) == pytest.approx(HALO_WORK_SHARE * 256)
 
 
 def test_growing_shapes_keep_whole_dims_and_double():

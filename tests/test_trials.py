@@ -113,3 +113,10 @@ def test_a_trial_run_again_after_a_fix_names_its_earlier_run(records):
     assert "- before: " in text and "memchunk hung" in text
     assert "  - why: held input fixed" in text
     assert "  - again at abc1234: " in text
+
+
+def test_a_trial_run_again_on_memchunks_side_only_says_dasks_was_kept(records):
+    earlier = records[1] | {"memchunk": _side("hung"), "why": "calibration range widened"}
+    records[1] = records[1] | {"earlier": [earlier], "commit": "abc1234", "dask_kept": "f00"}
+    text = summary_table(records)
+    assert "  - again at abc1234 (memchunk's side only; Dask's kept): " in text

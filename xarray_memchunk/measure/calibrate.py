@@ -43,7 +43,7 @@ from ..models.profiling import (
 from ..operators import Cost, DimUse, Operator, get_operator
 from ..operators.cost import bind_cost, with_squared_extents
 from ..planning.candidates import padded_extent
-from ..planning.problem import DimRole
+from ..planning.problem import DimRole, halo_sides
 
 __all__ = [
     "SelfCalibration",
@@ -472,6 +472,15 @@ MAX_SECONDS = 10.0
 WORK_SHARE = 0.01
 #: Seconds self-calibration may take at most under :data:`WORK_SHARE`.
 MAX_WORK_SECONDS = 30.0
+#: Share of a stencil's padded task that is its own voxels, not its neighbours' halo, that the
+#: range self-calibration measures should allow: below it, most of each task's work is halo
+#: recomputed (the seed's GST3D, halo 10, ran past its time limit in three trials on tasks 32%
+#: to 42% their own, held there by the measured range).
+OWN_SHARE = 0.5
+#: Share of the work it plans that self-calibration may take, where its blocks are still too
+#: small for a range that allows tasks :data:`OWN_SHARE` their own (at most
+#: :data:`MAX_WORK_SECONDS`).
+HALO_WORK_SHARE = 0.05
 #: Peak growth over element growth, between the two largest blocks measured, up to which a
 #: model counts as linear.
 LINEAR_GROWTH = 1.05
@@ -569,6 +578,26 @@ def growing_shapes(
         target *= 2
 
 
+def own_share_elements(
+    sizes: Mapping[str, int], whole: Sequence[str], uses: Mapping[str, DimUse]
+) -> int:
+    """Padded elements of the smallest task that is :data:`OWN_SHARE` its own voxels.
+
+    Tasks grow in the array's proportions (:func:`growing_shapes`); an interior task reads its
+    halo from both sides along each halo dim it does not span whole. Without halo dims, the
+    smallest task is its own whole: 0.
+    """
+    halos = {d: u.depth for d, u in uses.items() if u.role is DimRole.HALO and d in sizes}
+    depth = {d: sum(halo_sides(h)) for d, h in halos.items()}
+    if not any(depth.values()):
+        return 0
+    for extents in growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS):
+        padded = {d: n + (depth.get(d, 0) if n < sizes[d] else 0) for d, n in extents.items()}
+        if math.prod(extents.values()) >= OWN_SHARE * math.prod(padded.values()):
+            return math.prod(padded.values())
+    return math.prod(sizes.values())  # not reached: the whole array has no halo
+
+
 def self_calibrate(
     operator: Operator,
     da: Any,
@@ -602,7 +631,9 @@ def self_calibrate(
     keep growing up to :data:`MAX_SECONDS`: plans go up to twice the largest block, and tasks
     much shorter than a second spend their time on Dask's per-task overhead and halos. Where
     the work planned is long, the default bound grows to :data:`WORK_SHARE` of it (at most
-    :data:`MAX_WORK_SECONDS`): larger blocks measured widen the range plans may use.
+    :data:`MAX_WORK_SECONDS`): larger blocks measured widen the range plans may use. For a
+    stencil, until the range allows tasks :data:`OWN_SHARE` their own voxels
+    (:func:`own_share_elements`), it grows to :data:`HALO_WORK_SHARE` of the work.
 
     Parameters
     ----------
@@ -629,6 +660,8 @@ def self_calibrate(
     uses, key = operator.dims(da, **kwargs), operator.cost(da, **kwargs).calibration_key
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
+    # the largest block whose range (twice it) allows a stencil's tasks their own share
+    halo_block = own_share_elements(sizes, whole, uses) / EXTRAPOLATION
 
     # the data's own coordinates: a function of dates (a climatology) finds them
     coords = {str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()}
@@ -657,6 +690,8 @@ def self_calibrate(
             overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
             after = _after(operator, kwargs, extents, whole)
             bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
+            if not given and math.prod(extents.values()) < halo_block:
+                bound = max(bound, _work_bound(profiles[-1], sizes, HALO_WORK_SHARE))
             if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
                 bound = max(bound, max_limit)
             if not _grow(profiles, per_task, bound - (now - start), after, overhead):
@@ -776,14 +811,14 @@ def superlinear_dims(
     return falling or list(halved)
 
 
-def _work_bound(largest: TaskProfile, sizes: Mapping[str, int]) -> float:
-    """Seconds calibration may take for the work it plans: :data:`WORK_SHARE` of it, capped.
+def _work_bound(largest: TaskProfile, sizes: Mapping[str, int], share: float = WORK_SHARE) -> float:
+    """Seconds calibration may take for the work it plans: ``share`` of it, capped.
 
     The work is the whole array at the largest block's seconds per element, on one thread.
     """
     elements = math.prod(largest.extents.values())
     work = largest.seconds / max(1, elements) * math.prod(sizes.values())
-    return min(MAX_WORK_SECONDS, WORK_SHARE * work)
+    return min(MAX_WORK_SECONDS, share * work)
 
 
 def _after(
