@@ -79,6 +79,33 @@ def test_a_function_calibrates_itself_once_and_again_when_changed(user_dir, thre
     np.testing.assert_array_equal(out, smooth_reference(data.values))
 
 
+def test_a_calibration_stopped_by_a_small_budget_is_measured_again_for_a_larger_one(
+    user_dir, threaded
+):
+    def hungry(block):  # about 100 x its block
+        return np.stack([block] * 100).sum(0)
+
+    op = xm.BlockwiseOperator("selfcal-hungry", hungry)
+    data = field()
+
+    def trusted() -> float:
+        return load_calibration(op.calibration, "cpu", "float32").metadata["fit"][
+            "max_task_elements"
+        ]
+
+    small = data.memchunk.plan(op, memory_limit="500MB")
+    assert any(n.startswith("memory model calibrated now") for n in small.notes)
+    narrow = trusted()
+    assert narrow < data.size  # the budget stopped the blocks
+    with dask.config.set({"memchunk.self-calibration-seconds": 20}):  # time never stops it
+        large = data.memchunk.plan(op, memory_limit="8GB")
+    assert any("measured again on larger blocks" in n for n in large.notes)
+    assert trusted() > narrow
+    # the wider range is kept: planning under the small budget again measures nothing
+    again = data.memchunk.plan(op, memory_limit="500MB")
+    assert not any("calibrated now" in n for n in again.notes)
+
+
 def smooth_reference(values):
     return ndimage.uniform_filter(values, size=5, mode="reflect")
 

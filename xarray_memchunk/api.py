@@ -27,7 +27,7 @@ from .measure.calibrate import self_calibrate
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
 from .memory_limits import Budget, resolve_budget
-from .models import load_calibration
+from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, resolve_cost
@@ -344,6 +344,25 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
     return device
 
 
+def _measured_for_less(known: Calibration | None, per_task: int) -> str:
+    """Why a self-calibration is measured again: its blocks stopped at a smaller budget; or "".
+
+    A self-calibration stops growing its blocks where the next would need more than the
+    per-task budget of the plan that ran it, and plans stay within twice the largest block: a
+    plan refused under a small ``memory_limit``, then made under a larger one, would be held
+    to the first plan's range. It is measured again where this plan's budget holds the block
+    that stopped it (its peak recorded as ``next_block_peak_bytes``).
+    """
+    stopped = known.metadata.get("fit", {}).get("next_block_peak_bytes") if known else None
+    if stopped is None or per_task < stopped:
+        return ""
+    return (
+        f"its calibration stopped growing blocks where the next needed "
+        f"{format_size(stopped)}, over the per-task budget it was measured for: measured "
+        f"again on larger blocks for this plan's {format_size(per_task)}"
+    )
+
+
 def _cost(
     operator: Operator,
     name: str,
@@ -359,9 +378,11 @@ def _cost(
     A self-calibrating operator without a calibration is measured in a worker
     (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`), and so is a NumPy function whose
     last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
-    worker running its task, or a task needed more than twice its prediction). The plan's
-    notes say so. With ``measure="never"`` nothing is measured: the first is refused, the
-    second planned with its model raised as runs taught (x2 at most per run).
+    worker running its task, or a task needed more than twice its prediction), and so is a
+    self-calibrating operator whose blocks stopped growing at a smaller budget than this plan's
+    (:func:`_measured_for_less`). The plan's notes say so. With ``measure="never"`` nothing is
+    measured: the first is refused, the second planned with its model raised as runs taught
+    (x2 at most per run), the third with the range it has.
 
     Raises
     ------
@@ -376,13 +397,18 @@ def _cost(
     measurable, doubt = cost.measurable, cost.identity_doubt  # a NumPy function
     calibrates_itself = measurable and cost.model is None
     unknown = known is None or bool(doubt)
+    narrow = (
+        _measured_for_less(known, budget.per_task)
+        if calibrates_itself and not unknown and measure != "never"
+        else ""
+    )
     if measure == "never" and calibrates_itself and unknown:
         raise CalibrationError(_no_model(operator, device, dtype, doubt))
     if doubt and measure != "never":  # a cached model may be another function's: measured now
         notes.append(f"the identity of {operator.name!r} is not certain ({doubt}): measured now")
     if measure == "never" and wrong:
         pass  # not measured again: planned with the model raised, as the note below says
-    elif (calibrates_itself and unknown) or (measurable and wrong):
+    elif (calibrates_itself and (unknown or narrow)) or (measurable and wrong):
         if device != "cpu":
             raise CalibrationError(
                 f"operator {operator.name!r} calibrates itself on the CPU only; give it a "
@@ -390,6 +416,8 @@ def _cost(
             )
         if wrong:
             notes.append(f"{_found_wrong(operator, learned)}: measured again now")
+        elif narrow:
+            notes.append(narrow)
         notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
         if wrong:
             settle_observations(key, device, dtype)

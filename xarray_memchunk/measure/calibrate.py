@@ -399,6 +399,7 @@ def fit_record(
     measured_range: bool = False,
     squared_dims: Sequence[str] = (),
     resident: tuple[int, int] | None = None,
+    next_peak: float | None = None,
 ) -> dict[str, Any]:
     """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
 
@@ -409,6 +410,9 @@ def fit_record(
     the measuring process's resident memory before and after the runs
     (``resident_before_bytes``, ``resident_after_bytes``): what running the operator leaves in
     a worker (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`).
+    ``next_peak``: the peak extrapolated for the block twice the largest, where it was over the
+    per-task budget and stopped the blocks from growing (``next_block_peak_bytes``): a plan
+    whose budget holds it measures larger blocks.
     """
     fit, seconds = fit_profiles(operator, profiles, kwargs, squared_dims)
     stats: dict[str, float] = {
@@ -420,6 +424,8 @@ def fit_record(
     }
     if measured_range:
         stats["max_task_elements"] = trusted_range(profiles)
+    if next_peak is not None:
+        stats["next_block_peak_bytes"] = next_peak
     if resident is not None and all(resident):  # 0: not measurable here
         stats["resident_before_bytes"], stats["resident_after_bytes"] = resident
     if squared_dims:
@@ -675,6 +681,7 @@ def self_calibrate(
         return profile_in_worker(profiler, runner, [case], dtype, repeats=repeats)
 
     profiles: list[TaskProfile] = []
+    over_budget: float | None = None  # the next block's peak, where it stopped the growth
     with _profiling_client(client or active_client()) as profiler:
         if not measures_here(profiler):  # this process only waits for the blocks meanwhile
             import_fitting_in_background()
@@ -694,7 +701,12 @@ def self_calibrate(
                 bound = max(bound, _work_bound(profiles[-1], sizes, HALO_WORK_SHARE))
             if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
                 bound = max(bound, max_limit)
-            if not _grow(profiles, per_task, bound - (now - start), after, overhead):
+            # the next peak is extrapolated from the last two blocks' growth (at least
+            # doubling): a function whose memory grows faster than its block stops in time
+            if _next_peak(profiles) > per_task:  # the range stops at this budget's blocks
+                over_budget = _next_peak(profiles)
+                break
+            if not _grow(profiles, bound - (now - start), after, overhead):
                 break
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
@@ -707,7 +719,13 @@ def self_calibrate(
     squared = superlinear_dims(operator, kwargs, profiles, halved)
     everything = [*profiles, *halved.values(), *trees]
     record = fit_record(
-        operator, everything, kwargs, measured_range=True, squared_dims=squared, resident=resident
+        operator,
+        everything,
+        kwargs,
+        measured_range=True,
+        squared_dims=squared,
+        resident=resident,
+        next_peak=over_budget,
     )
     path = save_calibration(
         key,
@@ -836,28 +854,29 @@ def _after(
 
 
 def _grow(
-    profiles: Sequence[TaskProfile],
-    per_task: int,
-    seconds_left: float,
-    after: float = 0.0,
-    overhead: float = 0.0,
+    profiles: Sequence[TaskProfile], seconds_left: float, after: float = 0.0, overhead: float = 0.0
 ) -> bool:
-    """Whether to measure a block twice as large: time left, and its peak within a task's budget.
+    """Whether the time left holds a block twice as large (at least three are measured).
 
-    The next peak is extrapolated from the last two blocks' growth (at least doubling), so a
-    function whose memory grows faster than its block is caught before it outgrows the budget.
     The time left must hold the next block and what is measured after the largest one
     (``after`` x it: :func:`_after`), each measurement with its ``overhead`` (seconds beyond
-    the task, as the last one took), so that the whole calibration keeps to its bound.
+    the task, as the last one took), so that the whole calibration keeps to its bound. The
+    next block's time grows as its peak (:func:`_growth`).
     """
-    last = profiles[-1]
-    growth = 2.0
-    if len(profiles) >= 2 and profiles[-2].peak_bytes > 0:
-        growth = max(2.0, last.peak_bytes / profiles[-2].peak_bytes)
-    if growth * last.peak_bytes > per_task:
-        return False
-    next_block = growth * last.seconds + overhead
+    next_block = _growth(profiles) * profiles[-1].seconds + overhead
     return len(profiles) < 3 or next_block * (1.0 + after) < seconds_left
+
+
+def _growth(profiles: Sequence[TaskProfile]) -> float:
+    """How much the next block's peak grows over the last: the last two's growth, at least 2."""
+    if len(profiles) >= 2 and profiles[-2].peak_bytes > 0:
+        return max(2.0, profiles[-1].peak_bytes / profiles[-2].peak_bytes)
+    return 2.0
+
+
+def _next_peak(profiles: Sequence[TaskProfile]) -> float:
+    """The peak of a block twice the last, extrapolated from the last two (:func:`_growth`)."""
+    return _growth(profiles) * profiles[-1].peak_bytes
 
 
 @contextlib.contextmanager
