@@ -703,8 +703,9 @@ def self_calibrate(
                 bound = max(bound, max_limit)
             # the next peak is extrapolated from the last two blocks' growth (at least
             # doubling): a function whose memory grows faster than its block stops in time
-            if _next_peak(profiles) > per_task:  # the range stops at this budget's blocks
-                over_budget = _next_peak(profiles)
+            if _next_peak(profiles) > per_task:
+                if any(n < sizes[d] for d, n in extents.items()):  # a larger block is left
+                    over_budget = _next_peak(profiles)  # the range stops at this budget's
                 break
             if not _grow(profiles, bound - (now - start), after, overhead):
                 break
