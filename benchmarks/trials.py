@@ -104,9 +104,10 @@ def again(args: argparse.Namespace) -> None:
         earlier = records[position]
         sides = ("memchunk",) if args.memchunk_only else SIDES
         record = _run_in_process(args.seed, index, env, sides)
-        if args.memchunk_only and "crashed" not in record:
+        if args.memchunk_only and "crashed" not in record and "dask" in earlier:
             record["dask"] = earlier["dask"]
-            record["dask_kept"] = earlier.get("commit", "the first run")
+            # where Dask's side ran: an earlier rerun may have kept it too
+            record["dask_kept"] = earlier.get("dask_kept") or earlier.get("commit", "the first run")
         kept = {k: v for k, v in earlier.items() if k not in ("earlier",)}
         record["earlier"] = [*earlier.get("earlier", []), {**kept, "why": args.why}]
         record["commit"] = commit

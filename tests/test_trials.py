@@ -120,3 +120,24 @@ def test_a_trial_run_again_on_memchunks_side_only_says_dasks_was_kept(records):
     records[1] = records[1] | {"earlier": [earlier], "commit": "abc1234", "dask_kept": "f00"}
     text = summary_table(records)
     assert "  - again at abc1234 (memchunk's side only; Dask's kept): " in text
+
+
+def test_again_on_memchunks_side_only_keeps_where_dasks_side_ran(records, tmp_path, monkeypatch):
+    import argparse
+    import json
+
+    import trials
+
+    path = tmp_path / "trials.jsonl"
+    records[1] |= {"seed": 5, "index": 9, "commit": "aaa"}
+    path.write_text(json.dumps(records[1]) + "\n")
+    fresh = records[1] | {"memchunk": _side(seconds=3.0)}
+    del fresh["dask"]  # memchunk's side only, as `one --side memchunk` records it
+    monkeypatch.setattr(trials, "_run_in_process", lambda seed, index, env, sides: dict(fresh))
+    for _ in range(2):
+        args = argparse.Namespace(out=path, seed=5, index=[9], why="fixed", memchunk_only=True)
+        trials.again(args)
+    (record,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert record["dask"] == records[1]["dask"]
+    assert record["dask_kept"] == "aaa"  # the commit Dask's side ran at, not the first rerun's
+    assert len(record["earlier"]) == 2

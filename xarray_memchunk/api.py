@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -344,17 +345,22 @@ def _device(obj: xr.DataArray | xr.Dataset, operator: Operator) -> str:
     return device
 
 
-def _measured_for_less(known: Calibration | None, per_task: int) -> str:
+def _measured_for_less(known: Calibration | None, per_task: int, elements: int) -> str:
     """Why a self-calibration is measured again: its blocks stopped at a smaller budget; or "".
 
     A self-calibration stops growing its blocks where the next would need more than the
     per-task budget of the plan that ran it, and plans stay within twice the largest block: a
     plan refused under a small ``memory_limit``, then made under a larger one, would be held
     to the first plan's range. It is measured again where this plan's budget holds the block
-    that stopped it (its peak recorded as ``next_block_peak_bytes``).
+    that stopped it (its peak recorded as ``next_block_peak_bytes``), and this plan's array
+    (``elements``) is larger than the largest block measured: a smaller array's blocks would
+    narrow the range, not widen it.
     """
     stopped = known.metadata.get("fit", {}).get("next_block_peak_bytes") if known else None
     if stopped is None or per_task < stopped:
+        return ""
+    largest = max((math.prod(p["extents"].values()) for p in known.profiles), default=0)
+    if elements <= largest:
         return ""
     return (
         f"its calibration stopped growing blocks where the next needed "
@@ -398,7 +404,7 @@ def _cost(
     calibrates_itself = measurable and cost.model is None
     unknown = known is None or bool(doubt)
     narrow = (
-        _measured_for_less(known, budget.per_task)
+        _measured_for_less(known, budget.per_task, da.size)
         if calibrates_itself and not unknown and measure != "never"
         else ""
     )

@@ -587,11 +587,12 @@ def growing_shapes(
 def own_share_elements(
     sizes: Mapping[str, int], whole: Sequence[str], uses: Mapping[str, DimUse]
 ) -> int:
-    """Padded elements of the smallest task that is :data:`OWN_SHARE` its own voxels.
+    """Padded elements of the first task, doubling, that is :data:`OWN_SHARE` its own voxels.
 
-    Tasks grow in the array's proportions (:func:`growing_shapes`); an interior task reads its
-    halo from both sides along each halo dim it does not span whole. Without halo dims, the
-    smallest task is its own whole: 0.
+    Tasks double in the array's proportions from :data:`WARM_UP_ELEMENTS`
+    (:func:`growing_shapes`); an interior task reads its halo from both sides along each halo
+    dim it does not span whole, so the whole array, the last, is all its own. 0 without halo
+    dims: nothing to aim for.
     """
     halos = {d: u.depth for d, u in uses.items() if u.role is DimRole.HALO and d in sizes}
     depth = {d: sum(halo_sides(h)) for d, h in halos.items()}
@@ -600,8 +601,8 @@ def own_share_elements(
     for extents in growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS):
         padded = {d: n + (depth.get(d, 0) if n < sizes[d] else 0) for d, n in extents.items()}
         if math.prod(extents.values()) >= OWN_SHARE * math.prod(padded.values()):
-            return math.prod(padded.values())
-    return math.prod(sizes.values())  # not reached: the whole array has no halo
+            break
+    return math.prod(padded.values())
 
 
 def self_calibrate(
@@ -666,7 +667,8 @@ def self_calibrate(
     uses, key = operator.dims(da, **kwargs), operator.cost(da, **kwargs).calibration_key
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
-    # the largest block whose range (twice it) allows a stencil's tasks their own share
+    # the smallest block whose range (twice it, where memory grew linearly) allows a
+    # stencil's tasks their own share
     halo_block = own_share_elements(sizes, whole, uses) / EXTRAPOLATION
 
     # the data's own coordinates: a function of dates (a climatology) finds them
@@ -703,11 +705,14 @@ def self_calibrate(
                 bound = max(bound, max_limit)
             # the next peak is extrapolated from the last two blocks' growth (at least
             # doubling): a function whose memory grows faster than its block stops in time
+            grow = _grow(profiles, bound - (now - start), after, overhead)
             if _next_peak(profiles) > per_task:
-                if any(n < sizes[d] for d, n in extents.items()):  # a larger block is left
-                    over_budget = _next_peak(profiles)  # the range stops at this budget's
+                # the range stops at this budget's blocks, where a larger one is left and time
+                # would have measured it: a larger budget measures again
+                if grow and any(n < sizes[d] for d, n in extents.items()):
+                    over_budget = _next_peak(profiles)
                 break
-            if not _grow(profiles, bound - (now - start), after, overhead):
+            if not grow:
                 break
         halved = {
             d: measure(shape)[0] for d, shape in halved_shapes(profiles[-1].extents, whole).items()
