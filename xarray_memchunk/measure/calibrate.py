@@ -43,7 +43,7 @@ from ..models.profiling import (
 from ..operators import Cost, DimUse, Operator, get_operator
 from ..operators.cost import bind_cost, with_squared_extents
 from ..planning.candidates import padded_extent
-from ..planning.problem import DimRole, halo_sides
+from ..planning.problem import DimRole
 
 __all__ = [
     "SelfCalibration",
@@ -590,16 +590,17 @@ def own_share_elements(
     """Padded elements of the first task, doubling, that is :data:`OWN_SHARE` its own voxels.
 
     Tasks double in the array's proportions from :data:`WARM_UP_ELEMENTS`
-    (:func:`growing_shapes`); an interior task reads its halo from both sides along each halo
-    dim it does not span whole, so the whole array, the last, is all its own. 0 without halo
-    dims: nothing to aim for.
+    (:func:`growing_shapes`), each padded as the planner pads the middle task of its dim
+    (:func:`~xarray_memchunk.planning.candidates.padded_extent`), so the whole array, the
+    last, is all its own. 0 without halo dims: nothing to aim for.
     """
     halos = {d: u.depth for d, u in uses.items() if u.role is DimRole.HALO and d in sizes}
-    depth = {d: sum(halo_sides(h)) for d, h in halos.items()}
-    if not any(depth.values()):
+    if not any(halos.values()):
         return 0
     for extents in growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS):
-        padded = {d: n + (depth.get(d, 0) if n < sizes[d] else 0) for d, n in extents.items()}
+        padded = {
+            d: int(padded_extent(n, -(-sizes[d] // n), halos.get(d, 0))) for d, n in extents.items()
+        }
         if math.prod(extents.values()) >= OWN_SHARE * math.prod(padded.values()):
             break
     return math.prod(padded.values())
@@ -706,11 +707,12 @@ def self_calibrate(
             # the next peak is extrapolated from the last two blocks' growth (at least
             # doubling): a function whose memory grows faster than its block stops in time
             grow = _grow(profiles, bound - (now - start), after, overhead)
-            if _next_peak(profiles) > per_task:
+            next_peak = _next_peak(profiles)
+            if next_peak > per_task:
                 # the range stops at this budget's blocks, where a larger one is left and time
                 # would have measured it: a larger budget measures again
                 if grow and any(n < sizes[d] for d, n in extents.items()):
-                    over_budget = _next_peak(profiles)
+                    over_budget = next_peak
                 break
             if not grow:
                 break
