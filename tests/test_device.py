@@ -100,3 +100,19 @@ def test_mixed_devices_in_one_dataset_is_an_error(monkeypatch):
         ds.memchunk.plan("mean", dim="time")
     with pytest.raises(xm.MemchunkError, match="mixes NumPy"):
         ds.memchunk.budget()
+
+
+def test_a_gpu_plan_takes_the_fewest_tasks_its_memory_allows(fake_gpu):
+    # 8 threads feed one GPU, which runs one task's kernels at a time: more tasks add halo and
+    # overhead, no parallelism. On CPUs the same budget is cut for the 8 threads.
+    volume = xr.DataArray(np.zeros((256, 256, 256), "float32"), dims=("x", "y", "z")).chunk()
+    gst3d = {"dims": ("x", "y", "z")}
+    with dask.config.set(num_workers=8):
+        on_gpu = volume.memchunk.plan("gst3d", **gst3d)
+        budget = on_gpu.budget
+    assert budget.device == "gpu" and budget.threads_per_worker == 8
+    assert budget.compute_slots == 1 and budget.total_threads == 8
+    assert on_gpu.n_chunks == 1
+    same_budget_on_cpu = xm.Budget(**{**vars(budget), "device": "cpu"})
+    on_cpu = volume.memchunk.plan("gst3d", memory_limit=same_budget_on_cpu, **gst3d)
+    assert on_cpu.n_chunks >= 8

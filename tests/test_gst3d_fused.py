@@ -44,7 +44,7 @@ def test_weights_are_scipys(sigma, truncate, order):
     )
     np.testing.assert_array_equal(weights, response[::-1])
     # SciPy's test: a single weight counts as symmetric
-    assert fused._symmetry(weights) == (1 if order == 0 or radius == 0 else -1)
+    assert fused.symmetry(weights) == (1 if order == 0 or radius == 0 else -1)
     private = getattr(getattr(ndimage, "_filters", None), "_gaussian_kernel1d", None)
     if private is not None:
         np.testing.assert_array_equal(weights, private(sigma, order, radius)[::-1])
@@ -64,10 +64,10 @@ def test_passes_match_correlate1d_on_lines_shorter_than_the_kernel(n, sym):
     got = np.empty_like(plane)
     idx = np.empty(13, np.int64)
     acc = np.empty(fused.ACCUMULATOR)
-    fused._pass_rows(plane, w, fused._symmetry(w), got, idx, acc)
+    fused._pass_rows(plane, w, fused.symmetry(w), got, idx, acc)
     np.testing.assert_array_equal(got, expected_rows)
     ext = np.empty(plane.shape[1] + 12)
-    fused._pass_last(plane, w, fused._symmetry(w), got, ext, acc)
+    fused._pass_last(plane, w, fused.symmetry(w), got, ext, acc)
     np.testing.assert_array_equal(got, expected_last)
 
 

@@ -11,6 +11,8 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from xarray_memchunk.operators.arrays import to_numpy
+
 __all__ = ["noise", "to_host"]
 
 
@@ -47,7 +49,15 @@ def noise(
     return xr.DataArray(data, dims=tuple(dims))
 
 
-def to_host(array: da.Array) -> da.Array:
-    """``array`` with every block copied to the host: a NumPy result, as when written out."""
+def _pageable(block):
+    return block.get() if hasattr(block, "get") else block
+
+
+def to_host(array: da.Array, pinned: bool = True) -> da.Array:
+    """``array`` with every block copied to the host: a NumPy result, as when written out.
+
+    Into pinned memory (the library's :func:`~xarray_memchunk.operators.arrays.to_numpy`), or
+    with ``pinned=False`` into pageable memory (``cupy.ndarray.get()``).
+    """
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
-    return array.map_blocks(lambda b: b.get() if hasattr(b, "get") else b, meta=meta)
+    return array.map_blocks(to_numpy if pinned else _pageable, meta=meta)

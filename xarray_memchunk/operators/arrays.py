@@ -1,7 +1,7 @@
 """Which array library a block belongs to: NumPy on the CPU, CuPy on a GPU.
 
-Operators write their block functions once, against ``xp`` (the array namespace) and
-``ndimage`` (``scipy.ndimage`` or ``cupyx.scipy.ndimage``), and get them from the block itself.
+Operators write their block functions once, against ``xp`` (the array namespace), and get it
+from the block itself.
 CuPy is imported only when a block is a CuPy array.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "is_cupy", "ndimage_module", "to_numpy"]
+__all__ = ["array_module", "is_cupy", "to_numpy"]
 
 
 def is_cupy(x: Any) -> bool:
@@ -29,17 +29,22 @@ def array_module(x: Any) -> ModuleType:
     return np
 
 
-def ndimage_module(x: Any) -> ModuleType:
-    """``cupyx.scipy.ndimage`` for a CuPy array, else ``scipy.ndimage``."""
-    if is_cupy(x):
-        import cupyx.scipy.ndimage
-
-        return cupyx.scipy.ndimage
-    from scipy import ndimage
-
-    return ndimage
-
-
 def to_numpy(x: Any) -> np.ndarray:
-    """``x`` as a NumPy array, copied from the device for a CuPy array."""
-    return x.get() if is_cupy(x) else np.asarray(x)
+    """``x`` as a NumPy array; a CuPy array is copied to the host into pinned memory.
+
+    A copy into pageable memory (``cupy.ndarray.get()``) is staged through the driver's own
+    buffers: 28.6 ms for a 274^3 float32 block on an H100, against 1.6 ms into pinned (page
+    locked) memory (``benchmarks/gpu_gst3d_stages.py``). The pinned buffer comes from CuPy's
+    pinned memory pool and goes back to it when the returned array is freed.
+    """
+    if not is_cupy(x):
+        return np.asarray(x)
+    if x.size == 0:
+        return x.get()
+    import cupy
+
+    x = cupy.ascontiguousarray(x)
+    memory = cupy.cuda.alloc_pinned_memory(x.nbytes)
+    host = np.frombuffer(memory, x.dtype, x.size).reshape(x.shape)
+    x.get(out=host)
+    return host

@@ -113,6 +113,17 @@ class Budget:
         """Tasks that run at the same time across all workers."""
         return self.n_workers * self.threads_per_worker
 
+    @property
+    def compute_slots(self) -> int:
+        """Tasks whose computations overlap in time: the time model's parallelism.
+
+        Every thread of a CPU worker computes on its own core. A GPU runs one task's kernels
+        at a time (each fills the device), so its threads share one slot: a plan for a GPU
+        gains nothing from more tasks than GPUs, while each task's halo, Dask overhead and
+        launches cost time. Memory still counts every thread's task (:attr:`per_task`).
+        """
+        return self.n_workers if self.device == "gpu" else self.total_threads
+
     def format(self, nbytes: float) -> str:
         """Format ``nbytes`` as every size is shown: binary units, as Dask prints them."""
         return format_size(nbytes)

@@ -59,6 +59,7 @@ from .workspace import (
     batch_size,
     correlation_weights,
     gaussian_weights,
+    symmetry,
     workspace_planes,
 )
 
@@ -84,20 +85,6 @@ ACCUMULATOR = 1024
 _JIT = {"cache": True, "fastmath": False, "nogil": True, "error_model": "numpy"}
 _RAD2DEG = 180.0 / np.pi
 _THIRD_TURN = 2.0 * np.pi / 3.0
-
-
-def _symmetry(weights: np.ndarray) -> int:
-    """1, -1 or 0: SciPy's test for a symmetric, antisymmetric or general kernel."""
-    size = weights.shape[0]
-    if size % 2 == 0:
-        return 0
-    half = size // 2
-    eps = np.finfo(np.float64).eps
-    if all(abs(weights[half + i] - weights[half - i]) <= eps for i in range(1, half + 1)):
-        return 1
-    if all(abs(weights[half + i] + weights[half - i]) <= eps for i in range(1, half + 1)):
-        return -1
-    return 0
 
 
 # --- 1-D passes, as scipy.ndimage.correlate1d computes them ----------------------------------
@@ -713,11 +700,11 @@ def _run(x, kernel, sigma, rho, truncate, attribute, out, tensor_out) -> None:
         x,
         KERNEL_CODES[kernel],
         wd,
-        _symmetry(wd),
+        symmetry(wd),
         ws,
-        _symmetry(ws),
+        symmetry(ws),
         wr,
-        _symmetry(wr),
+        symmetry(wr),
         attribute,
         out,
         tensor_out,

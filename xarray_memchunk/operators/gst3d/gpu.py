@@ -6,7 +6,8 @@ arithmetic runs as one
 matrix in float64 registers and writes the attribute, so the solve needs no device memory
 beyond its output. The code below is the CPU kernel's eigen-analysis, line for line: trace
 normalisation, the trigonometric eigenvalues, the largest of three cross products, the
-degenerate case reported as vertical, and the same sign convention.
+degenerate case reported as vertical, the same sign convention, and NaN components giving
+NaN for every attribute (clipping keeps NaN, and NaN is not degenerate).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ __all__ = ["ATTRIBUTE_CODES", "gpu_attribute"]
 ATTRIBUTE_CODES = {"dip": 0, "azimuth": 1, "planarity": 2, "linearity": 3}
 
 _PREAMBLE = r"""
+__device__ double memchunk_clip_unit(double v) {  // np.clip(v, -1, 1): NaN stays NaN
+    return v < -1.0 ? -1.0 : (v > 1.0 ? 1.0 : v);
+}
+
 __device__ double memchunk_gst3d(double a11, double a22, double a33,
                                  double a12, double a13, double a23, int attribute) {
     const double pi = 3.141592653589793;
@@ -33,14 +38,14 @@ __device__ double memchunk_gst3d(double a11, double a22, double a33,
     double safe = p > 0.0 ? p : 1.0;
     double det = b11 * (b22 * b33 - a23 * a23) - a12 * (a12 * b33 - a23 * a13)
                  + a13 * (a12 * a23 - b22 * a13);
-    double r = fmin(fmax(det / (2.0 * safe * safe * safe), -1.0), 1.0);
+    double r = memchunk_clip_unit(det / (2.0 * safe * safe * safe));
     double phi = acos(r) / 3.0;
     double l1 = q + 2.0 * p * cos(phi);
     double l3 = q + 2.0 * p * cos(phi + 2.0 * pi / 3.0);
     double l2 = 3.0 * q - l1 - l3;
     if (attribute >= 2) {
         l1 *= scale; l2 *= scale; l3 *= scale;
-        if (!(l1 > 0.0)) return 0.0;
+        if (l1 <= 0.0) return 0.0;  // a zero tensor; NaN stays NaN
         return attribute == 2 ? (l1 - l2) / l1 : (l2 - l3) / l1;
     }
     double r0[3] = {a11 - l1, a12, a13};
@@ -62,12 +67,12 @@ __device__ double memchunk_gst3d(double a11, double a22, double a33,
         }
     }
     double norm = sqrt(best_norm);
-    bool degenerate = !(norm > 1e-30);
+    bool degenerate = norm <= 1e-30;  // NaN is not degenerate: it stays NaN
     double inv = degenerate ? 0.0 : 1.0 / norm;
     double x = best[0] * inv, y = best[1] * inv, z = degenerate ? 1.0 : best[2] * inv;
     double sign = z < 0.0 ? -1.0 : 1.0;
     if (attribute == 0) {
-        return acos(fmin(fmax(z * sign, -1.0), 1.0)) * (180.0 / pi);
+        return acos(memchunk_clip_unit(z * sign)) * (180.0 / pi);
     }
     double azimuth = fmod(atan2(x * sign, y * sign) * (180.0 / pi), 360.0);
     return azimuth < 0.0 ? azimuth + 360.0 : azimuth;

@@ -23,26 +23,24 @@ are SciPy's arithmetic operation for operation, in the input's precision (float3
 float64), so the tensor is bit-identical to ``scipy.ndimage``'s; the eigen-analysis is
 a closed form per voxel, in float64.
 
-CuPy blocks run the same filters with ``cupyx.scipy.ndimage``, freeing each intermediate as
-soon as it is used, so the peak is about the padded input, three gradients, six tensor
-components and one output, in the input's precision (float32 in: ~40 bytes per padded voxel),
-and the eigen-analysis as one fused CUDA kernel (:mod:`.gpu`): the block never leaves the
-device.
+CuPy blocks run the same passes as CUDA kernels (:mod:`.gpu_filters`: the same arithmetic,
+so the same tensor, bit for bit), freeing each intermediate as soon as it is used, so the peak
+is at most nine padded blocks in the input's precision (the input, gradients still needed, a
+scratch buffer and the tensor components; float32 in: ~36 bytes per padded voxel), and the
+eigen-analysis as one fused CUDA kernel (:mod:`.gpu`): the block never leaves the device.
 
 NaNs: every filter is a direct correlation that multiplies every tap, zero weights included
 (the box filter too, instead of ``scipy.ndimage.uniform_filter``'s running sum, which carries
 a NaN to the end of its line), so an output voxel is NaN exactly when an input voxel within
 its halo (:func:`halo_depth`) is NaN, for every attribute, and a chunked result equals the
-unchunked one, NaNs included. ``cupyx`` skips zero weights, so on the GPU NaN is set from the
-input's NaN, dilated by the halo (:func:`_nan_within_halo`), which is where the CPU carries it.
+unchunked one, NaNs included, on either device.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import array_module, is_cupy, ndimage_module
-from .workspace import D2GEO_BOX, D2GEO_DERIVATIVE, D2GEO_SMOOTHING
+from ..arrays import array_module, is_cupy
 
 __all__ = ["ATTRIBUTES", "KERNELS", "gst3d_block", "gst3d_on_axes", "halo_depth"]
 
@@ -64,85 +62,6 @@ def halo_depth(kernel: str, sigma: float, rho: float, truncate: float) -> int:
     if kernel == "d2geo":
         return 2
     return _radius(sigma, truncate) + _radius(rho, truncate)
-
-
-def _gradient(x, axis: int, kernel: str, sigma: float, truncate: float, dtype):
-    ndimage, xp = ndimage_module(x), array_module(x)
-    if kernel == "d2geo":
-        g = ndimage.correlate1d(
-            x, xp.asarray(D2GEO_DERIVATIVE), axis=axis, output=dtype, mode="reflect"
-        )
-        for other in range(3):
-            if other != axis:
-                ndimage.correlate1d(
-                    g, xp.asarray(D2GEO_SMOOTHING), axis=other, output=g, mode="reflect"
-                )
-        return g
-    order = [0, 0, 0]
-    order[axis] = 1
-    return ndimage.gaussian_filter(
-        x, sigma, order=order, output=dtype, mode="reflect", truncate=truncate
-    )
-
-
-def _smooth(product, out, kernel: str, rho: float, truncate: float) -> None:
-    ndimage, xp = ndimage_module(product), array_module(product)
-    if kernel == "d2geo":  # a 3x3x3 box, as three direct correlations
-        box = xp.asarray(D2GEO_BOX)
-        ndimage.correlate1d(product, box, axis=0, output=out, mode="reflect")
-        for axis in (1, 2):
-            ndimage.correlate1d(out, box, axis=axis, output=out, mode="reflect")
-    else:
-        ndimage.gaussian_filter(product, rho, output=out, mode="reflect", truncate=truncate)
-
-
-def _structure_tensor(x, kernel, sigma, rho, truncate, dtype):
-    """The six smoothed tensor components (xx, yy, zz, xy, xz, yz); gradients freed on the way.
-
-    CuPy blocks' path (NumPy blocks run :func:`.fused.gst3d`, which computes the same tensor).
-    """
-    xp = array_module(x)
-    gx = _gradient(x, 0, kernel, sigma, truncate, dtype)
-    gy = _gradient(x, 1, kernel, sigma, truncate, dtype)
-    gz = _gradient(x, 2, kernel, sigma, truncate, dtype)
-    buf = xp.empty_like(gx)
-    tensor = {}
-    for key, a, b in (("xx", gx, gx), ("xy", gx, gy), ("xz", gx, gz)):
-        xp.multiply(a, b, out=buf)
-        tensor[key] = xp.empty_like(buf)
-        _smooth(buf, tensor[key], kernel, rho, truncate)
-    del gx, a, b
-    for key, a, b in (("yy", gy, gy), ("yz", gy, gz)):
-        xp.multiply(a, b, out=buf)
-        tensor[key] = xp.empty_like(buf)
-        _smooth(buf, tensor[key], kernel, rho, truncate)
-    del gy, a, b
-    xp.multiply(gz, gz, out=buf)
-    del gz
-    tensor["zz"] = xp.empty_like(buf)
-    _smooth(buf, tensor["zz"], kernel, rho, truncate)
-    del buf
-    return [tensor[k].reshape(-1) for k in ("xx", "yy", "zz", "xy", "xz", "yz")]
-
-
-def _nan_within_halo(x, out, depth: int) -> None:
-    """Set ``out`` to NaN wherever a NaN of ``x`` lies within ``depth`` voxels along every axis.
-
-    SciPy's filters, and the fused CPU kernel, multiply every weight, so a NaN reaches every
-    voxel within the halo: a box.
-    ``cupyx.scipy.ndimage`` skips zero weights (a derivative's centre), so on the GPU a NaN
-    reaches fewer voxels, and values next to it would be finite. This makes the two devices
-    agree: the box of NaN, dilated with the filters' ``reflect`` boundary. Blocks without NaN
-    pay one check.
-    """
-    xp, ndimage = array_module(x), ndimage_module(x)
-    nan = xp.isnan(x)
-    if not bool(nan.any()):
-        return
-    mask = nan.view(xp.uint8)
-    for axis in range(3):
-        mask = ndimage.maximum_filter1d(mask, 2 * depth + 1, axis=axis, mode="reflect")
-    out[mask.view(bool)] = xp.nan
 
 
 def gst3d_block(
@@ -191,13 +110,12 @@ def gst3d_block(
 
         return fused_gst3d(np.asarray(block), **options)
     from .gpu import gpu_attribute
+    from .gpu_filters import gpu_structure_tensor
 
     dtype = np.float64 if block.dtype == np.float64 else np.float32
-    components = _structure_tensor(block, kernel, sigma, rho, truncate, dtype)
+    components = gpu_structure_tensor(block, kernel, sigma, rho, truncate, dtype)
     out = xp.empty(block.shape, dtype=out_dtype)
     gpu_attribute(components, attribute, out.reshape(-1))
-    del components
-    _nan_within_halo(block, out, halo_depth(kernel, sigma, rho, truncate))
     return out
 
 

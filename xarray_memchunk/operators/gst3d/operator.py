@@ -193,8 +193,7 @@ class GST3D(Operator):
     #: Amplitudes: integers (counts) and float16, converted to float32 block by block, or
     #: float32 and float64 (float128 is refused by :meth:`check_arguments`).
     dtype_kinds = "iuf"
-    #: NumPy blocks run the fused Numba kernel; CuPy blocks ``cupyx.scipy.ndimage`` and a fused
-    #: CUDA kernel.
+    #: NumPy blocks run the fused Numba kernel; CuPy blocks the same passes as CUDA kernels.
     devices = ("cpu", "gpu")
     #: The Gaussian kernel and the 3-point one are calibrated apart (``gst3d-d2geo``).
     shipped_calibrations = ({}, {"kernel": "d2geo"})

@@ -16,6 +16,7 @@ __all__ = [
     "batch_size",
     "correlation_weights",
     "gaussian_weights",
+    "symmetry",
     "workspace_planes",
 ]
 
@@ -56,6 +57,20 @@ def gaussian_weights(sigma: float, order: int, truncate: float) -> np.ndarray:
     else:
         raise ValueError("order must be 0 or 1")
     return np.ascontiguousarray(kernel[::-1], dtype=np.float64)
+
+
+def symmetry(weights: np.ndarray) -> int:
+    """1, -1 or 0: SciPy's test for a symmetric, antisymmetric or general kernel."""
+    size = weights.shape[0]
+    if size % 2 == 0:
+        return 0
+    half = size // 2
+    eps = np.finfo(np.float64).eps
+    if all(abs(weights[half + i] - weights[half - i]) <= eps for i in range(1, half + 1)):
+        return 1
+    if all(abs(weights[half + i] + weights[half - i]) <= eps for i in range(1, half + 1)):
+        return -1
+    return 0
 
 
 def correlation_weights(kernel: str, sigma: float, rho: float, truncate: float):
