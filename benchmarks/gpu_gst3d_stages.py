@@ -15,8 +15,8 @@ Three tables:
    earlier path), the eigen-analysis kernel, the whole block, and the result's copy to
    the host, pageable and pinned.
 3. **Dask** (threaded scheduler, ``--threads``): an N^3 volume made on the GPU, planned by
-   memchunk, with each result block copied to the host into pinned memory (the library's
-   ``to_numpy``), into pageable memory (``.get()``), and not at all (a 1-voxel read of each
+   memchunk, with each result block copied to the host into pinned memory (from CuPy's pinned
+   memory pool), into pageable memory (``.get()``), and not at all (a 1-voxel read of each
    block, so the work is done but little is copied); median of ``--repeats`` after a warm-up.
 """
 
@@ -28,10 +28,9 @@ import time
 
 import dask
 import numpy as np
-from harness.device_data import noise, to_host
+from harness.device_data import noise, pinned_copy, to_host
 from harness.gst3d_cupyx import cupyx_structure_tensor
 
-from xarray_memchunk.operators.arrays import to_numpy
 from xarray_memchunk.operators.gst3d.fused import gst3d as cpu_gst3d
 from xarray_memchunk.operators.gst3d.fused import structure_tensor as cpu_structure_tensor
 from xarray_memchunk.operators.gst3d.gpu import gpu_attribute
@@ -93,7 +92,7 @@ def one_block(n: int, repeats: int) -> list[str]:
         "whole block (gst3d_block)": lambda: gst3d_block(x, **OPTIONS),
         "copy to host, pageable (out.get())": lambda: out.get(),
         "copy to host, pinned": lambda: out.get(out=host),
-        "copy to host, to_numpy (pinned, from CuPy's pool)": lambda: to_numpy(out),
+        "copy to host, pinned, from CuPy's pool (to_host)": lambda: pinned_copy(out),
     }
     lines = [
         f"One {n}^3 float32 block ({voxels / 1e6:.1f} Mvoxel), GPU time per call, median of "

@@ -4,7 +4,8 @@ Skipped where CuPy or a GPU is missing (``pip install -e ".[gpu]"`` on a CUDA ma
 
 Tolerances. GST3D: the filters are SciPy's arithmetic on both devices, so the tensor
 components are bit-identical (tested). The eigen-analysis is float64 on both with the same
-formulas, but CUDA's ``acos`` and ``cos`` may differ from the CPU's FDLIBM ones by an ulp. Such
+formulas, but CUDA's ``acos`` and ``cos`` may differ from the CPU's FDLIBM ones by an ulp, and
+NVRTC may fuse a multiply and an add into one FMA (``--fmad`` is on by default). Such
 a difference moves the principal direction by about 1e-16 / (l1 - l2) radians: nothing
 wherever the structure is planar, and unbounded where the two largest eigenvalues meet (no
 defined direction). So the bound is on the 99.9th percentile of dip and azimuth differences

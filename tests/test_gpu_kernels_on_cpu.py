@@ -145,7 +145,7 @@ def test_cuda_eigen_kernel_gives_nan_and_zero_tensors_as_the_cpu_does(tmp_path):
     library = _compile(DEVICE_STUBS + gpu._PREAMBLE + EIGEN_LAUNCHER, tmp_path / "eigen.so")
     block = np.random.default_rng(0).standard_normal((30, 24, 26)).astype(np.float32)
     block[15, 12, :] = np.nan
-    block[:3] = 0.0  # zero tensors near a face
+    block[:12] = 0.0  # zero tensors in the 3 planes beyond the halo (9) of the first data
     tensor = np.ascontiguousarray(structure_tensor(block), dtype=np.float32)
     for name, code in gpu.ATTRIBUTE_CODES.items():
         out = np.empty(block.size, np.float32)
@@ -157,3 +157,9 @@ def test_cuda_eigen_kernel_gives_nan_and_zero_tensors_as_the_cpu_does(tmp_path):
         if name == "azimuth":
             difference = np.minimum(difference, 360.0 - difference)
         assert np.nanmax(difference) < 1e-3, name
+        zero = out.reshape(block.shape)[:3]
+        if name in ("planarity", "linearity"):  # l1 = 0: 0, not NaN
+            np.testing.assert_array_equal(zero, 0.0)
+        else:  # degenerate: vertical, dip 0 and azimuth +0, as on the CPU
+            np.testing.assert_array_equal(np.signbit(zero), False)
+            np.testing.assert_array_equal(zero, 0.0)

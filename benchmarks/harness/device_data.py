@@ -11,9 +11,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from xarray_memchunk.operators.arrays import to_numpy
-
-__all__ = ["noise", "to_host"]
+__all__ = ["noise", "pinned_copy", "to_host"]
 
 
 def _block(x, block_id=None, xp=np, seed: int = 0):
@@ -53,11 +51,29 @@ def _pageable(block):
     return block.get() if hasattr(block, "get") else block
 
 
+def pinned_copy(block):
+    """``block`` copied into page-locked host memory from CuPy's pinned memory pool.
+
+    The pool keeps what it allocated (outside any memory budget) until ``free_all_blocks()``;
+    a copy into pageable memory is staged through the driver's own buffers and is ~15 times
+    slower (``benchmarks/gpu_gst3d_stages.py``).
+    """
+    if not hasattr(block, "get") or block.size == 0:
+        return _pageable(block)
+    import cupy
+
+    block = cupy.ascontiguousarray(block)
+    memory = cupy.cuda.alloc_pinned_memory(block.nbytes)
+    host = np.frombuffer(memory, block.dtype, block.size).reshape(block.shape)
+    block.get(out=host)
+    return host
+
+
 def to_host(array: da.Array, pinned: bool = True) -> da.Array:
     """``array`` with every block copied to the host: a NumPy result, as when written out.
 
-    Into pinned memory (the library's :func:`~xarray_memchunk.operators.arrays.to_numpy`), or
-    with ``pinned=False`` into pageable memory (``cupy.ndarray.get()``).
+    Into pinned memory (:func:`pinned_copy`), or with ``pinned=False`` into pageable memory
+    (``cupy.ndarray.get()``).
     """
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
-    return array.map_blocks(to_numpy if pinned else _pageable, meta=meta)
+    return array.map_blocks(pinned_copy if pinned else _pageable, meta=meta)

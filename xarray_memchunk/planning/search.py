@@ -60,18 +60,17 @@ def _keep_per_dim(problem: PlanProblem) -> int:
     return max(4, int(MAX_COMBINATIONS ** (1 / splittable) / 2))
 
 
-def _waves(n_tasks, budget: Budget):
+def _waves(n_tasks: np.ndarray | int, budget: Budget) -> np.ndarray:
     """Task durations a plan of ``n_tasks`` takes, the pipeline's fill and drain included.
 
-    On CPUs, ``PIPELINE_TAIL`` more than the waves of ``compute_slots`` tasks. A GPU computes
-    one task at a time however many threads feed it, so its tasks run back to back: their
-    number, with no tail (a tail would make more, smaller tasks look cheaper, where on the
-    device they only add halo and overhead: 8 tasks of 256^3 took 69 ms for a 400^3 volume,
-    one task 42 ms, on an H100).
+    The waves of ``compute_slots`` tasks, and on CPUs ``PIPELINE_TAIL`` more. A GPU computes
+    one task at a time however many threads feed it, so its tasks run back to back, with no
+    tail: a tail would make more, smaller tasks look cheaper, where on the device they only
+    add halo and overhead (a 400^3 volume in 8 tasks of up to 256^3 took 0.069 s, in one task
+    0.041 s, on an H100: ``benchmarks/results/gpu_gst3d.md``).
     """
-    if budget.device == "gpu":
-        return np.asarray(n_tasks, dtype=np.float64) / max(1, budget.compute_slots)
-    return np.ceil(n_tasks / max(1, budget.compute_slots)) + PIPELINE_TAIL
+    waves = np.ceil(np.asarray(n_tasks, dtype=np.float64) / max(1, budget.compute_slots))
+    return waves if budget.device == "gpu" else waves + PIPELINE_TAIL
 
 
 def _estimated_seconds(

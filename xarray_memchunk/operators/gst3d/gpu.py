@@ -75,7 +75,7 @@ __device__ double memchunk_gst3d(double a11, double a22, double a33,
         return acos(memchunk_clip_unit(z * sign)) * (180.0 / pi);
     }
     double azimuth = fmod(atan2(x * sign, y * sign) * (180.0 / pi), 360.0);
-    return azimuth < 0.0 ? azimuth + 360.0 : azimuth;
+    return azimuth < 0.0 ? azimuth + 360.0 : (azimuth == 0.0 ? 0.0 : azimuth);  // +0, as the CPU
 }
 """
 

@@ -33,6 +33,7 @@ import functools
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .workspace import correlation_weights, symmetry
 
@@ -132,6 +133,7 @@ _GRID_LIMIT = 65535
 
 @functools.cache
 def _module(dtype_name: str) -> Any:
+    """The CUDA passes compiled for ``float32`` or ``float64`` blocks (NVRTC, once per dtype)."""
     import cupy
 
     single = dtype_name == "float32"
@@ -143,7 +145,7 @@ def _module(dtype_name: str) -> Any:
 class _Passes:
     """Launches of the correlation kernels on blocks of one shape and dtype."""
 
-    def __init__(self, shape: tuple[int, int, int], dtype: np.dtype) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: DTypeLike) -> None:
         import cupy
 
         self.cupy = cupy
@@ -202,7 +204,7 @@ def _gradients(x: Any, passes: _Passes, kernel: str, wd: tuple, ws: tuple) -> li
 
 
 def gpu_structure_tensor(
-    x: Any, kernel: str, sigma: float, rho: float, truncate: float, dtype: np.dtype
+    x: Any, kernel: str, sigma: float, rho: float, truncate: float, dtype: DTypeLike
 ) -> list[Any]:
     """The six smoothed tensor components of a CuPy block, flat, as :mod:`.fused` computes them.
 
@@ -226,7 +228,9 @@ def gpu_structure_tensor(
     passes = _Passes(x.shape, x.dtype)
     wd, ws, wr = (passes.weights(w) for w in correlation_weights(kernel, sigma, rho, truncate))
     gx, gy, gz = _gradients(x, passes, kernel, wd, ws)
-    scratch = cupy.empty(x.shape, x.dtype)
+    del x  # a copy made above (another dtype or layout) is not needed any more
+    shape, dtype = passes.shape, passes.dtype
+    scratch = cupy.empty(shape, dtype)
     tensor = {}
     pairs = {"xx": ("gx", "gx"), "xy": ("gx", "gy"), "xz": ("gx", "gz")}
     pairs |= {"yy": ("gy", "gy"), "yz": ("gy", "gz"), "zz": ("gz", "gz")}
@@ -234,7 +238,7 @@ def gpu_structure_tensor(
     del gx, gy, gz
     last_use = {"gx": "xz", "gy": "yz", "gz": "zz"}
     for key, (a, b) in pairs.items():
-        component = cupy.empty(x.shape, x.dtype)
+        component = cupy.empty(shape, dtype)
         passes.run_product(gradients[a], gradients[b], 0, wr, component)
         passes.run(component, 1, wr, scratch)
         passes.run(scratch, 2, wr, component)

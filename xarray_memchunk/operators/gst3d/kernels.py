@@ -112,6 +112,8 @@ def gst3d_block(
     from .gpu import gpu_attribute
     from .gpu_filters import gpu_structure_tensor
 
+    if block.size == 0:  # a CUDA grid may not be empty
+        return xp.empty(block.shape, dtype=out_dtype)
     dtype = np.float64 if block.dtype == np.float64 else np.float32
     components = gpu_structure_tensor(block, kernel, sigma, rho, truncate, dtype)
     out = xp.empty(block.shape, dtype=out_dtype)

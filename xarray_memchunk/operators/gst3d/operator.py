@@ -241,16 +241,16 @@ class GST3D(Operator):
         fused kernel's workspace (:func:`~.fused.workspace_planes`: planes of crossline x
         sample, whatever the block's inline length). Analytic model until calibrated: those,
         1 byte each, 8 MiB fixed; and once per worker, Numba's runtime
-        (:data:`FUSED_RUNTIME_BYTES`). CuPy blocks run the unfused pipeline: the padded input,
-        3 gradients, 1 product buffer and 6 tensor components in the compute dtype, the
-        output, 8 MiB fixed.
+        (:data:`FUSED_RUNTIME_BYTES`). CuPy blocks run the CUDA passes (:mod:`.gpu_filters`):
+        at most 9 padded blocks in the compute dtype (the input, the gradients still needed, a
+        scratch buffer and the tensor components), the output, 8 MiB fixed.
         """
         on_cpu = device_of(da) == "cpu"
         if on_cpu:
             weights = {"input_bytes": 1.0, "output_bytes": 1.0, "workspace_bytes": 1.0}
         else:
             compute_itemsize = 8 if np.dtype(da.dtype) == np.float64 else 4
-            weights = {"input_bytes": 11 * compute_itemsize / da.dtype.itemsize}
+            weights = {"input_bytes": 9 * compute_itemsize / da.dtype.itemsize}
             weights["output_bytes"] = 1.0
         model = LinearMemoryModel(weights, intercept=8 * 2**20)
         return Cost(
