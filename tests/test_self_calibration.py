@@ -17,6 +17,7 @@ from xarray_memchunk.measure.calibrate import (
     DEFAULT_SECONDS,
     HALO_WORK_SHARE,
     MAX_WORK_SECONDS,
+    OWN_SHARE,
     _work_bound,
     growing_shapes,
     own_share_elements,
@@ -285,12 +286,13 @@ def test_long_work_lets_calibration_measure_larger_blocks():
     assert _work_bound(largest, {"x": 2**34}) == MAX_WORK_SECONDS
 
 
-def test_a_stencils_calibration_aims_at_tasks_half_their_own():
+def test_a_stencils_calibration_aims_at_tasks_two_thirds_their_own():
+    assert OWN_SHARE == pytest.approx(2 / 3)
     halo = {d: DimUse(DimRole.HALO, depth=10) for d in ("z", "y", "x")}
     sizes = {"z": 776, "y": 731, "x": 731}
-    # a cube's own share (s / (s + 20))**3 reaches 0.5 at s = 77: 97**3 = 912,673 padded
+    # a cube's own share (s / (s + 20))**3 reaches 2/3 at s = 138: 158**3 = 3,944,312 padded
     padded = own_share_elements(sizes, [], halo)
-    assert 912_673 <= padded < 2 * 912_673
+    assert 3_944_312 <= padded < 2 * 3_944_312
     free = {d: DimUse() for d in sizes}
     assert own_share_elements(sizes, [], free) == 0
     # a trailing window along time only: the first, smallest block is 92% its own
