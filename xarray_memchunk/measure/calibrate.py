@@ -482,8 +482,8 @@ MAX_WORK_SECONDS = 30.0
 #: range self-calibration measures should allow: below it, most of each task's work is halo
 #: recomputed. The seed's GST3D (halo 10) ran past its time limit in three trials on tasks 32%
 #: to 42% their own, held there by the measured range; with a range for half, trial 466 (1.5 GB,
-#: 2 workers x 1 thread, 2.5 GB each) planned tasks 48% their own, 0.8 GB under its budget, and
-#: at 2.3 us per padded voxel needed ~900 s of its 1020 s limit for the compute alone.
+#: 2 workers x 1 thread, 2.5 GB each) planned tasks 48% their own, with memory for larger ones,
+#: and at 2.3 us per padded voxel needed ~900 s of its 1019 s limit for the compute alone.
 OWN_SHARE = 2 / 3
 #: Share of the work it plans that self-calibration may take, where its blocks are still too
 #: small for a range that allows tasks :data:`OWN_SHARE` their own (at most
