@@ -43,7 +43,7 @@ from ..models.profiling import (
 from ..operators import Cost, DimUse, Operator, get_operator
 from ..operators.cost import bind_cost, with_squared_extents
 from ..planning.candidates import padded_extent
-from ..planning.problem import DimRole
+from ..planning.problem import DimRole, Halo
 
 __all__ = [
     "SelfCalibration",
@@ -159,11 +159,22 @@ def features_of(
     sizes = dict(sizes or extents)
     uses, cost = task_cost(operator, extents, dtype, kwargs, sizes)
     features = with_squared_extents(cost.features, list(squared_dims), np.dtype(dtype).itemsize)
-    padded = {
-        d: np.array([padded_extent(n, -(-sizes[d] // n), uses[d].depth if d in uses else 0)])
-        for d, n in extents.items()
-    }
+    depths = {d: u.depth for d, u in uses.items()}
+    padded = {d: np.array([n]) for d, n in padded_block(extents, sizes, depths).items()}
     return {k: float(np.asarray(v).reshape(-1)[0]) for k, v in features(padded).items()}
+
+
+def padded_block(
+    extents: Mapping[str, int], sizes: Mapping[str, int], depths: Mapping[str, Halo]
+) -> dict[str, int]:
+    """A block's extents padded as the planner pads the middle task of each dim.
+
+    :func:`~xarray_memchunk.planning.candidates.padded_extent` with the number of chunks of
+    that length along the whole array (``sizes``); a dim missing from ``depths`` has no halo.
+    """
+    return {
+        d: int(padded_extent(n, -(-sizes[d] // n), depths.get(d, 0))) for d, n in extents.items()
+    }
 
 
 def run_task(
@@ -600,9 +611,7 @@ def own_share_elements(
     if not any(halos.values()):
         return 0
     for extents in growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS):
-        padded = {
-            d: int(padded_extent(n, -(-sizes[d] // n), halos.get(d, 0))) for d, n in extents.items()
-        }
+        padded = padded_block(extents, sizes, halos)
         if math.prod(extents.values()) >= OWN_SHARE * math.prod(padded.values()):
             break
     return math.prod(padded.values())

@@ -231,20 +231,16 @@ def gpu_structure_tensor(
     del x  # a copy made above (another dtype or layout) is not needed any more
     shape, dtype = passes.shape, passes.dtype
     scratch = cupy.empty(shape, dtype)
-    tensor = {}
-    pairs = {"xx": ("gx", "gx"), "xy": ("gx", "gy"), "xz": ("gx", "gz")}
-    pairs |= {"yy": ("gy", "gy"), "yz": ("gy", "gz"), "zz": ("gz", "gz")}
-    gradients = {"gx": gx, "gy": gy, "gz": gz}
+    gradients = [gx, gy, gz]
     del gx, gy, gz
-    last_use = {"gx": "xz", "gy": "yz", "gz": "zz"}
-    for key, (a, b) in pairs.items():
-        component = cupy.empty(shape, dtype)
-        passes.run_product(gradients[a], gradients[b], 0, wr, component)
-        passes.run(component, 1, wr, scratch)
-        passes.run(scratch, 2, wr, component)
-        tensor[key] = component
-        for name, last in last_use.items():
-            if last == key:
-                del gradients[name]
+    tensor = {}
+    for a in range(3):  # xx, xy, xz; yy, yz; zz
+        for b in range(a, 3):
+            component = cupy.empty(shape, dtype)
+            passes.run_product(gradients[a], gradients[b], 0, wr, component)
+            passes.run(component, 1, wr, scratch)
+            passes.run(scratch, 2, wr, component)
+            tensor["xyz"[a] + "xyz"[b]] = component
+        gradients[a] = None  # its last product is made: freed
     del scratch
     return [tensor[k].reshape(-1) for k in ("xx", "yy", "zz", "xy", "xz", "yz")]
