@@ -164,9 +164,20 @@ def _slow(side: dict[str, Any], limit: float) -> bool:
     return side["outcome"] == "hung" and not _hung_for_memory(side, limit)
 
 
+def _refused_by_distributed(side: dict[str, Any], _: float = 0.0) -> bool:
+    """distributed's ``MemoryError``: a task's inputs alone exceed a worker's ``memory_limit``.
+
+    The scheduler raises it once the graph is running, after other tasks ran: the call a user
+    wrote failed for memory, not for a bug.
+    """
+    return side["outcome"] == "error" and side.get("error", "").startswith("MemoryError")
+
+
 def _failed(side: dict[str, Any], limit: float) -> bool:
-    """A memory failure: a pause, a death, KilledWorker, or a hang at the pause threshold."""
+    """A memory failure: a pause, a death, KilledWorker, distributed's ``MemoryError``, or a
+    hang at the pause threshold."""
     memory = side["outcome"] == "killed" or _hung_for_memory(side, limit)
+    memory = memory or _refused_by_distributed(side)
     return memory or side["pauses"] > 0 or side["deaths"] > 0
 
 
@@ -186,14 +197,18 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     n = len(ran)
     for label, test in (
         ("completed", lambda s, _: s["outcome"] == "completed"),
-        ("failed for memory (a pause, a death, KilledWorker or a hang)", _failed),
+        ("failed for memory (a pause, a death, KilledWorker, MemoryError or a hang)", _failed),
         ("  paused a worker", lambda s, _: s["pauses"] > 0),
         ("  lost a worker", lambda s, _: s["deaths"] > 0),
         ("  KilledWorker", lambda s, _: s["outcome"] == "killed"),
+        ("  MemoryError: a task's inputs exceed memory_limit", _refused_by_distributed),
         ("  hung at the pause threshold past its time limit", _hung_for_memory),
         ("past its time limit, every worker below the pause threshold", _slow),
         ("refused before running", lambda s, _: s["outcome"] == "refused"),
-        ("other error (not memory)", lambda s, _: s["outcome"] == "error"),
+        (
+            "other error (not memory)",
+            lambda s, _: s["outcome"] == "error" and not _refused_by_distributed(s),
+        ),
     ):
         counts = {side: sum(test(r[side], _limit(r)) for r in ran) for side in SIDES}
         rows.append(f"| {label} | {_pct(counts['dask'], n)} | {_pct(counts['memchunk'], n)} |")

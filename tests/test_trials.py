@@ -75,8 +75,8 @@ def records():
 def test_the_summary_counts_failures_ratios_and_refusals(records):
     text = summary_table(records)
     assert (
-        "| failed for memory (a pause, a death, KilledWorker or a hang) | 2 (66.7%) | 0 (0.0%) |"
-        in text
+        "| failed for memory (a pause, a death, KilledWorker, MemoryError or a hang) "
+        "| 2 (66.7%) | 0 (0.0%) |" in text
     )
     assert "memchunk / Dask, where both completed: median 0.50 (n=1)" in text
     assert "Dask did not pause or lose a worker: median 0.50 (n=1)" in text
@@ -103,6 +103,16 @@ def test_a_hang_counts_for_memory_only_at_the_pause_threshold(records):
     text = summary_table(records)
     assert "| past its time limit, every worker below the pause threshold | 1 (33.3%) |" in text
     assert "|   hung at the pause threshold past its time limit | 1 (33.3%) |" in text
+
+
+def test_distributeds_memory_error_counts_for_memory_not_as_another_error(records):
+    message = "MemoryError: Task ('rechunk-merge-c8', 0, 0) has 1.67 GiB worth of input"
+    records[0]["dask"] = _side("error", error=message)
+    records[1]["dask"] = _side("error", error="AttributeError: cannot access submodule")
+    text = summary_table(records)
+    assert "|   MemoryError: a task's inputs exceed memory_limit | 1 (33.3%) |" in text
+    assert "| other error (not memory) | 1 (33.3%) |" in text
+    assert "KilledWorker, MemoryError or a hang) | 2 (66.7%) |" in text
 
 
 def test_a_trial_run_again_after_a_fix_names_its_earlier_run(records):

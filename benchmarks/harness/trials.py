@@ -278,11 +278,6 @@ class Side:
     rerun: dict[str, Any] = field(default_factory=dict)
     total: float | None = None
 
-    @property
-    def failed(self) -> bool:
-        """A memory failure: a pause, a death, KilledWorker or a hang."""
-        return self.outcome in ("killed", "hung") or self.pauses > 0 or self.deaths > 0
-
 
 #: ``give each worker at least 1.23 GiB (memory_limit)``: the least a refusal states.
 _MINIMUM = re.compile(r"at least ([0-9.]+ ?[KMGT]i?B) \(memory_limit\)")
