@@ -1,4 +1,5 @@
 import math
+import os
 import re
 from types import SimpleNamespace
 
@@ -7,7 +8,7 @@ import pytest
 
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
 from xarray_memchunk.clusters import WorkerLayout, spec_workers
-from xarray_memchunk.memory_limits import make_budget
+from xarray_memchunk.memory_limits import machine_cores, make_budget
 from xarray_memchunk.planning.budget import (
     MEASURED_BASELINE,
     per_task_bytes,
@@ -82,6 +83,19 @@ def test_budget_object_passes_through():
     assert resolve_budget(b) is b
 
 
+def test_threads_compute_on_no_more_cores_than_they_share():
+    def layout(cores: int, device: str = "cpu") -> Budget:
+        return Budget(2**30, 4, 3, 2**27, "test", device=device, cores=cores)
+
+    # memory counts every thread's task; time, the cores those threads share
+    assert layout(2).total_threads == 12 and layout(2).compute_slots == 2
+    assert layout(0).compute_slots == 12  # not known: a core per thread
+    assert layout(64).compute_slots == 12
+    assert layout(2, device="gpu").compute_slots == 3  # a GPU computes one task at a time
+    assert resolve_budget("1GB").cores == machine_cores()  # the threaded scheduler: here
+    assert 1 <= machine_cores() <= (os.cpu_count() or 1)
+
+
 @pytest.mark.cluster
 def test_budget_from_distributed_client():
     from distributed import Client, LocalCluster
@@ -103,6 +117,9 @@ def test_budget_from_distributed_client():
     assert budget.worker_memory == 700_000_000
     assert budget.threads_per_worker == 2
     assert budget.n_workers == 2 and budget.total_threads == 4
+    # the workers run on this machine: they compute on no more cores than it gives them
+    assert budget.cores == explicit.cores == machine_cores()
+    assert budget.compute_slots == min(4, machine_cores())
     assert budget.source.startswith("distributed client inproc://")
     # a smaller explicit budget is honoured, with the cluster's thread layout
     assert explicit.source == "argument" and explicit.threads_per_worker == 2

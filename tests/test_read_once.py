@@ -9,7 +9,12 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk.operators import read_once
-from xarray_memchunk.operators.read_once import _touched, storage_read_seconds
+from xarray_memchunk.operators.read_once import (
+    _touched,
+    file_read_seconds,
+    storage_read_seconds,
+)
+from xarray_memchunk.planning.problem import PlanProblem
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +49,26 @@ def test_reading_a_storage_chunk_is_measured_per_element(daily):
     seconds = storage_read_seconds(tas, {"time": 1, "lat": 30, "lon": 64})
     assert 0 < seconds < 1e-5
     assert storage_read_seconds(tas.load(), {"time": 1}) is None  # not read from a file
+
+
+def test_the_time_model_reads_a_file_at_its_measured_rate(daily, monkeypatch):
+    # a plan that cuts a file's storage chunks is ranked at the rate they decode, not at the
+    # 2 ns of a copy in memory
+    tas = xr.open_zarr(daily)["tas"]
+    measured = storage_read_seconds(tas, {"time": 1, "lat": 30, "lon": 64})
+    seen = []
+    original = xm.api.plan_chunks
+
+    def plan_chunks(problem, budget_):
+        seen.append(problem.read_seconds_per_element)
+        return original(problem, budget_)
+
+    monkeypatch.setattr(xm.api, "plan_chunks", plan_chunks)
+    tas.memchunk.plan("median", dim="time", budget=budget(2**26))
+    assert seen[0] == measured
+    tas.memchunk.plan("median", dim="time", budget=budget(2**26), measure="never")
+    assert seen[-1] == PlanProblem.read_seconds_per_element  # not measured
+    assert file_read_seconds({}, {}) is None  # no file
 
 
 def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypatch):

@@ -149,11 +149,42 @@ def test_staging_chunks_where_the_planned_chunk_has_no_near_divisor():
     # 181 is prime: pieces of one row would be 8 kB files; the source's 181 rows are kept
     kept = staging.staging_chunks({"time": 1000, "lat": 181}, {"time": 1000, "lat": 90}, 8, 1e9)
     assert kept.store == {"time": 1000, "lat": 181}
+    # a source chunk that spans the whole dim is whole in store chunks of any length: the plan's
+    sizes = {"time": 4000, "lat": 181}
+    whole = staging.staging_chunks(
+        {"time": 1000, "lat": 181}, {"time": 1000, "lat": 90}, 8, 1e9, sizes=sizes
+    )
+    assert whole.store == {"time": 1000, "lat": 90}
+    assert whole.write == {"time": 1000, "lat": 181}
     # rows of 1.6 MB each are worth a file: cut to the divisor, 1
     cut = staging.staging_chunks(
         {"time": 200_000, "lat": 181}, {"time": 200_000, "lat": 90}, 8, 1e12
     )
     assert cut.store == {"time": 200_000, "lat": 1}
+
+
+def test_a_thin_block_is_not_stored_in_a_chunk_many_times_longer():
+    # a one-day-chunked store's monthly means, whole time, in blocks of 3 of 173 latitudes
+    # (prime): a store chunk of all 173 would decode 58 times each block's bytes, 154 times
+    # over the run (trial 451); rows of one latitude cost a file each, far less
+    source, planned = {"time": 66, "lat": 173, "lon": 346}, {"time": 4573, "lat": 3, "lon": 173}
+    chunks = staging.staging_chunks(source, planned, 8, 115e6)
+    assert chunks.store == {"time": 66, "lat": 1, "lon": 173}
+    per_element = 8 * 66 * 173
+    assert staging.block_read_bytes(1, 3, per_element) < staging.block_read_bytes(
+        173, 3, per_element
+    )
+    # knowing that lat is one source chunk, the store chunk is the planned block
+    sizes = {"time": 4573, "lat": 173, "lon": 346}
+    assert staging.staging_chunks(source, planned, 8, 115e6, sizes=sizes).store["lat"] == 3
+
+
+def test_a_block_spans_store_chunks_as_their_offsets_allow():
+    # aligned: a block of 28 over chunks of 7 spans 4; of 56, one
+    assert staging.block_read_bytes(7, 28, 0) == 4 * staging.CHUNK_FILE_BYTES
+    assert staging.block_read_bytes(56, 28, 0) == staging.CHUNK_FILE_BYTES
+    # blocks of 28 start at 0, 4, 8, ... 20 within chunks of 24: 2 chunks each on average
+    assert staging.block_read_bytes(24, 28, 1.0) == 2 * (staging.CHUNK_FILE_BYTES + 24)
 
 
 def test_staging_chunks_are_cut_where_reading_them_would_not_fit():

@@ -33,7 +33,7 @@ from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, resolve_cost
 from .operators.halo_rule import check_halo_reads
-from .operators.read_once import staged_if_faster
+from .operators.read_once import file_read_seconds, staged_if_faster
 from .operators.sources import device_of, read_chunked, storage_chunks
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
@@ -788,6 +788,9 @@ def _alternative(
         ),
         max_extents=_max_extents(costs),
     )
+    read = file_read_seconds(costs, targets) if measure != "never" else None
+    if read is not None:  # a file's decoding, measured: what cutting its storage chunks costs
+        problem = replace(problem, read_seconds_per_element=read)
     return _Alternative(kwargs, targets, costs, problem)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import replace
+from typing import Any
 
 import dask
 
@@ -39,6 +40,7 @@ from .clusters import (
     device_facts,
     memory_threshold,
     pool_cached_bytes,
+    workers_on_this_machine,
 )
 from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
@@ -54,6 +56,7 @@ from .units import to_bytes
 __all__ = [
     "Budget",
     "device_budget",
+    "machine_cores",
     "make_budget",
     "resolve_budget",
     "system_budget",
@@ -186,7 +189,7 @@ def _given_budget(memory_limit: int | float | str, facts: ClusterFacts | None) -
         f"{budget.format(budget.per_task)} per task. Leave memory_limit out to use the "
         f"cluster's, or give at most {budget.format(min(smaller))}",
         MemoryBudgetWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
     return budget
 
@@ -233,10 +236,24 @@ def resolve_budget(
     if isinstance(memory_limit, Budget):
         return memory_limit
     client = active_client()
-    facts = cluster_facts(client) if client is not None else None
     if device == "gpu":
         memory = None if memory_limit is None else to_bytes(memory_limit, what="memory_limit")
         return device_budget(memory, client)
+    budget = _cpu_budget(memory_limit, client)
+    return replace(budget, cores=machine_cores()) if workers_on_this_machine(client) else budget
+
+
+def machine_cores() -> int:
+    """CPU cores this process may run on (its affinity, where the system says)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this system (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
+    """The CPU budget :func:`resolve_budget` finds, before the cores its workers share."""
+    facts = cluster_facts(client) if client is not None else None
     if memory_limit is not None:
         return _given_budget(memory_limit, facts)
     if facts is not None and facts.memory_limit:

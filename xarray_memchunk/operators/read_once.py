@@ -41,6 +41,7 @@ __all__ = [
     "MIN_REREAD_SECONDS",
     "STAGING_DECODES",
     "STAGING_GAIN",
+    "file_read_seconds",
     "reread_factor",
     "reread_seconds",
     "staged_if_faster",
@@ -99,6 +100,24 @@ def storage_read_seconds(da: xr.DataArray, storage: Mapping[str, int]) -> float 
     return _READ_SECONDS[key]
 
 
+def file_read_seconds(
+    costs: Mapping[str, TaskCost], targets: Mapping[str, xr.DataArray]
+) -> float | None:
+    """Seconds to read one element of the planned files, the slowest's (measured, cached).
+
+    The time model's ``read_seconds_per_element``: a plan whose chunks cut a compressed
+    file's storage chunks decodes them in every task that cuts them, at this rate (8-24 ns per
+    element for a zstd Zarr store, against the 2 ns of a copy in memory). None where no
+    variable is read from a file in its storage chunks, or no read could be measured.
+    """
+    measured = [
+        storage_read_seconds(targets[n], c.layout.source_chunks)
+        for n, c in costs.items()
+        if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
+    ]
+    return max((s for s in measured if s is not None), default=None)
+
+
 def _touched(chunks: Sequence[int], storage: int, size: int) -> int:
     """Storage elements along one dim that reading each of ``chunks`` touches, in all."""
     storage = min(storage, size)
@@ -125,10 +144,10 @@ def reread_factor(plan: ChunkPlan, cost: TaskCost) -> float:
 
 
 def reread_seconds(plan: ChunkPlan, cost: TaskCost, per_element: float) -> float:
-    """Seconds the plan spends reading the variable's file beyond one read, on all threads."""
+    """Seconds the plan spends reading the variable's file beyond one read, on all its cores."""
     elements = math.prod(cost.sizes[d] for d in cost.dims)
     extra = (reread_factor(plan, cost) - 1.0) * elements
-    return extra * per_element / plan.budget.total_threads
+    return extra * per_element / plan.budget.compute_slots
 
 
 #: Decoding time (per element, as the file's) that staging spends beyond one read of the file:
@@ -174,7 +193,7 @@ def staged_if_faster(
         for n, c in costs.items()
         if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
     }
-    threads = budget.total_threads
+    threads = budget.compute_slots
     reread, per_element, factors = 0.0, {}, {}
     for name, cost in files.items():
         factor = reread_factor(plan, cost)

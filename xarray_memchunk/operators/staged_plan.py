@@ -462,6 +462,7 @@ def _store_chunks(
             c.dtype.itemsize,
             budget.per_task - c.layout.produce_bytes,
             functools.partial(_reads_fit, staging, n, chunk_plan, current),
+            c.sizes,
         )
         for n, c in staging.graphs.items()
     }

@@ -44,6 +44,7 @@ from ..clusters import workers_on_this_machine
 from ..units import format_size, format_size_up
 
 __all__ = [
+    "CHUNK_FILE_BYTES",
     "MERGE_COPIES",
     "MIN_STORE_CHUNK_BYTES",
     "STAGING_DIR_KEY",
@@ -51,6 +52,7 @@ __all__ = [
     "WRITE_COPIES",
     "StagingChunks",
     "StagingSite",
+    "block_read_bytes",
     "disk_bandwidth",
     "stage",
     "staging_chunks",
@@ -96,6 +98,9 @@ PROBE_BYTES = 64 * 2**20
 #: divisor (measured: writing a Zarr chunk to a local disk costs about 0.65 ms beside its bytes,
 #: as much as writing 0.7 MB; 2700 chunks of 49 kB took 1.9 s, 30 of 4.4 MB 0.28 s).
 MIN_STORE_CHUNK_BYTES = 2**20
+#: What one store chunk costs a read beside its bytes, in bytes (its file: 0.65 ms, as much as
+#: 0.7 MB; measured as for :data:`MIN_STORE_CHUNK_BYTES`).
+CHUNK_FILE_BYTES = 700_000
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,31 @@ class StagingChunks:
         return text
 
 
+def block_read_bytes(store: int, planned: int, per_element: float) -> float:
+    """What reading one planned block costs along a dim stored in chunks of ``store``, in bytes.
+
+    A block of ``planned`` elements starts at a multiple of ``planned``, and so at one of the
+    ``store / g`` offsets ``0, g, 2g...`` within a store chunk (``g`` their greatest common
+    divisor): on average it spans ``(planned + store - g) / store`` store chunks, each a file
+    (:data:`CHUNK_FILE_BYTES`) decoded whole (``per_element`` bytes per element along the dim).
+
+    Parameters
+    ----------
+    store
+        The store chunk's length along the dim.
+    planned
+        The planned block's length along it.
+    per_element
+        Bytes of a store chunk per element along the dim.
+
+    Returns
+    -------
+    float
+    """
+    spanned = (planned + store - math.gcd(planned, store)) / store
+    return spanned * (CHUNK_FILE_BYTES + store * per_element)
+
+
 def _divisors(n: int) -> list[int]:
     small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
     return sorted({*small, *(n // k for k in small)})
@@ -253,6 +283,7 @@ def staging_chunks(
     itemsize: int,
     write_bytes: float,
     reads_fit: Callable[[Mapping[str, int]], bool] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> StagingChunks:
     """Store and write chunks for data that comes in ``source`` chunks and is read in ``planned``.
 
@@ -260,13 +291,15 @@ def staging_chunks(
 
     - ``s > p`` (the plan cuts the source chunk): the store chunk is the largest divisor of
       ``s`` no longer than ``p``, and the source chunk is written as it is, in whole Zarr
-      chunks (no two tasks write one). A block then decodes at most one store chunk more than
-      itself on each side. Where that divisor is shorter than ``p / 2`` (``s`` prime, say) and
-      makes store chunks under :data:`MIN_STORE_CHUNK_BYTES`, the next longer divisors are
-      taken, up to ``s`` itself: tiny chunks cost more to write and to read, a file each, than
-      a longer chunk's extra decoding (and cutting the graph in memory to ``p`` instead would
-      make each write task gather two source chunks). The plan is made again for the store's
-      chunks, so that extra decoding is in its prediction.
+      chunks (no two tasks write one). Where one source chunk spans the whole dim (``sizes``),
+      any store chunk is whole in it, and the store chunk is ``p`` itself. A block then decodes
+      at most one store chunk more than itself on each side. Where that divisor is shorter
+      than ``p / 2`` (``s`` prime, say) and makes store chunks under
+      :data:`MIN_STORE_CHUNK_BYTES`, a longer divisor (up to ``s`` itself) is taken where a
+      block's read costs less from it (:func:`block_read_bytes`: tiny chunks cost a file each,
+      :data:`CHUNK_FILE_BYTES`; longer ones decode more than the block), and cutting the graph
+      in memory to ``p`` instead would make each write task gather two source chunks. The plan
+      is made again for the store's chunks, so that extra decoding is in its prediction.
     - ``s < p`` (a block spans several source chunks: the dim the operator needs whole):
       ``m`` source chunks are merged in memory per write task (a task rechunk), ``m`` as large
       as keeps ``WRITE_COPIES + MERGE_COPIES`` x the write chunk within ``write_bytes`` (a
@@ -292,6 +325,9 @@ def staging_chunks(
     reads_fit
         Whether the planned blocks, read from a store of the given chunks, fit the budget;
         None: any store chunk does.
+    sizes
+        Each dim's length, where known: a dim that one source chunk spans may be stored in
+        chunks of any length. None: only divisors of the source chunk are taken.
 
     Returns
     -------
@@ -316,11 +352,15 @@ def staging_chunks(
         by_write //= m
     for d in dims:
         if source[d] > planned[d]:
-            store[d] = max(k for k in _divisors(source[d]) if k <= planned[d])
-            longer = [k for k in _divisors(source[d]) if k > store[d]]
-            tiny = 2 * store[d] < planned[d]
-            while tiny and longer and nbytes({**longest, **store}) < MIN_STORE_CHUNK_BYTES:
-                store[d] = longer.pop(0)
+            whole = sizes is not None and d in sizes and source[d] >= sizes[d]
+            lengths = _divisors(source[d]) + ([planned[d]] if whole else [])
+            store[d] = max(k for k in lengths if k <= planned[d])
+            if 2 * store[d] < planned[d] and nbytes({**longest, **store}) < MIN_STORE_CHUNK_BYTES:
+                per_element = nbytes({**longest, **store}) / store[d]  # bytes per step along d
+                store[d] = min(
+                    (k for k in lengths if k >= store[d]),
+                    key=lambda k: block_read_bytes(k, planned[d], per_element),
+                )
     store |= {d: longest[d] for d in merged}
     write |= {d: longest[d] for d in merged}
     for d in reversed(merged):

@@ -94,6 +94,9 @@ class Budget:
         Whether ``worker_memory`` was written in decimal units (``"2GB"``): :meth:`explain`
         then states it so too (``memory_limit 2 GB = 1.86 GiB``); every size is shown in binary
         units, as Dask prints them (:mod:`xarray_memchunk.units`).
+    cores
+        CPU cores the workers' threads share, where known (workers on this machine); 0 where
+        not known: each thread computes on a core of its own.
     """
 
     worker_memory: int
@@ -107,6 +110,7 @@ class Budget:
     device: str = "cpu"
     baseline_source: str = ""
     decimal: bool = False
+    cores: int = 0
 
     @property
     def total_threads(self) -> int:
@@ -117,12 +121,17 @@ class Budget:
     def compute_slots(self) -> int:
         """Tasks whose computations overlap in time: the time model's parallelism.
 
-        Every thread of a CPU worker computes on its own core. A GPU runs one task's kernels
-        at a time (each fills the device), so its threads share one slot: a plan for a GPU
-        gains nothing from more tasks than GPUs, while each task's halo, Dask overhead and
-        launches cost time. Memory still counts every thread's task (:attr:`per_task`).
+        Every thread of a CPU worker computes on its own core, up to the cores the threads
+        share (:attr:`cores`, where known): 12 threads on 2 cores compute as 2 (a plan gains
+        no time from more tasks than that, while each task re-reads the storage chunks it
+        cuts). A GPU runs one task's kernels at a time (each fills the device), so its threads
+        share one slot: a plan for a GPU gains nothing from more tasks than GPUs, while each
+        task's halo, Dask overhead and launches cost time. Memory still counts every thread's
+        task (:attr:`per_task`).
         """
-        return self.n_workers if self.device == "gpu" else self.total_threads
+        if self.device == "gpu":
+            return self.n_workers
+        return min(self.total_threads, self.cores) if self.cores else self.total_threads
 
     def format(self, nbytes: float) -> str:
         """Format ``nbytes`` as every size is shown: binary units, as Dask prints them."""
