@@ -92,6 +92,8 @@ def test_threads_compute_on_no_more_cores_than_they_share():
     assert layout(0).compute_slots == 12  # not known: a core per thread
     assert layout(64).compute_slots == 12
     assert layout(2, device="gpu").compute_slots == 3  # a GPU computes one task at a time
+    assert layout(2).explain().endswith("3 workers x 4 threads on 2 cores")
+    assert layout(0).explain().endswith("3 workers x 4 threads")
     assert resolve_budget("1GB").cores == machine_cores()  # the threaded scheduler: here
     assert 1 <= machine_cores() <= (os.cpu_count() or 1)
 

@@ -8,7 +8,7 @@ import xarray_memchunk as xm
 from xarray_memchunk.measure.calibrate import run_task
 from xarray_memchunk.models.calibration import load_calibration, save_calibration, shipped_dir
 from xarray_memchunk.models.fitting import UNDER_TOLERANCE, fit_linear
-from xarray_memchunk.models.profiling import measure_peak
+from xarray_memchunk.models.profiling import freeze_heap, frozen_heap, measure_peak, thaw_heap
 
 MB = 1_000_000
 
@@ -37,6 +37,49 @@ def test_profiler_sees_a_known_peak():
     assert method in {"hwm", "sampling"}
     assert 4.5 * 40 * MB < peak < 6.5 * 40 * MB
     assert seconds > 0
+
+
+def test_a_series_of_peaks_in_a_frozen_heap_sees_the_same_peak_and_thaws():
+    import gc
+
+    from xarray_memchunk.models.probe_process import ProbeProcess
+
+    extents = {"x": 10_000_000}
+    freeze_heap()
+    try:
+        peak, _, _ = measure_peak(run_task, HOG, {}, extents, extents, "float32", 0)
+        assert gc.get_freeze_count() > 0  # a series stays frozen between its measurements
+    finally:
+        thaw_heap()
+    assert gc.get_freeze_count() == 0
+    assert 4.5 * 40 * MB < peak < 6.5 * 40 * MB
+    measure_peak(run_task, HOG, {}, extents, extents, "float32", 0)
+    assert gc.get_freeze_count() == 0  # alone, a measurement thaws what it froze
+    with ProbeProcess() as child:
+        with frozen_heap(child):
+            assert child.submit(gc.get_freeze_count).result() > 0
+        assert child.submit(gc.get_freeze_count).result() == 0
+
+
+@pytest.mark.cluster
+def test_a_worker_frozen_for_a_series_is_thawed_when_a_measurement_fails():
+    import gc
+
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.models import profiling
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+        pytest.raises(ValueError, match="a block failed"),
+        frozen_heap(client),  # the worker is this process
+    ):
+        assert gc.get_freeze_count() > 0 and profiling._FROZEN_SERIES.is_set()
+        raise ValueError("a block failed")
+    assert gc.get_freeze_count() == 0 and not profiling._FROZEN_SERIES.is_set()
 
 
 def test_fit_is_conservative_and_extrapolates():

@@ -13,6 +13,7 @@ from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.errors import MeasuringWorkerDiedError
+from xarray_memchunk.measure import calibrate
 from xarray_memchunk.measure.calibrate import (
     DEFAULT_SECONDS,
     HALO_WORK_SHARE,
@@ -21,6 +22,7 @@ from xarray_memchunk.measure.calibrate import (
     _work_bound,
     growing_shapes,
     own_share_elements,
+    self_calibrate,
     trusted_range,
 )
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
@@ -105,6 +107,19 @@ def test_a_calibration_stopped_by_a_small_budget_is_measured_again_for_a_larger_
     # the wider range is kept: planning under the small budget again measures nothing
     again = data.memchunk.plan(op, memory_limit="500MB")
     assert not any("calibrated now" in n for n in again.notes)
+
+
+def test_a_calibration_stopped_by_budget_and_time_at_once_is_measured_again(user_dir, monkeypatch):
+    # time ran out at the block where the budget also stopped: a larger budget's plan would be
+    # held to this range, so the block that stopped it is recorded all the same
+    def hungry(block):  # about 100 x its block
+        return np.stack([block] * 100).sum(0)
+
+    op = xm.BlockwiseOperator("selfcal-hungry-slow", hungry)
+    monkeypatch.setattr(calibrate, "_grow", lambda *args, **kwargs: False)
+    self_calibrate(op, field(), {}, per_task=8 * 2**20)
+    fit = load_calibration(op.calibration, "cpu", "float32").metadata["fit"]
+    assert fit["next_block_peak_bytes"] > 8 * 2**20
 
 
 def smooth_reference(values):

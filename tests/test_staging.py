@@ -179,12 +179,21 @@ def test_a_thin_block_is_not_stored_in_a_chunk_many_times_longer():
     assert staging.staging_chunks(source, planned, 8, 115e6, sizes=sizes).store["lat"] == 3
 
 
+def test_a_store_chunk_is_weighed_at_its_merged_length():
+    # one-step chunks merged 4000 to a write: rows of one latitude are 11 MB, not 2.7 kB, and
+    # worth their files; all 173 would decode 58 times each block
+    source, planned = {"time": 1, "lat": 173, "lon": 346}, {"time": 4000, "lat": 3, "lon": 173}
+    chunks = staging.staging_chunks(source, planned, 8, 1e10)
+    assert chunks.store == {"time": 4000, "lat": 1, "lon": 173}
+
+
 def test_a_block_spans_store_chunks_as_their_offsets_allow():
-    # aligned: a block of 28 over chunks of 7 spans 4; of 56, one
-    assert staging.block_read_bytes(7, 28, 0) == 4 * staging.CHUNK_FILE_BYTES
-    assert staging.block_read_bytes(56, 28, 0) == staging.CHUNK_FILE_BYTES
+    # aligned: a block of 28 over chunks of 7 spans 4, and wrote 4; of 56, one, and half of one
+    file = staging.CHUNK_FILE_BYTES
+    assert staging.block_read_bytes(7, 28, 0) == 4 * file + 4 * file
+    assert staging.block_read_bytes(56, 28, 0) == file + file / 2
     # blocks of 28 start at 0, 4, 8, ... 20 within chunks of 24: 2 chunks each on average
-    assert staging.block_read_bytes(24, 28, 1.0) == 2 * (staging.CHUNK_FILE_BYTES + 24)
+    assert staging.block_read_bytes(24, 28, 1.0) == 2 * (file + 24) + 28 / 24 * file
 
 
 def test_staging_chunks_are_cut_where_reading_them_would_not_fit():

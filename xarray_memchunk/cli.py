@@ -484,16 +484,19 @@ def _local_budget(args: argparse.Namespace):
 
     Checks the cluster's options first: the scheduler's address, or the LocalCluster's counts.
     """
-    from .memory_limits import make_budget
+    from dataclasses import replace
+
+    from .memory_limits import machine_cores, make_budget
 
     if args.scheduler:
         _scheduler_address(args.scheduler)
         return None
     _local_workers(args.nworkers)
     _at_least_one(args.nthreads, "--nthreads")
-    return make_budget(
+    budget = make_budget(
         _worker_memory(args), args.nthreads, args.nworkers, "the LocalCluster to start"
     )
+    return replace(budget, cores=machine_cores())  # its workers share this machine's cores
 
 
 def _computer(client):

@@ -244,11 +244,10 @@ def resolve_budget(
 
 
 def machine_cores() -> int:
-    """CPU cores this process may run on (its affinity, where the system says)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity on this system (macOS, Windows)
-        return os.cpu_count() or 1
+    """CPU cores this machine gives its processes: Dask's count (affinity and cgroup quota)."""
+    from dask.system import cpu_count
+
+    return cpu_count()
 
 
 def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:

@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -231,13 +231,14 @@ def _netcdf(array: xr.DataArray, case: SafetyCase, root: Path) -> xr.DataArray:
 
 def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str | None, n_workers: int = 2):
     """The case's plan: for ``memory_limit`` (the case's cluster layout), or the active one."""
-    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.memory_limits import machine_cores, make_budget
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if memory_limit is None:
             return data.memchunk.plan(case.op, **case.kwargs)
         budget = make_budget(to_bytes(memory_limit), case.threads, n_workers, "the case")
+        budget = replace(budget, cores=machine_cores())  # a LocalCluster on this machine
         return data.memchunk.plan(case.op, budget=budget, **case.kwargs)
 
 

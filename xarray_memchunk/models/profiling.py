@@ -24,12 +24,14 @@ build and compute an operator's task graph live in :mod:`xarray_memchunk.measure
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +43,8 @@ _ALIVE_CHECK_SECONDS = 2.0
 __all__ = [
     "RssSampler",
     "TaskProfile",
+    "freeze_heap",
+    "frozen_heap",
     "measure_device_peak",
     "measure_peak",
     "measures_here",
@@ -51,6 +55,7 @@ __all__ = [
     "resident_bytes",
     "resident_in_worker",
     "status_bytes",
+    "thaw_heap",
 ]
 
 
@@ -188,11 +193,15 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
         Peak resident memory above the baseline before the call, wall time of the call, and
         the measuring method.
     """
+    # in a series of measurements (frozen_heap) the heap's older objects are frozen: this
+    # collection then walks only what is newer
+    series = _FROZEN_SERIES.is_set()
     release_freed_memory()
     method = peak_method()
-    # the collection after the call walks only what the call made (a full one takes ~0.1 s in
-    # a worker): what lived before it and died during it is collected by the next full one,
-    # before the next baseline is read; the peak measured can only be the higher for it
+    # the collection after the call walks only what the call made (a full one takes 0.1-0.2 s
+    # in a worker): what lived before it and died during it is collected by the next full one
+    # (alone, before the next baseline is read; in a series, after it is thawed); the peak
+    # measured can only be the higher for it
     gc.freeze()
     try:
         if method == "hwm":
@@ -212,8 +221,67 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
             peak = sampler.peak - sampler.baseline
         release_freed_memory()
     finally:
-        gc.unfreeze()
+        if not series:
+            gc.unfreeze()
     return max(0, int(peak)), seconds, method
+
+
+#: Set while this process measures a series of blocks in a frozen heap (:func:`freeze_heap`).
+_FROZEN_SERIES = threading.Event()
+
+
+def freeze_heap() -> None:
+    """Collect garbage once, then freeze what survives (``gc.freeze``) until :func:`thaw_heap`.
+
+    Each :func:`measure_peak` collects before it reads its baseline; a full collection walks
+    every object of a worker (0.1-0.2 s with xarray and flox imported, most of a small
+    block's measurement). Frozen, the older objects are skipped, and each measurement leaves
+    what it froze frozen until the series ends.
+    """
+    release_freed_memory()
+    gc.freeze()
+    _FROZEN_SERIES.set()
+
+
+def thaw_heap() -> None:
+    """End :func:`freeze_heap`'s series: every object is collectable again, and collected."""
+    _FROZEN_SERIES.clear()
+    gc.unfreeze()
+    release_freed_memory()
+
+
+def _on_worker(client, worker: str, func: Callable[[], None]) -> None:
+    """Run ``func`` in ``worker``'s process now, beside its tasks, not queued behind them."""
+    if hasattr(client, "ncores"):  # distributed: Client.run, on the worker's own thread
+        client.run(func, workers=[worker])
+    else:  # a ProbeProcess runs one call at a time
+        client.submit(func).result()
+
+
+@contextlib.contextmanager
+def frozen_heap(client) -> Iterator[None]:
+    """Freeze the heap of the worker that :func:`profile_in_worker` measures in, for a series.
+
+    Its older objects are frozen while the block yields (:func:`freeze_heap`) and thawed
+    after (:func:`thaw_heap`), also where a measurement failed. A worker that left the cluster
+    meanwhile is left alone; one that is there but cannot be thawed is warned of.
+    """
+    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
+    _on_worker(client, worker, freeze_heap)
+    try:
+        yield
+    finally:
+        try:
+            _on_worker(client, worker, thaw_heap)
+        except Exception as exc:
+            if worker in _workers(client):
+                warnings.warn(
+                    f"the worker {worker} that measured the operator could not be thawed "
+                    f"after its measurements ({type(exc).__name__}: {exc}): it keeps objects "
+                    f"frozen from garbage collection until it restarts",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
 
 def measure_device_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:

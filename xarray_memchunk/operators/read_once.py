@@ -107,8 +107,11 @@ def file_read_seconds(
 
     The time model's ``read_seconds_per_element``: a plan whose chunks cut a compressed
     file's storage chunks decodes them in every task that cuts them, at this rate (8-24 ns per
-    element for a zstd Zarr store, against the 2 ns of a copy in memory). None where no
-    variable is read from a file in its storage chunks, or no read could be measured.
+    element for a zstd Zarr store, against the 2 ns of a copy in memory). Each plan that
+    reads a file measures it here (:func:`storage_read_seconds`: once per file, variable and
+    storage chunks), unless planned with ``measure="never"``; the rate then stands for every
+    input's storage reads. None where no variable is read from a file in its storage chunks,
+    or no read could be measured.
     """
     measured = [
         storage_read_seconds(targets[n], c.layout.source_chunks)

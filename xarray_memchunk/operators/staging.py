@@ -254,6 +254,7 @@ def block_read_bytes(store: int, planned: int, per_element: float) -> float:
     ``store / g`` offsets ``0, g, 2g...`` within a store chunk (``g`` their greatest common
     divisor): on average it spans ``(planned + store - g) / store`` store chunks, each a file
     (:data:`CHUNK_FILE_BYTES`) decoded whole (``per_element`` bytes per element along the dim).
+    Writing them cost a file per store chunk too: ``planned / store`` per block.
 
     Parameters
     ----------
@@ -269,7 +270,8 @@ def block_read_bytes(store: int, planned: int, per_element: float) -> float:
     float
     """
     spanned = (planned + store - math.gcd(planned, store)) / store
-    return spanned * (CHUNK_FILE_BYTES + store * per_element)
+    written = planned / store
+    return spanned * (CHUNK_FILE_BYTES + store * per_element) + written * CHUNK_FILE_BYTES
 
 
 def _divisors(n: int) -> list[int]:
@@ -355,8 +357,9 @@ def staging_chunks(
             whole = sizes is not None and d in sizes and source[d] >= sizes[d]
             lengths = _divisors(source[d]) + ([planned[d]] if whole else [])
             store[d] = max(k for k in lengths if k <= planned[d])
-            if 2 * store[d] < planned[d] and nbytes({**longest, **store}) < MIN_STORE_CHUNK_BYTES:
-                per_element = nbytes({**longest, **store}) / store[d]  # bytes per step along d
+            chunk = nbytes(store | {m: longest[m] for m in merged})  # merged dims at length
+            if 2 * store[d] < planned[d] and chunk < MIN_STORE_CHUNK_BYTES:
+                per_element = chunk / store[d]  # bytes per step along d
                 store[d] = min(
                     (k for k in lengths if k >= store[d]),
                     key=lambda k: block_read_bytes(k, planned[d], per_element),

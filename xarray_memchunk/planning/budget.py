@@ -186,6 +186,8 @@ class Budget:
         fraction, memory, baseline, worker = _TERM_NAMES[self.device]
         threads, per = self.threads_per_worker, self.per_task
         layout = f"{_count(self.n_workers, worker)} x {_count(threads, 'thread')}"
+        if self.cores and self.cores < self.total_threads:  # time counts these, not threads
+            layout += f" on {_count(self.cores, 'core')}"
         if not self.from_formula:
             return (
                 f"per-task budget {self.format(per)} as given (source: {self.source}), not "

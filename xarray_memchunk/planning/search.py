@@ -7,11 +7,11 @@ All candidates (a few per dim, combined across dims) are scored at once with num
   :mod:`~xarray_memchunk.planning.footprint`) ``<= budget.per_task`` (a hard constraint);
 - estimated time: ``(waves + PIPELINE_TAIL) * (task_overhead_s + seconds_per_element * padded
   elements per task + read_seconds_per_element * storage elements read per task)`` with
-  ``waves = ceil(n_tasks / compute_slots)`` (the budget's threads; one per GPU, which runs one
-  task's kernels at a time, and no tail: see :func:`_waves`). This one number rewards
-  parallelism (more waves
-  cost more), penalises tiny chunks (per-task overhead), halo (padded elements are computed
-  twice) and chunks that cut across storage chunks (those are read by several tasks). The
+  ``waves = ceil(n_tasks / compute_slots)`` (the budget's threads, at most the cores they
+  share on this machine; one per GPU, which runs one task's kernels at a time, and no tail:
+  see :func:`_waves`). This one number rewards parallelism (more waves cost more), penalises
+  tiny chunks (per-task overhead), halo (padded elements are computed twice) and chunks that
+  cut across storage chunks (those are read by several tasks). The
   ``PIPELINE_TAIL`` of one task duration stands for filling and draining the pipeline: the
   first task waits for its input, the last task's output is sent after it ends, and threads
   that finish early idle. It makes a few tasks per thread beat exactly one huge task per
