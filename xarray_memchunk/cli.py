@@ -484,8 +484,6 @@ def _local_budget(args: argparse.Namespace):
 
     Checks the cluster's options first: the scheduler's address, or the LocalCluster's counts.
     """
-    from dataclasses import replace
-
     from .memory_limits import machine_cores, make_budget
 
     if args.scheduler:
@@ -493,10 +491,13 @@ def _local_budget(args: argparse.Namespace):
         return None
     _local_workers(args.nworkers)
     _at_least_one(args.nthreads, "--nthreads")
-    budget = make_budget(
-        _worker_memory(args), args.nthreads, args.nworkers, "the LocalCluster to start"
+    return make_budget(  # its workers share this machine's cores
+        _worker_memory(args),
+        args.nthreads,
+        args.nworkers,
+        "the LocalCluster to start",
+        cores=machine_cores(),
     )
-    return replace(budget, cores=machine_cores())  # its workers share this machine's cores
 
 
 def _computer(client):

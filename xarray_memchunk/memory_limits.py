@@ -99,11 +99,13 @@ def make_budget(
     *,
     decimal: bool | None = None,
     baseline_source: str = "",
+    cores: int = 0,
     **terms: float | int,
 ) -> Budget:
     """Build a :class:`Budget` from a worker's memory and threads with the configured terms.
 
-    ``terms`` (``pause_fraction``, ``worker_baseline``, ``reserve``) replace configured ones.
+    ``terms`` (``pause_fraction``, ``worker_baseline``, ``reserve``) replace configured ones;
+    ``cores``: those the workers' threads share (:attr:`Budget.cores`; 0 where not known).
     """
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
@@ -123,6 +125,7 @@ def make_budget(
         device=device,
         decimal=decimal,
         baseline_source=baseline_source,
+        cores=cores,
         **terms,
     )
 

@@ -22,7 +22,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +237,9 @@ def _plan(case: SafetyCase, data: xr.DataArray, memory_limit: str | None, n_work
         warnings.simplefilter("ignore")
         if memory_limit is None:
             return data.memchunk.plan(case.op, **case.kwargs)
-        budget = make_budget(to_bytes(memory_limit), case.threads, n_workers, "the case")
-        budget = replace(budget, cores=machine_cores())  # a LocalCluster on this machine
+        budget = make_budget(  # a LocalCluster on this machine
+            to_bytes(memory_limit), case.threads, n_workers, "the case", cores=machine_cores()
+        )
         return data.memchunk.plan(case.op, budget=budget, **case.kwargs)
 
 

@@ -115,10 +115,18 @@ def file_read_seconds(
     """
     measured = [
         storage_read_seconds(targets[n], c.layout.source_chunks)
-        for n, c in costs.items()
-        if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
+        for n, c in _read_in_storage_chunks(costs).items()
     ]
     return max((s for s in measured if s is not None), default=None)
+
+
+def _read_in_storage_chunks(costs: Mapping[str, TaskCost]) -> dict[str, TaskCost]:
+    """The variables read from a file whose tasks decode whole storage chunks."""
+    return {
+        n: c
+        for n, c in costs.items()
+        if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
+    }
 
 
 def _touched(chunks: Sequence[int], storage: int, size: int) -> int:
@@ -191,11 +199,7 @@ def staged_if_faster(
     measured); stages where the first is at least :data:`STAGING_GAIN` times the second and a
     staged plan fits. None otherwise.
     """
-    files = {
-        n: c
-        for n, c in costs.items()
-        if c.layout.kind is InputKind.FILE and not c.layout.reads_own_range
-    }
+    files = _read_in_storage_chunks(costs)
     threads = budget.compute_slots
     reread, per_element, factors = 0.0, {}, {}
     for name, cost in files.items():
