@@ -84,6 +84,16 @@ BAD_FILES = {
     "fits a list": (document_with(fits=[1]), "'fits' must be an object"),
     "fit figures a list": (mean_file(fit=[1]), r"\['fit'\] must be an object"),
     "profiles a number": (mean_file(profiles=5), r"\['profiles'\] must be a list"),
+    "work per element 0": (
+        mean_file(fit={"work_per_element": 0}),
+        r"\['work_per_element'\] must be above 0",
+    ),
+    "work per element NaN": (
+        mean_file(fit={"work_per_element": 1.0}).replace(
+            '"work_per_element": 1.0', '"work_per_element": NaN'
+        ),
+        r"\['work_per_element'\] must be a finite number >= 0, not nan",
+    ),
     "resident memory a string": (
         mean_file(fit={"resident_after_bytes": "2e8"}),
         r"\['resident_after_bytes'\] must be a number, not str",

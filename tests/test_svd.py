@@ -116,6 +116,92 @@ def test_compressed_plans_with_its_own_calibration_and_passes():
     assert 2.0 < ratio < 3.5
 
 
+@pytest.mark.parametrize("tsqr", ["one-pass", "two-pass"])
+def test_the_exact_svd_times_its_columns_and_its_tree(tsqr):
+    # a QR's time per element grows with the matrix's shorter side (the svd-cpu profiles), and
+    # every block adds its n x n R factor to the tree that combines them: 40 short blocks
+    # were estimated faster than 10 tall ones, while Dask's auto chunks (larger) ran 20-60%
+    # faster than memchunk's plans in the randomized trials (22, 185, 609)
+    from xarray_memchunk.operators.cost import bind_cost, resolve_cost
+    from xarray_memchunk.operators.svd.exact import QR_COPY_COLUMNS
+
+    op = get_operator("svd")
+    kwargs = op.check_arguments({"sample_dims": "time", "method": "exact", "tsqr": tsqr})
+
+    def matrix(columns, rows=10000):
+        data = da.zeros((40000, columns), chunks=(rows, columns), dtype="float32")
+        return xr.DataArray(data, dims=("time", "space"))
+
+    costs = {}
+    for columns in (250, 1000):
+        x = matrix(columns)
+        costs[columns] = resolve_cost(op, "x", x, *bind_cost(op, x, kwargs), "cpu")
+    ratio = costs[1000].seconds_per_element / costs[250].seconds_per_element
+    assert ratio == pytest.approx((1000 + QR_COPY_COLUMNS) / (250 + QR_COPY_COLUMNS))
+    passes = 2 if tsqr == "two-pass" else 1
+    tree = costs[1000].seconds_per_element / passes * 1000**2
+    assert costs[1000].combine_seconds_per_chunk == pytest.approx(tree)
+    budget = xm.Budget(
+        worker_memory=16 * 10**9, threads_per_worker=1, n_workers=2, per_task=4 * 2**30, source="t"
+    )
+    estimated = {
+        rows: matrix(1000, rows)
+        .memchunk.plan("svd", budget=budget, chunks={"time": rows}, measure="never", **kwargs)
+        .estimated_seconds
+        for rows in (1000, 4000)
+    }
+    assert estimated[4000] < estimated[1000]
+
+
+def test_a_calibration_records_the_work_its_time_was_measured_at():
+    from xarray_memchunk.measure.calibrate import fit_record
+    from xarray_memchunk.models.calibration import Calibration
+    from xarray_memchunk.models.profiling import TaskProfile
+    from xarray_memchunk.operators.svd.exact import QR_COPY_COLUMNS
+
+    op = get_operator("svd")
+    kwargs = op.check_arguments({"sample_dims": "time", "method": "exact", "tsqr": "one-pass"})
+    rate = 2e-10  # seconds per element and column of work
+    profiles = []
+    for rows, columns in ((2000, 100), (5000, 300), (4000, 800), (10000, 1000), (8000, 1200)):
+        extents = {"time": rows, "space": columns}
+        seconds = rate * rows * columns * (columns + QR_COPY_COLUMNS)
+        peak = 40 * rows * columns
+        profiles.append(TaskProfile(extents, "float32", peak, 0, seconds, 1, "hwm", extents))
+    record = fit_record(op, profiles, kwargs)
+    measured_at = record["fit"]["work_per_element"]
+    assert record["seconds_per_element"] / measured_at == pytest.approx(rate)
+    assert "work_per_element" not in fit_record(op, profiles, kwargs, device="gpu")["fit"]
+    # a plan of another matrix gets the rate at its own work, also from a file made before the
+    # figure was recorded: the work of its profiles is found again
+    work_of = op.cost(MATRIX, **kwargs).work_per_element
+    older = {k: v for k, v in record["fit"].items() if k != "work_per_element"}
+    for fit in (record["fit"], older):
+        calibration = Calibration(
+            "svd",
+            "cpu",
+            "float32",
+            xm.LinearMemoryModel({}),
+            record["seconds_per_element"],
+            metadata={"fit": fit},
+            profiles=tuple(record["profiles"]),
+        )
+        seconds = calibration.seconds_per_element_at(500 + QR_COPY_COLUMNS, work_of)
+        assert seconds == pytest.approx(rate * (500 + QR_COPY_COLUMNS))
+
+
+def test_the_exact_svd_on_a_gpu_keeps_its_calibrated_time(monkeypatch):
+    # the svd-gpu profiles' time per element did not follow the columns
+    from xarray_memchunk.operators.svd import exact
+
+    monkeypatch.setattr(exact, "device_of", lambda da: "gpu")
+    op = get_operator("svd")
+    for tsqr in ("one-pass", "two-pass"):
+        kwargs = op.check_arguments({"sample_dims": "time", "method": "exact", "tsqr": tsqr})
+        cost = op.cost(MATRIX, **kwargs)
+        assert cost.work_per_element is None and cost.combine_elements_per_chunk == 0
+
+
 def test_auto_with_user_chunks_takes_the_method_those_chunks_fit(recwarn):
     # regression: auto planned the exact SVD on chunks given for the compressed one, merged
     # time whole (a warning), predicted far over the budget, and killed 1.5 GB workers

@@ -31,6 +31,7 @@ from ..models.fitting import (
     LinearFit,
     fit_linear,
     import_fitting_in_background,
+    time_per_element,
 )
 from ..models.profiling import (
     TaskProfile,
@@ -48,6 +49,7 @@ from ..planning.candidates import padded_extent
 from ..planning.problem import DimRole, Halo
 
 __all__ = [
+    "ProfileFit",
     "SelfCalibration",
     "calibrate",
     "calibration_key",
@@ -261,25 +263,54 @@ def _device_block(template, seed: int, block_id=None):
     return (rng.random(template.shape, dtype=np.float32) * 100).astype(template.dtype)
 
 
+@dataclass(frozen=True)
+class ProfileFit:
+    """What the profiles of one dtype give: the memory model and the time per element.
+
+    Attributes
+    ----------
+    memory
+        The fitted memory model.
+    seconds_per_element
+        Median time per element and pass of the larger half of the tasks.
+    work_per_element
+        The operator's :attr:`~xarray_memchunk.operators.base.Cost.work_per_element` that
+        ``seconds_per_element`` was measured at (:func:`~xarray_memchunk.models.fitting.
+        time_per_element`); None where the operator's work per element does not depend on the
+        array, for a GPU's profiles, or where no task took any time.
+    """
+
+    memory: LinearFit
+    seconds_per_element: float
+    work_per_element: float | None
+
+
 def fit_profiles(
     operator: Operator,
     profiles: Sequence[TaskProfile],
     kwargs: Mapping[str, Any],
     squared_dims: Sequence[str] = (),
-) -> tuple[LinearFit, float]:
-    """Fit the memory model and the time per element and pass to profiles of one dtype."""
+    device: str = "cpu",
+) -> ProfileFit:
+    """Fit the memory model, the time per element and pass, and the work it was timed at.
+
+    The work (:class:`ProfileFit`) only for a CPU's profiles: a GPU's time per element did
+    not follow the operator's work (the ``svd-gpu`` profiles).
+    """
     first = profiles[0]
-    passes = task_cost(operator, first.extents, first.dtype, kwargs, first.sizes)[1].passes
+    cost = task_cost(operator, first.extents, first.dtype, kwargs, first.sizes)[1]
     rows = [
         features_of(operator, p.extents, p.dtype, kwargs, p.sizes, squared_dims) for p in profiles
     ]
     features = {k: np.array([r[k] for r in rows]) for k in rows[0]}
     fit = fit_linear(features, np.array([p.peak_bytes for p in profiles]))
     elements = np.array([np.prod(list(p.sizes.values()), dtype=float) for p in profiles])
-    seconds = np.array([p.seconds for p in profiles])
-    large = elements >= np.median(elements)  # small tasks are dominated by fixed costs
-    per_pass = seconds[large] / elements[large] / passes
-    return fit, float(np.median(per_pass))
+    work = cost.work_per_element if device == "cpu" else None
+    works = None if work is None else np.array([work(p.sizes) for p in profiles])
+    per_element, measured_at = time_per_element(
+        elements, np.array([p.seconds for p in profiles]), works
+    )
+    return ProfileFit(fit, per_element / cost.passes, measured_at)
 
 
 def calibrate(
@@ -355,7 +386,7 @@ def calibrate(
                 repeats,
                 measure=measure,
             )
-            fits[dtype] = fit_record(operator, profiles, kwargs)
+            fits[dtype] = fit_record(operator, profiles, kwargs, device=device)
     if save:
         save_calibration(
             calibration_key(operator, op_kwargs, shapes, next(iter(fits), "float64")),
@@ -415,6 +446,7 @@ def fit_record(
     squared_dims: Sequence[str] = (),
     resident: tuple[int, int] | None = None,
     next_peak: float | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
 
@@ -427,9 +459,12 @@ def fit_record(
     a worker (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`).
     ``next_peak``: the peak extrapolated for the block twice the largest, where it was over the
     per-task budget and stopped the blocks from growing (``next_block_peak_bytes``): a plan
-    whose budget holds it measures larger blocks.
+    whose budget holds it measures larger blocks. ``device``: where the profiles ran; on a CPU,
+    where the operator's work per element depends on the array, the work its time per element
+    was measured at (``work_per_element``, :class:`ProfileFit`).
     """
-    fit, seconds = fit_profiles(operator, profiles, kwargs, squared_dims)
+    fitted = fit_profiles(operator, profiles, kwargs, squared_dims, device)
+    fit, seconds = fitted.memory, fitted.seconds_per_element
     stats: dict[str, float] = {
         "lift_bytes": fit.lift,
         "median_abs_pct_error": fit.median_abs_pct_error,
@@ -441,6 +476,8 @@ def fit_record(
         stats["max_task_elements"] = trusted_range(profiles)
     if next_peak is not None:
         stats["next_block_peak_bytes"] = next_peak
+    if fitted.work_per_element is not None:
+        stats["work_per_element"] = fitted.work_per_element
     if resident is not None and all(resident):  # 0: not measurable here
         stats["resident_before_bytes"], stats["resident_after_bytes"] = resident
     if squared_dims:
@@ -836,7 +873,7 @@ def superlinear_dims(
     """
     if not halved:
         return []
-    fit, _ = fit_profiles(operator, grown, kwargs)
+    fit = fit_profiles(operator, grown, kwargs).memory
     largest = grown[-1]
 
     def predicted(profile: TaskProfile) -> float:  # the slope's, without the small blocks' lift

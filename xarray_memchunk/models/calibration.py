@@ -25,7 +25,8 @@ Every file is validated against the schema above before it is used: the format, 
 and device it was looked up as, coefficients (by feature name), intercept and
 ``seconds_per_element`` finite and non-negative numbers, ``fit`` an object (its
 ``max_task_elements``, ``next_block_peak_bytes`` and :data:`RESIDENT_KEYS`, where present,
-numbers), ``profiles`` a list of measured tasks. Loading only parses JSON; it never runs code.
+numbers, its ``work_per_element`` a number above 0), ``profiles`` a list of measured tasks.
+Loading only parses JSON; it never runs code.
 
 A file that fails is an error, never skipped: :class:`~xarray_memchunk.errors.CalibrationError`
 names the file and what is wrong in it, before anything is computed. Planning without it
@@ -45,15 +46,17 @@ import re
 import reprlib
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import dask
+import numpy as np
 
 from ..errors import CalibrationError
+from .fitting import time_per_element
 from .memory_model import LinearMemoryModel
 
 __all__ = [
@@ -112,6 +115,36 @@ class Calibration:
     path: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
     profiles: tuple[dict[str, Any], ...] = ()
+
+    def seconds_per_element_at(
+        self, work: float | None, work_of: Callable[[Mapping[str, int]], float] | None = None
+    ) -> float:
+        """:attr:`seconds_per_element` for an array of ``work`` per element.
+
+        Scaled by ``work`` over the work the calibration's tasks were timed at: the fit's
+        ``work_per_element``, or where a file predates it, that of its profiles by ``work_of``
+        (the operator's :attr:`~xarray_memchunk.operators.base.Cost.work_per_element`). As
+        measured where either is unknown (an operator whose work per element does not depend
+        on the array, a GPU's calibration).
+        """
+        if work is None:
+            return self.seconds_per_element
+        measured_at = self.metadata.get("fit", {}).get("work_per_element")
+        if measured_at is None and work_of is not None:
+            measured_at = self._work_of_profiles(work_of)
+        if not measured_at:
+            return self.seconds_per_element
+        return self.seconds_per_element * work / float(measured_at)
+
+    def _work_of_profiles(self, work_of: Callable[[Mapping[str, int]], float]) -> float | None:
+        """The work the profiles' time per element was measured at; None if they lack times."""
+        sizes = [p.get("sizes") or p["extents"] for p in self.profiles]
+        seconds = [p.get("seconds") for p in self.profiles]
+        if not sizes or not all(isinstance(s, int | float) and s >= 0 for s in seconds):
+            return None
+        elements = [math.prod(s.values()) for s in sizes]
+        works = [work_of(s) for s in sizes]
+        return time_per_element(np.array(elements), np.array(seconds), np.array(works))[1]
 
     def held_after_running(self, idle: int) -> int | None:
         """What a worker holds between tasks once it has run the operator; None if unknown.
@@ -301,6 +334,10 @@ def _check_fit(fit: Any, where: str) -> None:
     for key in ("max_task_elements", "next_block_peak_bytes", *RESIDENT_KEYS):
         if figures.get(key) is not None:
             _number(figures[key], f"{where}['fit'][{key!r}]")
+    if "work_per_element" in figures and not _number(
+        figures["work_per_element"], f"{where}['fit']['work_per_element']"
+    ):
+        raise _Invalid(f"{where}['fit']['work_per_element'] must be above 0, not 0")
     _check_profiles(fit.get("profiles", []), f"{where}['profiles']")
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "fit_linear",
     "import_fitting_in_background",
     "prediction_errors",
+    "time_per_element",
 ]
 
 #: Largest under-prediction (fraction of the measurement) left on the fitted profiles.
@@ -142,3 +143,37 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
         n_profiles=len(y),
         **errors,
     )
+
+
+def time_per_element(
+    elements: np.ndarray, seconds: np.ndarray, works: np.ndarray | None = None
+) -> tuple[float, float | None]:
+    """The median time per element of the larger half of some tasks, and the work it is at.
+
+    Small tasks are dominated by fixed costs, so only the tasks of at least the median number
+    of elements count.
+
+    Parameters
+    ----------
+    elements, seconds
+        Elements and measured seconds of each task.
+    works
+        The operator's work per element in each task
+        (:attr:`~xarray_memchunk.operators.base.Cost.work_per_element`), where it depends on
+        the array.
+
+    Returns
+    -------
+    tuple
+        ``(seconds_per_element, work_per_element)``: the work is the median time per element
+        over the median time per element and unit of work (so that their ratio is the
+        latter); None without ``works``, or where no task took any time.
+    """
+    elements, seconds = np.asarray(elements, float), np.asarray(seconds, float)
+    large = elements >= np.median(elements)
+    per_element = seconds[large] / elements[large]
+    median = float(np.median(per_element))
+    if works is None:
+        return median, None
+    per_work = float(np.median(per_element / np.asarray(works, float)[large]))
+    return median, median / per_work if per_work > 0 else None

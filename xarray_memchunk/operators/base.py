@@ -116,6 +116,16 @@ class Cost:
         size and however many threads it runs (compiled code: the fused GST3D kernel loads
         Numba's runtime, 122 MB measured in a ``LocalCluster`` worker). Planned once per
         worker, shared among its task slots.
+    work_per_element
+        A function of an array's sizes (dim -> length) that gives the operator's relative
+        compute per element on it, where that depends on the array (a QR's flops per element
+        grow with the matrix's shorter side); None where it does not. A CPU calibration
+        records the work its tasks were timed at, and a plan scales the calibrated time per
+        element by its array's work over theirs.
+    combine_elements_per_chunk
+        Elements of combining work each planned chunk adds after its own task, at the
+        operator's time per element and pass, once (tsqr's stacked ``R`` factors: ``n x n``
+        per block): a plan of more, smaller chunks pays for a larger tree.
     """
 
     calibration_key: str
@@ -130,6 +140,8 @@ class Cost:
     identity_doubt: str = ""
     fuses_with_input: bool = True
     runtime_bytes: float = 0.0
+    work_per_element: Callable[[Mapping[str, int]], float] | None = None
+    combine_elements_per_chunk: float = 0.0
 
 
 class Operator(abc.ABC):

@@ -92,6 +92,10 @@ class TaskCost:
         Compute time per padded input element of one task, every pass over the data included.
     tasks_per_chunk
         Dask tasks the computation creates per planned chunk (scheduling overhead).
+    combine_seconds_per_chunk
+        Compute time each planned chunk adds to the combining steps after its own task
+        (:attr:`~xarray_memchunk.operators.base.Cost.combine_elements_per_chunk` at the time
+        per element and pass, once: the steps run once, not per pass).
     layout
         How the data comes in (file, graph, memory; its chunks).
     features
@@ -124,6 +128,7 @@ class TaskCost:
     calibration_key: str = ""
     learned: Learned | None = None
     production: InputProduction | None = None
+    combine_seconds_per_chunk: float = 0.0
 
     @property
     def max_extents(self) -> dict[str, float]:
@@ -205,9 +210,10 @@ def resolve_cost(
     if calibration is not None:
         squared = calibration.metadata.get("fit", {}).get("squared_dims") or []
         features = with_squared_extents(features, [str(d) for d in squared], dtype.itemsize)
+        work = cost.work_per_element(sizes) if cost.work_per_element is not None else None
         model, seconds, source = (
             calibration.model,
-            calibration.seconds_per_element,
+            calibration.seconds_per_element_at(work, cost.work_per_element),
             describe_calibration(calibration.path),
         )
     elif cost.model is not None:
@@ -256,4 +262,5 @@ def resolve_cost(
         calibration=calibration,
         calibration_key=key,
         learned=learned,
+        combine_seconds_per_chunk=seconds * cost.combine_elements_per_chunk,
     )

@@ -167,6 +167,11 @@ class PlanProblem:
     task_overhead_s
         Cost of one task beyond its work, to the thread that runs it: ~1 ms under the
         threaded scheduler, ~10 ms on a distributed cluster.
+    combine_seconds_per_chunk
+        Compute time each chunk adds to the steps that combine the tasks' results (tsqr's
+        tree of ``R`` factors), taken as serial: Dask's tsqr factors the stacked ``R`` of
+        blocks shorter than ``2 n`` rows in one task, and a tree's upper levels have fewer
+        tasks than threads.
     read_seconds_per_element
         Time to read (and decompress, or copy when rechunking) one element of storage; a task
         reads whole storage chunks, so chunks that cut across storage chunks read more.
@@ -189,6 +194,7 @@ class PlanProblem:
     peak_bytes: PeakFunction
     seconds_per_element: float = 1e-8
     task_overhead_s: float = TASK_OVERHEAD_S
+    combine_seconds_per_chunk: float = 0.0
     read_seconds_per_element: float = 2e-9
     notes: tuple[str, ...] = field(default=())
     inputs: tuple[InputLayout, ...] = ()

@@ -6,7 +6,8 @@ All candidates (a few per dim, combined across dims) are scored at once with num
   padded task extents, plus its assembled input and the chunks a worker holds for it, see
   :mod:`~xarray_memchunk.planning.footprint`) ``<= budget.per_task`` (a hard constraint);
 - estimated time: ``(waves + PIPELINE_TAIL) * (task_overhead_s + seconds_per_element * padded
-  elements per task + read_seconds_per_element * storage elements read per task)`` with
+  elements per task + read_seconds_per_element * storage elements read per task) +
+  combine_seconds_per_chunk * n_tasks`` (the serial steps that combine the tasks' results) with
   ``waves = ceil(n_tasks / compute_slots)`` (the budget's threads, at most the cores they
   share on this machine; one per GPU, which runs one task's kernels at a time, and no tail:
   see :func:`_waves`). This one number rewards parallelism (more waves cost more), penalises
@@ -82,7 +83,7 @@ def _estimated_seconds(
         + problem.seconds_per_element * padded_elements
         + problem.read_seconds_per_element * touched_elements
     )
-    return waves * per_task
+    return waves * per_task + problem.combine_seconds_per_chunk * np.asarray(n_tasks)
 
 
 def _grid(problem: PlanProblem) -> tuple[list[DimCandidates], np.ndarray]:

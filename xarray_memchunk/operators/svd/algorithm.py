@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -133,6 +133,8 @@ class SVDAlgorithm(abc.ABC):
         tasks_per_chunk: float = 1.0,
         held_share: float = 0.0,
         factors_bytes_per_chunk: float = 0.0,
+        work_per_element: Callable[[Mapping[str, int]], float] | None = None,
+        combine_elements_per_chunk: float = 0.0,
     ) -> Cost:
         """The algorithm's :class:`~xarray_memchunk.operators.base.Cost` on ``da``, these terms.
 
@@ -159,6 +161,8 @@ class SVDAlgorithm(abc.ABC):
             tasks_per_chunk=tasks_per_chunk,
             held_share=held_share,
             factors_bytes_per_chunk=factors_bytes_per_chunk,
+            work_per_element=work_per_element,
+            combine_elements_per_chunk=combine_elements_per_chunk,
         )
 
     def calibration_shapes(self) -> list[dict[str, int]]:

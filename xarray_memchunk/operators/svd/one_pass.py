@@ -64,8 +64,10 @@ class OnePassTsqr(ExactSVD):
         }
 
     def cost(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> Cost:
-        """One task per block, calibration ``svd``, tsqr's ``Q`` factors held."""
-        return self.matrix_cost(da, kwargs, held_share=TSQR_HELD_SHARE)
+        """One task per block, calibration ``svd``, tsqr's ``Q`` factors held, its tree timed."""
+        return self.matrix_cost(
+            da, kwargs, held_share=TSQR_HELD_SHARE, **self.time_terms(da, kwargs)
+        )
 
     def decompose_lazy(self, data: Any) -> tuple[Any, Any, Any]:
         """``dask.array.linalg.svd``."""

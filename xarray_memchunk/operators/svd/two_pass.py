@@ -81,7 +81,12 @@ class TwoPassTsqr(ExactSVD):
         n = min(matrix_shape(sizes, kwargs.get("sample_dims")))
         held = held_bytes_per_block(n, np.dtype(da.dtype), device_of(da) == "gpu")
         return self.matrix_cost(
-            da, kwargs, passes=2, tasks_per_chunk=TWO_PASS_TASKS, factors_bytes_per_chunk=held
+            da,
+            kwargs,
+            passes=2,
+            tasks_per_chunk=TWO_PASS_TASKS,
+            factors_bytes_per_chunk=held,
+            **self.time_terms(da, kwargs),
         )
 
     def decompose_lazy(self, data: Any) -> tuple[Any, Any, Any]:
