@@ -186,7 +186,7 @@ def test_a_calibration_records_the_work_its_time_was_measured_at():
             metadata={"fit": fit},
             profiles=tuple(record["profiles"]),
         )
-        seconds = calibration.seconds_per_element_at(500 + QR_COPY_COLUMNS, work_of)
+        seconds = calibration.seconds_per_element_at({"time": 9000, "space": 500}, work_of)
         assert seconds == pytest.approx(rate * (500 + QR_COPY_COLUMNS))
 
 

@@ -117,24 +117,26 @@ class Calibration:
     profiles: tuple[dict[str, Any], ...] = ()
 
     def seconds_per_element_at(
-        self, work: float | None, work_of: Callable[[Mapping[str, int]], float] | None = None
+        self,
+        sizes: Mapping[str, int],
+        work_of: Callable[[Mapping[str, int]], float] | None = None,
     ) -> float:
-        """:attr:`seconds_per_element` for an array of ``work`` per element.
+        """:attr:`seconds_per_element` for an array of ``sizes`` (dim -> length).
 
-        Scaled by ``work`` over the work the calibration's tasks were timed at: the fit's
-        ``work_per_element``, or where a file predates it, that of its profiles by ``work_of``
-        (the operator's :attr:`~xarray_memchunk.operators.base.Cost.work_per_element`). As
-        measured where either is unknown (an operator whose work per element does not depend
-        on the array, a GPU's calibration).
+        Scaled by the array's work per element (``work_of``, the operator's
+        :attr:`~xarray_memchunk.operators.base.Cost.work_per_element`) over the work the
+        calibration's tasks were timed at: the fit's ``work_per_element``, or where a file
+        predates it, that of its profiles. As measured where either is unknown (an operator
+        whose work per element does not depend on the array, a GPU's calibration).
         """
-        if work is None:
+        if work_of is None:
             return self.seconds_per_element
         measured_at = self.metadata.get("fit", {}).get("work_per_element")
-        if measured_at is None and work_of is not None:
+        if measured_at is None:
             measured_at = self._work_of_profiles(work_of)
         if not measured_at:
             return self.seconds_per_element
-        return self.seconds_per_element * work / float(measured_at)
+        return self.seconds_per_element * work_of(sizes) / float(measured_at)
 
     def _work_of_profiles(self, work_of: Callable[[Mapping[str, int]], float]) -> float | None:
         """The work the profiles' time per element was measured at; None if they lack times."""

@@ -210,10 +210,9 @@ def resolve_cost(
     if calibration is not None:
         squared = calibration.metadata.get("fit", {}).get("squared_dims") or []
         features = with_squared_extents(features, [str(d) for d in squared], dtype.itemsize)
-        work = cost.work_per_element(sizes) if cost.work_per_element is not None else None
         model, seconds, source = (
             calibration.model,
-            calibration.seconds_per_element_at(work, cost.work_per_element),
+            calibration.seconds_per_element_at(sizes, cost.work_per_element),
             describe_calibration(calibration.path),
         )
     elif cost.model is not None:
