@@ -131,10 +131,17 @@ class SegyGeometry:
         unpickled in one process (:func:`_interned_traces`).
         """
         state = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "traces"}
-        regular = np.array_equal(self.traces, _regular_traces(*self.traces.shape, self.fast))
-        traces = None if regular else self.traces
-        digest = "" if regular else hashlib.blake2b(self.traces.tobytes()).hexdigest()
-        return _unpickled_geometry, (state, traces, digest)
+        return _unpickled_geometry, (state, *self._pickled_traces)
+
+    @functools.cached_property
+    def _pickled_traces(self) -> tuple[np.ndarray | None, str]:
+        """The grid as pickled, and its digest: ``(None, "")`` where it is the sorted file's own.
+
+        Found once per geometry: a scheduler pickles one geometry into every task it sends.
+        """
+        if np.array_equal(self.traces, _regular_traces(*self.traces.shape, self.fast)):
+            return None, ""
+        return self.traces, hashlib.blake2b(self.traces.tobytes()).hexdigest()
 
 
 def _unpickled_geometry(state: dict[str, Any], traces: np.ndarray | None, digest: str):
