@@ -7,15 +7,18 @@ Each run is a new Python process (nothing imported, nothing calibrated: a fresh 
 directory) that self-calibrates the seed's NumPy GST3D on a 200^3 float32 volume for a 1.5 GB
 budget, as its first plan does, and prints the seconds, the blocks measured and the largest.
 Two places the blocks run: a probe process started for them (no cluster), and a worker of a
-fresh ``LocalCluster`` of 2 workers x 1 thread x 1.5 GB. ``--code`` names checkouts of this
-repository to compare (each put first on ``PYTHONPATH``); their runs alternate, and the table
-gives each one's median.
+fresh ``LocalCluster`` of 2 workers x 1 thread x 1.5 GB. The "first plan" rows time the whole
+first ``plan()`` in each place: the calibration, and the measurement of the input's production
+(the volume is made by a Dask graph), which runs while the measuring process starts. ``--code``
+names checkouts of this repository to compare (each put first on ``PYTHONPATH``); their runs
+alternate, and the table gives each one's median. ``--places`` picks rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -24,44 +27,50 @@ import tempfile
 import time
 from pathlib import Path
 
-PLACES = ("probe process", "LocalCluster 2 x 1.5GB")
+CLUSTER = "LocalCluster 2 x 1.5GB"
+PLACES = ("probe process", CLUSTER, "first plan, probe process", f"first plan, {CLUSTER}")
 
 
 def one(place: str) -> None:
-    """Self-calibrate once here and print what it took, as a JSON line."""
+    """Self-calibrate (or plan) once here and print what it took, as a JSON line."""
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
     from xarray_memchunk.measure.calibrate import self_calibrate
     from xarray_memchunk.memory_limits import resolve_budget
+    from xarray_memchunk.models import load_calibration
 
     volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
     kwargs = seed_gst3d.check_arguments({})
     per_task = resolve_budget("1.5GB").per_task
 
-    def calibrate() -> tuple[float, object]:
+    def measure() -> float:
         started = time.perf_counter()
-        calibration = self_calibrate(seed_gst3d, volume, kwargs, per_task)
-        return time.perf_counter() - started, calibration
+        if place.startswith("first plan"):
+            volume.memchunk.plan(seed_gst3d, memory_limit="1.5GB")
+        else:
+            self_calibrate(seed_gst3d, volume, kwargs, per_task)
+        return time.perf_counter() - started
 
-    if place == PLACES[0]:
-        seconds, calibration = calibrate()
-    else:
+    if place.endswith(CLUSTER):
         from distributed import Client, LocalCluster
 
         with (
             LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1.5GB") as cluster,
             Client(cluster),
         ):
-            seconds, calibration = calibrate()
+            seconds = measure()
+    else:
+        seconds = measure()
+    profiles = load_calibration(seed_gst3d.calibration, "cpu", "float32").profiles
     print(
         json.dumps(
             {
                 "code": str(Path(xarray_memchunk.__file__).parent.parent),
                 "seconds": seconds,
-                "blocks": calibration.n_profiles,
-                "largest": calibration.largest_elements,
+                "blocks": len(profiles),
+                "largest": max(math.prod(p["extents"].values()) for p in profiles),
             }
         )
     )
@@ -71,13 +80,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--code", nargs="+", default=["."], help="checkouts to compare")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--places", nargs="+", choices=PLACES, default=PLACES)
     parser.add_argument("--one", choices=PLACES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one(args.one)
         return
     runs: dict[tuple[str, str], list[dict]] = {}
-    for place in PLACES:
+    for place in args.places:
         for _ in range(args.repeats):
             for code in args.code:  # alternated
                 env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
@@ -90,7 +100,7 @@ def main() -> None:
                 )
                 record = json.loads(done.stdout.strip().splitlines()[-1])
                 runs.setdefault((place, code), []).append(record)
-                print(f"{place:<24} {code}: {record['seconds']:.2f} s", flush=True)
+                print(f"{place:<36} {code}: {record['seconds']:.2f} s", flush=True)
     print("\n| where the blocks run | code | median s | runs s | blocks | largest block |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (place, code), records in runs.items():

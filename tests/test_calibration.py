@@ -1,4 +1,5 @@
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -56,9 +57,13 @@ def test_a_series_of_peaks_in_a_frozen_heap_sees_the_same_peak_and_thaws():
     measure_peak(run_task, HOG, {}, extents, extents, "float32", 0)
     assert gc.get_freeze_count() == 0  # alone, a measurement thaws what it froze
     with ProbeProcess() as child:
-        with frozen_heap(child):
+        with frozen_heap(child) as held:
             assert child.submit(gc.get_freeze_count).result() > 0
+            # what the series leaves held is read as it ends
+            child.submit(exec, "import builtins; builtins.kept = b'1' * (100 * 2**20)").result()
         assert child.submit(gc.get_freeze_count).result() == 0
+    if sys.platform == "linux":  # read from /proc/self/status
+        assert held.before > 0 and 95 * MB < held.after - held.before < 120 * MB
 
 
 @pytest.mark.cluster

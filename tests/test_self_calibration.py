@@ -426,3 +426,91 @@ def test_a_cluster_of_threads_here_measures_in_this_process():
         Client(cluster) as client,
     ):
         assert measures_here(client)  # no scikit-learn imported beside its blocks then
+
+
+class CallOrder(list):
+    """Names of the watched calls, in the order they were made."""
+
+    def watched(self, name, func):
+        def run(*args, **kwargs):
+            self.append(name)
+            return func(*args, **kwargs)
+
+        return run
+
+
+def made_by_a_graph():
+    """``field()`` produced by a graph of more than one layer: its production is measured."""
+    data = field()
+    return data.copy(data=(data.data * 2.0).astype("float32"))
+
+
+def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, threaded, monkeypatch):
+    from xarray_memchunk.models import profiling
+    from xarray_memchunk.operators import cost, production
+
+    events = CallOrder()
+    monkeypatch.setattr(ProbeProcess, "__enter__", events.watched("start", ProbeProcess.__enter__))
+    monkeypatch.setattr(
+        cost, "input_production", events.watched("input", production.input_production)
+    )
+    monkeypatch.setattr(
+        calibrate, "profile_in_worker", events.watched("block", profiling.profile_in_worker)
+    )
+    op = xm.BlockwiseOperator("selfcal-overlap", smooth, depth={"y": 2, "x": 2})
+    plan = made_by_a_graph().memchunk.plan(op, memory_limit="2GB")
+    assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+    assert any(n.startswith("producing one block of the input") for n in plan.notes)
+    # measured once the measuring process is started, before its first block
+    assert events[:3] == ["start", "input", "block"]
+
+
+def test_a_probe_process_says_since_when_it_serves():
+    import time
+
+    from xarray_memchunk.models.probe_process import ready_since
+
+    before = time.monotonic()
+    with ProbeProcess() as probe:
+        first = probe.submit(ready_since).result()
+        time.sleep(0.2)
+        again = probe.submit(ready_since).result()
+    assert before < first == again < time.monotonic() - 0.2  # the monotonic clock is shared
+
+
+def test_the_calibration_clock_leaves_out_what_runs_meanwhile(user_dir):
+    import time
+
+    from distributed import Client, LocalCluster
+
+    op = xm.BlockwiseOperator("selfcal-meanwhile", smooth, depth={"y": 2, "x": 2})
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        started = time.perf_counter()
+        measured = self_calibrate(
+            op, field(), {}, 2**30, client=client, meanwhile=lambda: time.sleep(2)
+        )
+        took = time.perf_counter() - started
+    assert took - measured.seconds >= 2.0  # its worker is this process: ready all along
+
+
+def test_a_cluster_worker_starts_on_its_imports_while_the_input_is_measured(user_dir, monkeypatch):
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.operators import cost, production
+
+    events = CallOrder()
+    monkeypatch.setattr(
+        cost, "input_production", events.watched("input", production.input_production)
+    )
+    monkeypatch.setattr(calibrate, "_readiness", events.watched("sent", calibrate._readiness))
+    op = xm.BlockwiseOperator("selfcal-overlap-cluster", smooth, depth={"y": 2, "x": 2})
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
+        Client(cluster),
+    ):
+        plan = made_by_a_graph().memchunk.plan(op)
+    assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+    assert events[:2] == ["sent", "input"]  # the worker's first call went out first

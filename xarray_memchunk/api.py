@@ -31,7 +31,7 @@ from .memory_limits import Budget, resolve_budget
 from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
-from .operators.cost import TaskCost, bind_cost, resolve_cost
+from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.read_once import file_read_seconds, staged_if_faster
 from .operators.sources import device_of, read_chunked, storage_chunks
@@ -424,7 +424,11 @@ def _cost(
             notes.append(f"{_found_wrong(operator, learned)}: measured again now")
         elif narrow:
             notes.append(narrow)
-        notes.append(self_calibrate(operator, da, kwargs, budget.per_task).explain())
+        # the input's production is measured here while the measuring process starts
+        measured = self_calibrate(
+            operator, da, kwargs, budget.per_task, meanwhile=lambda: produced_input(da)
+        )
+        notes.append(measured.explain())
         if wrong:
             settle_observations(key, device, dtype)
     if wrong and (measure == "never" or not measurable):

@@ -39,9 +39,9 @@ from ..models.profiling import (
     measure_device_peak,
     measure_peak,
     measures_here,
+    measuring_worker,
     peak_method,
     profile_in_worker,
-    resident_in_worker,
 )
 from ..operators import Cost, DimUse, Operator, get_operator
 from ..operators.cost import bind_cost, with_squared_extents
@@ -667,6 +667,7 @@ def self_calibrate(
     client=None,
     seconds: float | None = None,
     directory: str | os.PathLike | None = None,
+    meanwhile: Callable[[], object] | None = None,
 ) -> SelfCalibration:
     """Measure ``operator`` on blocks of ``da``'s dims and dtype, fit, and save.
 
@@ -700,6 +701,12 @@ def self_calibrate(
     seconds
         Time bound; the dask config key ``memchunk.self-calibration-seconds``, else
         :data:`DEFAULT_SECONDS`. A bound given either way is kept to.
+    meanwhile
+        Called in this process once the measuring process is starting, before anything is
+        measured or imported here: a child process spends 1-2 s on its imports, which planning
+        spends measuring the input's production
+        (:func:`~xarray_memchunk.operators.production.input_production`) on another core. Its
+        time is not counted against the bound, nor in the calibration's seconds.
 
     Raises
     ------
@@ -738,11 +745,22 @@ def self_calibrate(
     profiles: list[TaskProfile] = []
     over_budget: float | None = None  # the next block's peak, where it stopped the growth
     with _profiling_client(client or active_client()) as profiler:
-        if not measures_here(profiler):  # this process only waits for the blocks meanwhile
+        here = measures_here(profiler)
+        # a cluster's worker process starts on its imports with the first call it is sent (a
+        # probe process started on them already); not a worker in this process, whose run would
+        # reset this process's high-water mark while `meanwhile` measures a peak here
+        first = None if here or not hasattr(profiler, "ncores") else _readiness(profiler)
+        began = ended = time.monotonic()
+        if meanwhile is not None:  # before the import below: no other thread of this process
+            meanwhile()  # runs beside a peak it measures
+            ended = time.monotonic()
+        if not here:  # this process only waits for the blocks meanwhile
             import_fitting_in_background()
-        method = profiler.submit(peak_method, pure=False).result()
-        resident_before = resident_in_worker(profiler)
-        with frozen_heap(profiler):  # each block's collection walks only what is newer
+        method, ready = (first or _readiness(profiler)).result()
+        # the calibration's clock runs as if `meanwhile` had not: what of it ran after the
+        # measuring process was ready is not the calibration's (a process here: all of it)
+        start += max(0.0, ended - max(began, -math.inf if here else ready))
+        with frozen_heap(profiler) as held:  # each block's collection walks only what is newer
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
             first_runs = 1 if _warmed_up(measure, sizes, whole) else 3
@@ -777,7 +795,6 @@ def self_calibrate(
                 measure(extents, array=array)[0]
                 for extents, array in operator.tree_shapes(largest, **kwargs)
             ]
-        resident = (resident_before, resident_in_worker(profiler))  # thawed and collected
     squared = superlinear_dims(operator, kwargs, profiles, halved)
     everything = [*profiles, *halved.values(), *trees]
     record = fit_record(
@@ -786,7 +803,7 @@ def self_calibrate(
         kwargs,
         measured_range=True,
         squared_dims=squared,
-        resident=resident,
+        resident=(held.before, held.after),  # each read after a full collection
         next_peak=over_budget,
     )
     path = save_calibration(
@@ -939,6 +956,22 @@ def _growth(profiles: Sequence[TaskProfile]) -> float:
 def _next_peak(profiles: Sequence[TaskProfile]) -> float:
     """The peak of a block twice the last, extrapolated from the last two (:func:`_growth`)."""
     return _growth(profiles) * profiles[-1].peak_bytes
+
+
+def _readiness(profiler):
+    """The measuring process's :func:`_ready_to_measure`, as a future (a probe answers now)."""
+    worker = measuring_worker(profiler)
+    return profiler.submit(_ready_to_measure, pure=False, workers=[worker])
+
+
+def _ready_to_measure() -> tuple[str, float]:
+    """:func:`peak_method` here, and since when this process could run it (monotonic clock).
+
+    Run as the first call a measuring process receives (:func:`ready_since`).
+    """
+    from ..models.probe_process import ready_since
+
+    return peak_method(), ready_since()
 
 
 @contextlib.contextmanager

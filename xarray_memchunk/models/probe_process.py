@@ -20,10 +20,25 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-__all__ = ["ProbeProcess"]
+__all__ = ["ProbeProcess", "ready_since"]
+
+#: ``time.monotonic()`` when this process, a probe process, began serving calls; None elsewhere.
+_SERVING_SINCE: float | None = None
+
+
+def ready_since() -> float:
+    """When this process could first run a call, on the system's monotonic clock.
+
+    A probe process: when it began serving (its imports done), whether or not a call came
+    then. Any other process (a cluster's worker): now, as a call sent while it was still
+    starting runs once it can.
+    """
+    return _SERVING_SINCE if _SERVING_SINCE is not None else time.monotonic()
+
 
 _HEADER = struct.Struct("!Q")
 
@@ -135,10 +150,13 @@ def _reap(process: subprocess.Popen) -> None:
 
 def _serve() -> None:
     """The child's loop: run each call received, send back its result or its error."""
+    import importlib
     import traceback
 
     import cloudpickle
 
+    # run as ``python -m``, this is ``__main__``: the calls find the module by its name
+    importlib.import_module(__spec__.name)._SERVING_SINCE = time.monotonic()
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the calls' own output goes to stderr, never into the protocol
     requests = sys.stdin.buffer

@@ -41,6 +41,7 @@ import numpy as np
 _ALIVE_CHECK_SECONDS = 2.0
 
 __all__ = [
+    "HeapSeries",
     "RssSampler",
     "TaskProfile",
     "freeze_heap",
@@ -48,12 +49,12 @@ __all__ = [
     "measure_device_peak",
     "measure_peak",
     "measures_here",
+    "measuring_worker",
     "peak_method",
     "profile_in_worker",
     "release_freed_memory",
     "reset_high_water_mark",
     "resident_bytes",
-    "resident_in_worker",
     "status_bytes",
     "thaw_heap",
 ]
@@ -230,49 +231,85 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
 _FROZEN_SERIES = threading.Event()
 
 
-def freeze_heap() -> None:
+def freeze_heap() -> int:
     """Collect garbage once, then freeze what survives (``gc.freeze``) until :func:`thaw_heap`.
 
     Each :func:`measure_peak` collects before it reads its baseline; a full collection walks
     every object of a worker (0.1-0.2 s with xarray and flox imported, most of a small
     block's measurement). Frozen, the older objects are skipped, and each measurement leaves
     what it froze frozen until the series ends.
+
+    Returns
+    -------
+    int
+        The resident memory after the collection (:func:`resident_bytes`): what the process
+        held before the series.
     """
-    release_freed_memory()
+    resident = resident_bytes()
     gc.freeze()
     _FROZEN_SERIES.set()
+    return resident
 
 
-def thaw_heap() -> None:
-    """End :func:`freeze_heap`'s series: every object is collectable again, and collected."""
+def thaw_heap() -> int:
+    """End :func:`freeze_heap`'s series: every object is collectable again, and collected.
+
+    Returns
+    -------
+    int
+        The resident memory after the collection (:func:`resident_bytes`): what the series
+        left held.
+    """
     _FROZEN_SERIES.clear()
     gc.unfreeze()
-    release_freed_memory()
+    return resident_bytes()
 
 
-def _on_worker(client, worker: str, func: Callable[[], None]) -> None:
+def _on_worker(client, worker: str, func: Callable[[], Any]) -> Any:
     """Run ``func`` in ``worker``'s process now, beside its tasks, not queued behind them."""
     if hasattr(client, "ncores"):  # distributed: Client.run, on the worker's own thread
-        client.run(func, workers=[worker])
-    else:  # a ProbeProcess runs one call at a time
-        client.submit(func).result()
+        return client.run(func, workers=[worker])[worker]
+    return client.submit(func).result()  # a ProbeProcess runs one call at a time
+
+
+@dataclass
+class HeapSeries:
+    """What the measuring process held before and after :func:`frozen_heap`'s series.
+
+    Read as the series starts and ends, each after a full collection: the rise is what running
+    the operator leaves in a worker (a function that imports flox imports numba: about 90 MiB).
+
+    Attributes
+    ----------
+    before, after
+        Resident bytes of the measuring process; 0 where not measurable (no
+        ``/proc/self/status``), and ``after`` stays 0 where the worker could not be thawed.
+    """
+
+    before: int = 0
+    after: int = 0
 
 
 @contextlib.contextmanager
-def frozen_heap(client) -> Iterator[None]:
+def frozen_heap(client) -> Iterator[HeapSeries]:
     """Freeze the heap of the worker that :func:`profile_in_worker` measures in, for a series.
 
     Its older objects are frozen while the block yields (:func:`freeze_heap`) and thawed
     after (:func:`thaw_heap`), also where a measurement failed. A worker that left the cluster
     meanwhile is left alone; one that is there but cannot be thawed is warned of.
+
+    Yields
+    ------
+    HeapSeries
+        The worker's resident memory before the series; ``after`` is set once it is thawed.
     """
-    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
-    _on_worker(client, worker, freeze_heap)
+    worker = measuring_worker(client)
+    series = HeapSeries(before=int(_on_worker(client, worker, freeze_heap)))
     try:
-        yield
+        yield series
     finally:
         try:
-            _on_worker(client, worker, thaw_heap)
+            series.after = int(_on_worker(client, worker, thaw_heap))
         except Exception as exc:
             if worker in _workers(client):
                 warnings.warn(
@@ -336,7 +373,7 @@ def profile_in_worker(
     measure
         :func:`measure_peak` (host memory) or :func:`measure_device_peak` (GPU memory).
     """
-    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
+    worker = measuring_worker(client)
     profiles = []
     for extents, sizes, args in cases:
         runs = [
@@ -364,18 +401,6 @@ def profile_in_worker(
     return profiles
 
 
-def resident_in_worker(client) -> int:
-    """:func:`resident_bytes` of the worker that :func:`profile_in_worker` measures in.
-
-    What a worker keeps between tasks: the interpreter, the libraries imported so far, their
-    caches. Read before and after an operator's runs, it shows what running the operator
-    leaves in a worker (a function that imports flox imports numba: about 90 MiB).
-    """
-    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
-    future = client.submit(resident_bytes, pure=False, workers=[worker])
-    return int(_result_while_alive(client, future, worker, {}))
-
-
 def measures_here(client) -> bool:
     """Whether :func:`profile_in_worker` measures in this very process.
 
@@ -385,12 +410,20 @@ def measures_here(client) -> bool:
     """
     if not hasattr(client, "ncores"):
         return False
-    worker = _workers(client, wait=WORKER_WAIT_SECONDS)[0]
+    worker = measuring_worker(client)
     return client.run(os.getpid, workers=[worker])[worker] == os.getpid()
 
 
 #: Seconds :func:`profile_in_worker` waits for a worker to join a cluster that has none.
 WORKER_WAIT_SECONDS = 60.0
+
+
+def measuring_worker(client) -> str:
+    """The worker :func:`profile_in_worker` measures in: the cluster's first one.
+
+    Waits up to :data:`WORKER_WAIT_SECONDS` for one to join a cluster that has none.
+    """
+    return _workers(client, wait=WORKER_WAIT_SECONDS)[0]
 
 
 def _workers(client, wait: float = 0.0) -> list[str]:

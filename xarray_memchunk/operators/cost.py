@@ -32,6 +32,7 @@ from .sources import input_kind, reads_own_range, reads_serialized, source_chunk
 __all__ = [
     "TaskCost",
     "bind_cost",
+    "produced_input",
     "resolve_cost",
     "squared_extent_feature",
     "with_squared_extents",
@@ -180,6 +181,14 @@ def bind_cost(
     return operator.dims(da, **kwargs), operator.cost(da, **kwargs)
 
 
+def produced_input(da: xr.DataArray) -> InputProduction | None:
+    """What producing a block of ``da`` holds, for data a Dask graph produces; else None.
+
+    Measured once per graph (:func:`~xarray_memchunk.operators.production.input_production`).
+    """
+    return input_production(da) if input_kind(da) is InputKind.GRAPH else None
+
+
 def resolve_cost(
     operator: Operator,
     name: str,
@@ -230,7 +239,7 @@ def resolve_cost(
         source = f"{source}, x{factor:.2f} learned from runs ({short_path(learned.path)})"
         model = learned.applied_to(model)
     dims = tuple(str(d) for d in da.dims)
-    production = input_production(da) if input_kind(da) is InputKind.GRAPH else None
+    production = produced_input(da)
     return TaskCost(
         variable=name,
         dims=dims,

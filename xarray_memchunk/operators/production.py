@@ -42,7 +42,7 @@ __all__ = ["MEASURED_BLOCK_BYTES", "InputProduction", "input_production"]
 #: Largest block measured in this process; above it, a smaller block is measured and scaled.
 MEASURED_BLOCK_BYTES = 256 * 2**20
 
-_CACHE: dict[str, InputProduction] = {}
+_CACHE: dict[str, InputProduction | None] = {}
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,7 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
             peak, seconds, _ = measure_peak(_compute, data.blocks[index])
             found = [max(0, peak - block_bytes)]
         except Exception:  # e.g. persisted keys that only the cluster's workers hold
+            _CACHE[name] = None  # not tried again for this graph
             return None
         extra = max(0, peak - block_bytes)
         held = min(found[0], extra)
