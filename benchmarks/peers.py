@@ -1,7 +1,9 @@
 """memchunk beside its peers: Dask's auto chunks and Cubed, the same work under the same memory.
 
     pip install -e ".[peers]"                  # cubed + cubed-xarray
-    python benchmarks/peers.py                  # every row, median of 3 (~25 min on 2 cores)
+    python benchmarks/peers.py                  # every row (climate rows too), median of 3
+    python benchmarks/peers.py --only mean median quantile svd-exact svd-compressed gst3d \
+        --timeout 120                           # the core rows: 43 min on 2 cores
     python benchmarks/peers.py --only mean svd-exact --repeats 1
     python benchmarks/peers.py --only clim-month anomaly monthly rolling-30 --out <file>
     python benchmarks/peers.py --only clim-doy area-mean trend anomaly-p90 --out <file>
