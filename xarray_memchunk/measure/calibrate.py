@@ -756,7 +756,7 @@ def self_calibrate(
             ended = time.monotonic()
         if not here:  # this process only waits for the blocks meanwhile
             import_fitting_in_background()
-        method, ready = (first or _readiness(profiler)).result()
+        method, ready = (first if first is not None else _readiness(profiler)).result()
         # the calibration's clock runs as if `meanwhile` had not: what of it ran after the
         # measuring process was ready is not the calibration's (a process here: all of it)
         start += max(0.0, ended - max(began, -math.inf if here else ready))
