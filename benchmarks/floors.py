@@ -5,10 +5,11 @@
     python benchmarks/floors.py --only median --repeats 1 --scale 0.25
 
 The floor of a reduction over time of the climate cube (Zarr, one-day zstd chunks, as in
-``peers.py``) is reading the store once with 2 threads (``xarray.open_zarr(...).load()`` on
-Dask's threaded scheduler) plus the reduction of the array in memory on the same 2 threads
-(over longitude slabs). Against it, on a fresh ``LocalCluster`` of 2 workers x 1 thread x
-``--memory-limit`` each run:
+``peers.py``) is reading the store once with 2 threads (the fastest of
+``xarray.open_zarr(...).load()`` on Dask's threaded scheduler, zarr's own read of the whole
+array, and memchunk's direct reads of the chunk files) plus the reduction of the array in
+memory on the same 2 threads (over longitude slabs). Against it, on a fresh ``LocalCluster``
+of 2 workers x 1 thread x ``--memory-limit`` each run:
 
 - ``memchunk``: ``tas.memchunk.apply(op, dim="time")``, as it plans (where its chunks would
   read each storage chunk many times over, it stages the store first:
@@ -114,11 +115,17 @@ def gst3d_floor_seconds(volume: Path) -> tuple[float, float]:
 def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
     """Seconds to read the store once and to reduce it in memory, both on 2 threads.
 
-    Each the faster of two ways: the read with xarray (Dask's threads, one task per storage
-    chunk) or with zarr alone (its own concurrent reads of the whole array); the reduction with
-    xarray over longitude slabs or with memchunk's operator, both on Dask's threads.
+    Each the fastest of its ways: the read with xarray (Dask's threads, one task per storage
+    chunk), with zarr alone (its own concurrent reads of the whole array), or with each
+    chunk's file decoded straight into the array (memchunk's direct reads, two threads over
+    halves of time); the reduction with xarray over longitude slabs or with memchunk's
+    operator, both on Dask's threads.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import zarr
+
+    from xarray_memchunk.operators.zarr_reads import DirectChunkReads
 
     with dask.config.set(scheduler="threads", num_workers=2):
         start = time.perf_counter()
@@ -127,6 +134,12 @@ def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
         start = time.perf_counter()
         zarr.open_group(cube, mode="r")["tas"][...]
         by_zarr = time.perf_counter() - start
+        direct = DirectChunkReads.of(zarr.open_group(cube, mode="r")["tas"])
+        half = direct.shape[0] // 2
+        start = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(direct.__getitem__, [slice(0, half), slice(half, None)]))
+        by_direct = time.perf_counter() - start
         slabs = tas.chunk({"time": -1, "lat": -1, "lon": math.ceil(tas.sizes["lon"] / 8)})
         start = time.perf_counter()
         _reduce(op, slabs).compute()
@@ -135,7 +148,7 @@ def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
         start = time.perf_counter()
         tas.memchunk.apply(op, **kwargs).compute()
         memchunk_compute = time.perf_counter() - start
-    return min(by_xarray, by_zarr), min(xarray_compute, memchunk_compute)
+    return min(by_xarray, by_zarr, by_direct), min(xarray_compute, memchunk_compute)
 
 
 def svd_floor_seconds(row: str, matrix: Path) -> tuple[float, float]:

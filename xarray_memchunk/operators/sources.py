@@ -47,6 +47,7 @@ from .._dask_compat import (
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
 from ..planning.problem import Halo, halo_sides, widest_halo
 from .arrays import is_cupy
+from .zarr_reads import with_direct_zarr_reads
 
 __all__ = [
     "BoundedReads",
@@ -299,7 +300,10 @@ class BoundedReads:
     """A file-backed array whose reads decode at most ``max_bytes`` of storage at once.
 
     A netCDF4 variable is read with no chunk cache (:data:`NETCDF4_CHUNK_CACHE_BYTES`), so
-    that nothing of a read stays in the worker once it ends.
+    that nothing of a read stays in the worker once it ends. A local Zarr array of a common
+    layout is read chunk file by chunk file, each decoded straight into the block
+    (:mod:`~xarray_memchunk.operators.zarr_reads`): one storage chunk's bytes at a time, where
+    zarr decodes up to 10 at once.
 
     Parameters
     ----------
@@ -314,7 +318,7 @@ class BoundedReads:
     """
 
     def __init__(self, array: Any, storage: tuple[int, ...], max_bytes: int = READ_GROUP_BYTES):
-        self.array = array
+        self.array = with_direct_zarr_reads(array)
         self.storage = tuple(int(c) for c in storage)
         self.max_bytes = int(max_bytes)
         self.shape = tuple(array.shape)
@@ -526,6 +530,7 @@ def map_blocks_with_halo(
     backend = file_backend(data)
     meta = meta_from_array(array_meta(data), ndim=data.ndim, dtype=dtype)
     if backend is not None:
+        backend = with_direct_zarr_reads(backend)
         return dask.array.map_blocks(
             _apply_padded,
             backend,

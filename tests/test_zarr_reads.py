@@ -1,0 +1,148 @@
+"""Direct reads of a local Zarr array's chunk files: the values are always zarr's own."""
+
+from __future__ import annotations
+
+import pickle
+
+import numcodecs
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+from xarray_memchunk.operators.sources import BoundedReads, file_backend
+from xarray_memchunk.operators.zarr_reads import DirectChunkReads, with_direct_zarr_reads
+
+SHAPE = (23, 17, 30)
+CHUNKS = (4, 5, 30)
+#: Ranges along each axis: inside one chunk, across chunks, the array's edge, all, empty.
+REGIONS = [
+    (slice(0, 23), slice(0, 17), slice(0, 30)),
+    (slice(1, 3), slice(2, 4), slice(5, 9)),
+    (slice(3, 21), slice(4, 16), slice(0, 30)),
+    (slice(20, 23), slice(15, 17), slice(29, 30)),
+    (slice(4, 8), slice(0, 17), slice(0, 30)),
+    (slice(None, None), slice(6, 6), slice(None)),
+]
+
+
+def _values(dtype: str = "float32") -> np.ndarray:
+    values = np.random.default_rng(0).standard_normal(SHAPE) * 100
+    return values.astype(dtype)
+
+
+def _written(path, values, **kwargs) -> zarr.Array:
+    array = zarr.create_array(
+        store=str(path), shape=values.shape, chunks=CHUNKS, dtype=values.dtype, **kwargs
+    )
+    array[...] = values
+    return zarr.open_array(str(path), mode="r")
+
+
+LAYOUTS = {
+    "zarr3-zstd": {"compressors": [ZstdCodec(level=1)]},
+    "zarr3-blosc": {"compressors": [BloscCodec(cname="lz4", shuffle="bitshuffle")]},
+    "zarr3-gzip": {"compressors": [GzipCodec()]},
+    "zarr3-raw": {"compressors": None},
+    "zarr2-zstd": {"compressors": numcodecs.Zstd(level=3), "zarr_format": 2},
+    "zarr2-blosc": {"compressors": numcodecs.Blosc(cname="zstd"), "zarr_format": 2},
+    "zarr2-raw": {"compressors": None, "zarr_format": 2},
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["float32", "int16", "float64"])
+def test_direct_reads_equal_zarr(tmp_path, layout, dtype):
+    array = _written(tmp_path / "a.zarr", _values(dtype), **LAYOUTS[layout])
+    direct = DirectChunkReads.of(array)
+    assert direct is not None, f"{layout} should be read directly"
+    for region in REGIONS:
+        got = direct[region]
+        assert got.dtype == array.dtype
+        np.testing.assert_array_equal(got, array[region])
+
+
+def test_direct_reads_survive_pickling(tmp_path):
+    array = _written(tmp_path / "a.zarr", _values(), **LAYOUTS["zarr3-zstd"])
+    direct = pickle.loads(pickle.dumps(DirectChunkReads.of(array)))
+    np.testing.assert_array_equal(direct[REGIONS[2]], array[REGIONS[2]])
+    assert direct.shape == array.shape  # the array's attributes, through the reader
+
+
+@pytest.mark.parametrize(
+    "key", [(3, slice(None), slice(None)), (slice(0, 20, 3), slice(None), slice(None)), 5]
+)
+def test_other_selections_are_zarrs_own(tmp_path, key):
+    array = _written(tmp_path / "a.zarr", _values(), **LAYOUTS["zarr3-zstd"])
+    np.testing.assert_array_equal(DirectChunkReads.of(array)[key], array[key])
+
+
+def test_a_chunk_never_written_reads_as_the_fill_value(tmp_path):
+    values = _values()
+    values[4:8] = -1.0  # one row of chunks equal to the fill value: not written
+    array = _written(
+        tmp_path / "a.zarr",
+        values,
+        fill_value=-1.0,
+        config={"write_empty_chunks": False},
+        **LAYOUTS["zarr3-zstd"],
+    )
+    direct = DirectChunkReads.of(array)
+    for region in REGIONS:
+        np.testing.assert_array_equal(direct[region], values[region])
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"compressors": [ZstdCodec(checksum=True)]},
+        {"shards": (8, 10, 30)},
+        {"filters": [numcodecs.Delta(dtype="<f4")], "compressors": None, "zarr_format": 2},
+        {"compressors": None, "zarr_format": 2, "order": "F"},
+    ],
+    ids=["checksum", "sharded", "zarr2-filter", "zarr2-fortran"],
+)
+def test_other_layouts_are_left_to_zarr(tmp_path, kwargs):
+    array = _written(tmp_path / "a.zarr", _values(), **kwargs)
+    assert DirectChunkReads.of(array) is None
+
+
+def test_big_endian_is_left_to_zarr(tmp_path):
+    array = _written(tmp_path / "a.zarr", _values(">f4"), compressors=None, zarr_format=2)
+    assert DirectChunkReads.of(array) is None
+
+
+def test_a_decoded_variable_reads_as_xarray_reads_it(tmp_path):
+    """Packed int16 with scale, offset and a fill value: xarray's decoding stays on top."""
+    values = _values("float64")
+    values[0, 0, :5] = np.nan
+    da = xr.DataArray(values, dims=("time", "lat", "lon"), name="tas")
+    encoding = {
+        "dtype": "int16",
+        "scale_factor": 0.01,
+        "add_offset": 5.0,
+        "_FillValue": -32768,
+        "chunks": CHUNKS,
+    }
+    da.to_dataset().to_zarr(tmp_path / "c.zarr", encoding={"tas": encoding})
+    opened = xr.open_zarr(tmp_path / "c.zarr")["tas"]
+    backend = file_backend(opened.data)
+    reads = BoundedReads(backend, CHUNKS)
+    assert reads.array is not backend  # a copy with direct reads under xarray's wrappers
+    for region in REGIONS:
+        np.testing.assert_array_equal(reads[region], opened.values[region])
+
+
+def test_the_variables_own_wrappers_are_left_as_they_are(tmp_path):
+    xr.DataArray(_values(), dims=("t", "y", "x"), name="v").to_dataset().to_zarr(
+        tmp_path / "d.zarr", encoding={"v": {"chunks": CHUNKS}}
+    )
+    backend = file_backend(xr.open_zarr(tmp_path / "d.zarr")["v"].data)
+    direct = with_direct_zarr_reads(backend)
+    node = backend
+    while not hasattr(node, "_array"):
+        node = node.array
+    assert isinstance(node._array, zarr.Array)  # the original still reads through zarr
+    assert with_direct_zarr_reads(direct) is direct  # already direct: unchanged
+    np.testing.assert_array_equal(np.asarray(direct[REGIONS[2]]), np.asarray(backend[REGIONS[2]]))
