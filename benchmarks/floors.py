@@ -135,6 +135,7 @@ def floor_seconds(op: str, cube: Path) -> tuple[float, float]:
         zarr.open_group(cube, mode="r")["tas"][...]
         by_zarr = time.perf_counter() - start
         direct = DirectChunkReads.of(zarr.open_group(cube, mode="r")["tas"])
+        assert direct is not None, "the cube's layout is one the direct reads read"
         half = direct.shape[0] // 2
         start = time.perf_counter()
         with ThreadPoolExecutor(2) as pool:

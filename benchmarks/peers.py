@@ -5,6 +5,7 @@
     python benchmarks/peers.py --only mean median quantile svd-exact svd-compressed gst3d \
         --timeout 120                           # the core rows: 43 min on 2 cores
     python benchmarks/peers.py --only mean svd-exact --repeats 1
+    python benchmarks/peers.py --only mean gst3d --tools dask memchunk
     python benchmarks/peers.py --only clim-month anomaly monthly rolling-30 --out <file>
     python benchmarks/peers.py --only clim-doy area-mean trend anomaly-p90 --out <file>
 
@@ -442,11 +443,13 @@ def main() -> None:
     parser.add_argument("--memory-limit", default="1GB", help="per worker (process)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", nargs="*", choices=ROWS, help="rows to run")
+    parser.add_argument("--tools", nargs="*", choices=TOOLS, help="tools to run (all)")
     parser.add_argument("--scale", type=float, default=1.0, help="input sizes, x 2,920 days")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds before a run hangs")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "peers.md"))
     args = parser.parse_args()
     rows = args.only or list(ROWS)
+    tools = [t for t in TOOLS if t in (args.tools or TOOLS)]
     with tempfile.TemporaryDirectory(prefix="memchunk-peers-") as tmp:
         root = Path(tmp)
         # first, while this process is small: on Linux a spawned process's ru_maxrss (which
@@ -458,8 +461,8 @@ def main() -> None:
         runs: dict[tuple[str, str], list[Result]] = {}
         for repeat in range(args.repeats):
             for row in rows:
-                for i in range(len(TOOLS)):  # each repeat starts one tool later
-                    tool = TOOLS[(i + repeat) % len(TOOLS)]
+                for i in range(len(tools)):  # each repeat starts one tool later
+                    tool = tools[(i + repeat) % len(tools)]
                     if not applies(row, tool):
                         continue
                     result = run_one(row, tool, inputs, args.memory_limit, spec, args.timeout)

@@ -71,11 +71,28 @@ def test_direct_reads_survive_pickling(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "key", [(3, slice(None), slice(None)), (slice(0, 20, 3), slice(None), slice(None)), 5]
+    "key",
+    [
+        (3, slice(None), slice(None)),
+        (slice(0, 20, 3), slice(None), slice(None)),
+        5,
+        slice(2, 9),  # ranges as NumPy reads them: missing axes and Ellipsis are whole
+        (Ellipsis, slice(4, 7)),
+        (slice(1, 5), Ellipsis),
+        Ellipsis,
+    ],
 )
 def test_other_selections_are_zarrs_own(tmp_path, key):
     array = _written(tmp_path / "a.zarr", _values(), **LAYOUTS["zarr3-zstd"])
     np.testing.assert_array_equal(DirectChunkReads.of(array)[key], array[key])
+
+
+def test_a_0d_array_reads_as_zarr_reads_it(tmp_path):
+    array = zarr.create_array(store=str(tmp_path / "s.zarr"), shape=(), dtype="float64")
+    array[()] = 3.5
+    direct = DirectChunkReads.of(zarr.open_array(str(tmp_path / "s.zarr"), mode="r"))
+    for key in [(), Ellipsis]:
+        assert float(direct[key]) == 3.5
 
 
 def test_a_chunk_never_written_reads_as_the_fill_value(tmp_path):

@@ -6,12 +6,13 @@ store that costs more than decoding them. Measured on the climate cube of
 ``benchmarks/peers.py`` (2920 x 288 x 720 float32, one-day zstd chunks, local store), reading
 and reducing all of it in tasks of 161 days on a ``LocalCluster`` of 2 workers x 1 thread:
 7.4-9.1 s through zarr (13.8-16.2 CPU seconds in the workers, 6.0-7.5 of them in the
-kernel), 3.9-4.4 s reading each chunk's file and decoding it with numcodecs straight into the
-block (7.0-8.0 CPU seconds); zarr with the ``zarrs`` codec pipeline 5.8-6.5 s.
+kernel), 3.7-4.4 s reading each chunk's file and decoding it with numcodecs straight into the
+block (6.9-8.0 CPU seconds); zarr with the ``zarrs`` codec pipeline 5.8-6.5 s.
 
 :class:`DirectChunkReads` does the second, for the layouts it can read exactly: a local store
-(``zarr.storage.LocalStore``), a regular chunk grid, no sharding, native byte order, C order,
-no filters, and one compressor that numcodecs decodes (zstd, blosc, gzip, zlib, lz4) or none.
+(``zarr.storage.LocalStore``), no sharding, native byte order, C order, no filters, and one
+compressor that numcodecs decodes, or none: zstd (without a checksum in zarr format 3), blosc
+or gzip in zarr format 3; any of numcodecs' zstd, blosc, gzip, zlib, lz4 in zarr format 2.
 Any other layout, a selection other than a range per axis, or a region with a storage chunk
 that was never written (it reads as the fill value) is read by zarr itself, so values never
 differ from zarr's. :func:`with_direct_zarr_reads` puts one under xarray's lazily indexed
@@ -155,14 +156,22 @@ def _compressor(metadata: Any) -> dict[str, Any] | bool | None:
         return False
     config = dict(codecs[1].get("configuration") or {})
     if codecs[1]["name"] == "zstd" and config.get("checksum"):
-        return False  # numcodecs' Zstd reads a zarr 3 checksum frame too, but is not asked to
+        return False  # left to zarr, which checks the checksum its own way
     return {"id": ZARR3_COMPRESSORS[codecs[1]["name"]]}
 
 
 def _ranges(key: Any, shape: tuple[int, ...]) -> tuple[slice, ...] | None:
-    """``key`` as one ``slice(start, stop)`` per axis, or None for any other selection."""
-    key = key if isinstance(key, tuple) else (key,)
-    if len(key) != len(shape) or not all(isinstance(k, slice) for k in key):
+    """``key`` as one ``slice(start, stop)`` per axis, or None for any other selection.
+
+    As NumPy reads it: an ``Ellipsis`` or missing trailing axes are whole axes. A 0-d array has
+    no ranges (None).
+    """
+    key = list(key) if isinstance(key, tuple) else [key]
+    if key.count(Ellipsis) == 1:
+        at = key.index(Ellipsis)
+        key[at : at + 1] = [slice(None)] * (len(shape) - len(key) + 1)
+    key += [slice(None)] * (len(shape) - len(key))
+    if not shape or len(key) != len(shape) or not all(isinstance(k, slice) for k in key):
         return None
     region = []
     for k, n in zip(key, shape, strict=True):
