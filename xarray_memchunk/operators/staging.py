@@ -384,12 +384,6 @@ def staging_chunks(
     return StagingChunks(store, write, source)
 
 
-def _lengths(size: int, chunk: int) -> tuple[int, ...]:
-    """``size`` cut into chunks of ``chunk``, the last shorter where it does not divide."""
-    chunk = max(1, min(chunk, size))
-    return (chunk,) * (size // chunk) + ((size % chunk,) if size % chunk else ())
-
-
 def _remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -414,7 +408,7 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     MemchunkError
         When the write fails (the partial store is removed first).
     """
-    import dask
+    import dask.array
 
     from ..errors import MemchunkError
 
@@ -429,7 +423,8 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
         write = {d: chunks.write[str(d)] for d in da.dims}
         store = {d: chunks.store[str(d)] for d in da.dims}
     if file_backend(da.data) is not None:  # each write task reads its chunk from the file
-        blocks = {str(d): _lengths(int(n), int(write[d])) for d, n in da.sizes.items()}
+        lengths = dask.array.core.normalize_chunks(tuple(write[d] for d in da.dims), da.shape)
+        blocks = {str(d): c for d, c in zip(da.dims, lengths, strict=True)}
         variable = variable.copy(data=read_chunked(da, blocks).data)
         staged = xr.Dataset({str(name): variable})
     else:

@@ -148,7 +148,7 @@ def _compressor(metadata: Any) -> dict[str, Any] | bool | None:
     if not codecs or codecs[0]["name"] != "bytes":
         return False
     endian = (codecs[0].get("configuration") or {}).get("endian")
-    if endian not in (None, "little") or np.little_endian is False:
+    if endian not in (None, "little") or not np.little_endian:
         return False
     if len(codecs) == 1:
         return None
