@@ -3,6 +3,7 @@
     python benchmarks/floors.py                         # every row; median of 3
     python benchmarks/floors.py --only svd-exact svd-compressed
     python benchmarks/floors.py --only median --repeats 1 --scale 0.25
+    python benchmarks/floors.py --only median quantile --tools memchunk   # floor and memchunk
 
 The floor of a reduction over time of the climate cube (Zarr, one-day zstd chunks, as in
 ``peers.py``) is reading the store once with 2 threads (the fastest of
@@ -352,6 +353,9 @@ def main() -> None:
         "matrices' long side)",
     )
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--tools", nargs="*", help="routes to run of each row's (default: all of them)"
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "floors.md"))
     args = parser.parse_args()
     rows = args.only or list(ROWS)
@@ -389,7 +393,8 @@ def main() -> None:
             read = statistics.median(f[0] for f in floors)
             compute = statistics.median(f[1] for f in floors)
             floor = read + compute
-            tools = TOOLS[op]
+            print(f"{op} floor: read {read:.2f} s + in memory {compute:.2f} s", flush=True)
+            tools = [t for t in TOOLS[op] if not args.tools or t in args.tools]
             runs: dict[str, list[dict]] = {t: [] for t in tools}
             for repeat in range(args.repeats):
                 for i in range(len(tools)):

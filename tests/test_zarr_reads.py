@@ -12,7 +12,11 @@ import zarr
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 from xarray_memchunk.operators.sources import BoundedReads, file_backend
-from xarray_memchunk.operators.zarr_reads import DirectChunkReads, with_direct_zarr_reads
+from xarray_memchunk.operators.zarr_reads import (
+    DirectChunkReads,
+    direct_reader,
+    with_direct_zarr_reads,
+)
 
 SHAPE = (23, 17, 30)
 CHUNKS = (4, 5, 30)
@@ -108,6 +112,20 @@ def test_a_chunk_never_written_reads_as_the_fill_value(tmp_path):
     direct = DirectChunkReads.of(array)
     for region in REGIONS:
         np.testing.assert_array_equal(direct[region], values[region])
+    xr.DataArray(values, dims=("t", "y", "x"), name="v").to_dataset().to_zarr(
+        tmp_path / "v.zarr",
+        encoding={"v": {"chunks": CHUNKS, "_FillValue": -1.0, **LAYOUTS["zarr3-zstd"]}},
+    )
+    zarr.open_array(str(tmp_path / "v.zarr" / "v"), mode="r+")[4:8] = -1.0  # files kept
+    for key in zarr.storage.LocalStore(str(tmp_path / "v.zarr")).root.glob("v/c/1/*/*"):
+        key.unlink()  # the chunks of rows 4-7: never written
+    opened = xr.open_zarr(tmp_path / "v.zarr", mask_and_scale=False)["v"]
+    reads = BoundedReads(file_backend(opened.data), CHUNKS, max_bytes=2_000)
+    assert reads.direct is not None
+    by_zarr = zarr.open_array(str(tmp_path / "v.zarr" / "v"), mode="r")
+    for region in REGIONS:  # the direct read stops at the missing file; zarr reads the region
+        np.testing.assert_array_equal(reads[region], by_zarr[region])
+    assert np.isnan(reads[REGIONS[4]]).all()  # zarr's fill value, NaN
 
 
 @pytest.mark.parametrize(
@@ -147,6 +165,7 @@ def test_a_decoded_variable_reads_as_xarray_reads_it(tmp_path):
     backend = file_backend(opened.data)
     reads = BoundedReads(backend, CHUNKS)
     assert reads.array is not backend  # a copy with direct reads under xarray's wrappers
+    assert reads.direct is None  # decoded: read through the wrappers
     for region in REGIONS:
         np.testing.assert_array_equal(reads[region], opened.values[region])
 
@@ -163,3 +182,57 @@ def test_the_variables_own_wrappers_are_left_as_they_are(tmp_path):
     assert isinstance(node._array, zarr.Array)  # the original still reads through zarr
     assert with_direct_zarr_reads(direct) is direct  # already direct: unchanged
     np.testing.assert_array_equal(np.asarray(direct[REGIONS[2]]), np.asarray(backend[REGIONS[2]]))
+
+
+def _plain(tmp_path, **encoding) -> xr.DataArray:
+    xr.DataArray(_values(), dims=("t", "y", "x"), name="v").to_dataset().to_zarr(
+        tmp_path / "p.zarr", encoding={"v": {"chunks": CHUNKS, **encoding}}
+    )
+    return xr.open_zarr(tmp_path / "p.zarr")["v"]
+
+
+@pytest.mark.parametrize("layout", ["zarr3-zstd", "zarr3-raw"])
+def test_a_plain_variable_is_read_straight_into_the_block(tmp_path, monkeypatch, layout):
+    """No group reads, no copy: one direct read per region, into the caller's array."""
+    opened = _plain(tmp_path, **LAYOUTS[layout])
+    values = opened.values
+    reads = BoundedReads(file_backend(opened.data), CHUNKS, max_bytes=2_000)  # groups of 1
+    assert reads.direct is not None
+    calls = []
+    read_into = DirectChunkReads.read_into
+    monkeypatch.setattr(
+        DirectChunkReads, "read_into", lambda self, r, o: calls.append(r) or read_into(self, r, o)
+    )
+    monkeypatch.setattr(zarr.Array, "__getitem__", lambda self, key: pytest.fail("zarr read"))
+    for region in REGIONS:
+        np.testing.assert_array_equal(reads[region], values[region])
+        out = np.full(values[region].shape, 7.0, dtype="float32")
+        reads.read_into(region, out)
+        np.testing.assert_array_equal(out, values[region])
+    assert len(calls) == 2 * sum(1 for r in REGIONS if r[1].start != r[1].stop)
+    out = np.empty((4, 5, 30), "float32")
+    reads.read_into((slice(4, 8), slice(5, 10), slice(0, 30)), out)  # one whole chunk
+    np.testing.assert_array_equal(out, values[4:8, 5:10])
+
+
+def test_a_selection_or_decoding_keeps_xarrays_wrappers(tmp_path):
+    from xarray.core.indexing import BasicIndexer, LazilyIndexedArray
+
+    backend = with_direct_zarr_reads(file_backend(_plain(tmp_path).data))
+    assert isinstance(direct_reader(backend), DirectChunkReads)
+    inner = backend
+    while not isinstance(inner, LazilyIndexedArray):
+        inner = inner.array
+    whole = LazilyIndexedArray(inner.array, BasicIndexer((slice(None),) * 3))
+    assert isinstance(direct_reader(whole), DirectChunkReads)
+    some = LazilyIndexedArray(inner.array, BasicIndexer((slice(2, 9), slice(None), slice(None))))
+    assert direct_reader(some) is None
+    assert direct_reader(np.zeros(3)) is None
+
+
+def test_a_damaged_raw_chunk_file_is_an_error_not_values(tmp_path):
+    array = _written(tmp_path / "a.zarr", _values(), **LAYOUTS["zarr3-raw"])
+    path = tmp_path / "a.zarr" / "c" / "1" / "0" / "0"
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(ValueError, match="damaged"):
+        DirectChunkReads.of(array)[4:8, 0:5]

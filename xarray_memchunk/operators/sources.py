@@ -47,7 +47,7 @@ from .._dask_compat import (
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
 from ..planning.problem import Halo, halo_sides, widest_halo
 from .arrays import is_cupy
-from .zarr_reads import with_direct_zarr_reads
+from .zarr_reads import direct_reader, with_direct_zarr_reads
 
 __all__ = [
     "BoundedReads",
@@ -319,6 +319,7 @@ class BoundedReads:
 
     def __init__(self, array: Any, storage: tuple[int, ...], max_bytes: int = READ_GROUP_BYTES):
         self.array = with_direct_zarr_reads(array)
+        self.direct = direct_reader(self.array)
         self.storage = tuple(int(c) for c in storage)
         self.max_bytes = int(max_bytes)
         self.shape = tuple(array.shape)
@@ -342,6 +343,10 @@ class BoundedReads:
         ]
 
     def _read(self, region: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
+        if self.direct is not None:  # one storage chunk at a time, into the block itself
+            block = np.empty(_extent(region), self.dtype) if out is None else out
+            if not block.size or self.direct.read_into(region, block):
+                return block
         touched = self._touched(region)
         storage_bytes = self.dtype.itemsize * int(
             np.prod(
@@ -362,7 +367,7 @@ class BoundedReads:
         per_chunk = storage_bytes // (last - first + 1)
         group = max(1, self.max_bytes // max(1, per_chunk))
         if out is None:
-            out = np.empty(tuple(s.stop - s.start for s in region), dtype=self.dtype)
+            out = np.empty(_extent(region), dtype=self.dtype)
         axis_region = region[split]
         c = self.storage[split]
         for k in range(first, last + 1, group):
@@ -431,6 +436,11 @@ class ConcatenatedReads:
 def _region(key: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
     """``key`` (slices, as Dask's getters pass them) as slices with a start and a stop."""
     return tuple(slice(*k.indices(n)[:2]) for k, n in zip(key, shape, strict=True))
+
+
+def _extent(region: tuple[slice, ...]) -> tuple[int, ...]:
+    """The shape of ``region`` (slices with a start and a stop)."""
+    return tuple(max(0, s.stop - s.start) for s in region)
 
 
 def _read_into(array: Any, region: tuple[slice, ...], out: np.ndarray) -> None:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DirectChunkReads", "with_direct_zarr_reads"]
+__all__ = ["DirectChunkReads", "direct_reader", "with_direct_zarr_reads"]
 
 #: numcodecs' names of the compressors read directly (zarr format 2 metadata holds these).
 NUMCODECS_COMPRESSORS = ("zstd", "blosc", "gzip", "zlib", "lz4")
@@ -91,12 +92,16 @@ class DirectChunkReads:
         if region is None:
             return self.array[key]
         out = np.empty(tuple(s.stop - s.start for s in region), dtype=self.array.dtype)
-        if out.size and not self._read_into(region, out):
+        if out.size and not self.read_into(region, out):
             return self.array[key]
         return out
 
-    def _read_into(self, region: tuple[slice, ...], out: np.ndarray) -> bool:
-        """Fill ``out`` with ``region``; False where a storage chunk has no file."""
+    def read_into(self, region: tuple[slice, ...], out: np.ndarray) -> bool:
+        """Fill ``out`` with ``region`` (a ``slice(start, stop)`` per axis).
+
+        Returns False, with ``out`` partly filled, where a storage chunk in the region has no
+        file: zarr reads it as the fill value, and the caller reads the region through zarr.
+        """
         spans = [
             range(s.start // c, (s.stop - 1) // c + 1)
             for s, c in zip(region, self.chunk_shape, strict=True)
@@ -104,10 +109,6 @@ class DirectChunkReads:
         buffer: np.ndarray | None = None
         for index in itertools.product(*spans):
             path = self.directory / self.array.metadata.encode_chunk_key(index)
-            try:
-                encoded = path.read_bytes()
-            except FileNotFoundError:  # never written: zarr reads it as the fill value
-                return False
             source, target, whole = [], [], True
             for i, s, c in zip(index, region, self.chunk_shape, strict=True):
                 lo, hi = max(s.start, i * c), min(s.stop, (i + 1) * c)
@@ -115,24 +116,39 @@ class DirectChunkReads:
                 target.append(slice(lo - s.start, hi - s.start))
                 whole = whole and (hi - lo == c)
             into = out[tuple(target)]
-            if whole and into.flags.c_contiguous:  # the chunk is all in the block: no copy
-                self._decode(encoded, into)
-                continue
-            if buffer is None:
-                buffer = np.empty(self.chunk_shape, dtype=self.array.dtype)
-            self._decode(encoded, buffer)
-            into[...] = buffer[tuple(source)]
+            in_place = whole and into.flags.c_contiguous  # the chunk is all in the block
+            if not in_place:
+                if buffer is None:
+                    buffer = np.empty(self.chunk_shape, dtype=self.array.dtype)
+                into, part = buffer, into
+            try:
+                self._read_chunk(path, into)
+            except FileNotFoundError:  # never written: zarr reads it as the fill value
+                return False
+            if not in_place:
+                part[...] = buffer[tuple(source)]
         return True
 
-    def _decode(self, encoded: bytes, into: np.ndarray) -> None:
-        if self.compressor is None:
-            into.reshape(-1).view(np.uint8)[...] = np.frombuffer(encoded, dtype=np.uint8)
+    def _read_chunk(self, path: Path, into: np.ndarray) -> None:
+        """Decode the chunk file ``path`` into ``into`` (C-contiguous, of the chunk's shape)."""
+        if self.compressor is None:  # its bytes are the chunk's: read straight into the block
+            raw = memoryview(into.reshape(-1).view(np.uint8))
+            with path.open("rb", buffering=0) as f:
+                size, done = os.fstat(f.fileno()).st_size, 0
+                while size == raw.nbytes and done < size:  # one read gives at most ~2 GB
+                    read = f.readinto(raw[done:])
+                    size, done = (size, done + read) if read else (done, done)
+            if size != raw.nbytes:
+                raise ValueError(
+                    f"the Zarr chunk file {path} holds {size} bytes, where its chunk has "
+                    f"{raw.nbytes}: the store is damaged"
+                )
             return
         if self._codec is None:
             import numcodecs
 
             self._codec = numcodecs.get_codec(dict(self.compressor))
-        self._codec.decode(encoded, out=into)
+        self._codec.decode(path.read_bytes(), out=into)
 
 
 def _compressor(metadata: Any) -> dict[str, Any] | bool | None:
@@ -212,3 +228,43 @@ def with_direct_zarr_reads(lazy: Any) -> Any:
         outer.array = inner
         inner = outer
     return inner
+
+
+def direct_reader(lazy: Any) -> DirectChunkReads | None:
+    """The :class:`DirectChunkReads` under ``lazy``, where ``lazy[region]`` is its region as is.
+
+    That is where every wrapper of xarray's between them passes a range through unchanged:
+    the indexing adapters, copy-on-write, a lazy index that selects the whole array, and the
+    Zarr wrapper of the same dtype. Where there is decoding (scale, offset, a mask) or a
+    selection, None: the region is read through the wrappers.
+    """
+    try:
+        from xarray.backends.zarr import ZarrArrayWrapper
+        from xarray.core.indexing import (
+            BasicIndexer,
+            CopyOnWriteArray,
+            ImplicitToExplicitIndexingAdapter,
+            LazilyIndexedArray,
+        )
+    except ImportError:  # pragma: no cover - an xarray without these
+        return None
+    shape = tuple(getattr(lazy, "shape", ()))
+    node = lazy
+    while isinstance(node, ImplicitToExplicitIndexingAdapter | CopyOnWriteArray):
+        node = node.array
+    if isinstance(node, LazilyIndexedArray):
+        key = node.key.tuple
+        whole = isinstance(node.key, BasicIndexer) and len(key) == len(node.array.shape)
+        whole = whole and all(
+            isinstance(k, slice) and k.indices(n) == (0, n, 1)
+            for k, n in zip(key, node.array.shape, strict=True)
+        )
+        if not whole:
+            return None
+        node = node.array
+    if not isinstance(node, ZarrArrayWrapper) or not isinstance(node._array, DirectChunkReads):
+        return None
+    direct = node._array
+    if tuple(direct.array.shape) != shape or np.dtype(node.dtype) != np.dtype(direct.array.dtype):
+        return None
+    return direct
