@@ -236,3 +236,35 @@ def test_a_damaged_raw_chunk_file_is_an_error_not_values(tmp_path):
     path.write_bytes(path.read_bytes()[:-4])
     with pytest.raises(ValueError, match="damaged"):
         DirectChunkReads.of(array)[4:8, 0:5]
+
+
+def test_a_missing_chunk_is_read_by_zarr_into_the_same_block(tmp_path):
+    """The fallback fills the block the direct read began: one block held, not two."""
+    import tracemalloc
+
+    values = np.random.default_rng(1).standard_normal((80, 50, 30)).astype("float32")
+    values[76:] = np.nan  # zarr writes no file for chunks all of the fill value
+    xr.DataArray(values, dims=("t", "y", "x"), name="v").to_dataset().to_zarr(
+        tmp_path / "m.zarr", encoding={"v": {"chunks": CHUNKS}}
+    )
+    opened = xr.open_zarr(tmp_path / "m.zarr")["v"]
+    assert not list((tmp_path / "m.zarr" / "v" / "c").glob("19/*/*"))  # rows 76-79: no files
+    reads = BoundedReads(file_backend(opened.data), CHUNKS, max_bytes=9600)
+    assert reads.direct is not None
+    region = (slice(0, 80), slice(0, 50), slice(0, 30))
+    tracemalloc.start()
+    try:
+        got = reads[region]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, values)
+    assert peak < 1.5 * values.nbytes, f"{peak / values.nbytes:.2f} x the block"
+
+
+def test_read_into_an_array_of_another_dtype_casts_as_numpy_does(tmp_path):
+    opened = _plain(tmp_path, **LAYOUTS["zarr3-zstd"])
+    reads = BoundedReads(file_backend(opened.data), CHUNKS)
+    out = np.zeros((4, 5, 30), "float64")
+    reads.read_into((slice(0, 4), slice(0, 5), slice(0, 30)), out)
+    np.testing.assert_array_equal(out, opened.values[:4, :5].astype("float64"))

@@ -342,11 +342,20 @@ class BoundedReads:
             for s, c in zip(region, self.storage, strict=True)
         ]
 
-    def _read(self, region: tuple[slice, ...], out: np.ndarray | None = None) -> np.ndarray:
-        if self.direct is not None:  # one storage chunk at a time, into the block itself
-            block = np.empty(_extent(region), self.dtype) if out is None else out
-            if not block.size or self.direct.read_into(region, block):
-                return block
+    def _read(
+        self, region: tuple[slice, ...], out: np.ndarray | None = None, direct: bool = True
+    ) -> np.ndarray:
+        shape = _extent(region)
+        direct = (
+            direct
+            and self.direct is not None
+            and (out is None or (out.dtype == self.dtype and out.shape == shape))
+        )
+        if direct:  # one storage chunk at a time, into the block itself
+            out = np.empty(shape, self.dtype) if out is None else out
+            if not out.size or self.direct.read_into(region, out):
+                return out
+            # a storage chunk has no file: zarr reads the region into the same block
         touched = self._touched(region)
         storage_bytes = self.dtype.itemsize * int(
             np.prod(
@@ -367,7 +376,7 @@ class BoundedReads:
         per_chunk = storage_bytes // (last - first + 1)
         group = max(1, self.max_bytes // max(1, per_chunk))
         if out is None:
-            out = np.empty(_extent(region), dtype=self.dtype)
+            out = np.empty(shape, dtype=self.dtype)
         axis_region = region[split]
         c = self.storage[split]
         for k in range(first, last + 1, group):
@@ -377,7 +386,7 @@ class BoundedReads:
             where = (slice(None),) * split + (
                 slice(lo - axis_region.start, hi - axis_region.start),
             )
-            self._read(sub, out[where])
+            self._read(sub, out[where], direct=False)  # the direct read failed: zarr's
         return out
 
 
