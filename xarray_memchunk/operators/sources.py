@@ -386,7 +386,7 @@ class BoundedReads:
             where = (slice(None),) * split + (
                 slice(lo - axis_region.start, hi - axis_region.start),
             )
-            self._read(sub, out[where], direct=False)  # the direct read failed: zarr's
+            self._read(sub, out[where], direct=False)  # no direct reads, or one failed
         return out
 
 

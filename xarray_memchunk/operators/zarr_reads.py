@@ -137,7 +137,9 @@ class DirectChunkReads:
                 size, done = os.fstat(f.fileno()).st_size, 0
                 while size == raw.nbytes and done < size:  # one read gives at most ~2 GB
                     read = f.readinto(raw[done:])
-                    size, done = (size, done + read) if read else (done, done)
+                    if not read:  # the file was cut short since fstat
+                        size = done
+                    done += read
             if size != raw.nbytes:
                 raise ValueError(
                     f"the Zarr chunk file {path} holds {size} bytes, where its chunk has "
