@@ -31,7 +31,7 @@ from xarray_memchunk.measure.calibrate import (
 )
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
-from xarray_memchunk.models.probe_process import ProbeProcess
+from xarray_memchunk.models.probe_process import ProbeProcess, close_kept_probe_process
 from xarray_memchunk.models.profiling import TaskProfile, measures_here
 from xarray_memchunk.operators import DimUse
 from xarray_memchunk.planning.problem import DimRole
@@ -449,6 +449,7 @@ def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, thre
     from xarray_memchunk.models import profiling
     from xarray_memchunk.operators import cost, production
 
+    close_kept_probe_process()  # the measuring process starts with this plan
     events = CallOrder()
     monkeypatch.setattr(ProbeProcess, "__enter__", events.watched("start", ProbeProcess.__enter__))
     monkeypatch.setattr(
@@ -465,17 +466,33 @@ def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, thre
     assert events[:3] == ["start", "input", "block"]
 
 
-def test_a_probe_process_says_since_when_it_serves():
+def test_a_second_plan_measures_in_the_process_the_first_started(user_dir, threaded, monkeypatch):
+    close_kept_probe_process()
+    events = CallOrder()
+    monkeypatch.setattr(ProbeProcess, "__enter__", events.watched("start", ProbeProcess.__enter__))
+    data = field()
+    smoothed = xm.BlockwiseOperator("selfcal-kept", smooth, depth={"y": 2, "x": 2})
+    squared = xm.BlockwiseOperator("selfcal-kept-square", np.square)
+    for op in (smoothed, squared):
+        plan = data.memchunk.plan(op, memory_limit="2GB")
+        assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+    wider = data.memchunk.plan(smoothed, memory_limit="2GB", chunks=None)  # calibrated: no start
+    assert wider.chunks
+    assert events.count("start") == 1
+
+
+def test_the_input_is_measured_while_a_kept_process_measures_the_blocks(user_dir):
     import time
 
-    from xarray_memchunk.models.probe_process import ready_since
-
-    before = time.monotonic()
-    with ProbeProcess() as probe:
-        first = probe.submit(ready_since).result()
-        time.sleep(0.2)
-        again = probe.submit(ready_since).result()
-    assert before < first == again < time.monotonic() - 0.2  # the monotonic clock is shared
+    close_kept_probe_process()
+    data = field()
+    self_calibrate(xm.BlockwiseOperator("selfcal-first", np.square), data, {}, 2**30)
+    op = xm.BlockwiseOperator("selfcal-beside", smooth, depth={"y": 2, "x": 2})
+    started = time.perf_counter()
+    measured = self_calibrate(op, data, {}, 2**30, meanwhile=lambda: time.sleep(2))
+    took = time.perf_counter() - started
+    assert took < measured.seconds + 1.5  # side by side: one after the other takes 2 s more
+    assert took >= 2.0
 
 
 def test_the_calibration_clock_leaves_out_what_runs_meanwhile(user_dir):

@@ -18,6 +18,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -672,18 +673,19 @@ def self_calibrate(
     """Measure ``operator`` on blocks of ``da``'s dims and dtype, fit, and save.
 
     Each block runs as one task, in the active cluster's worker or, without one, in a child
-    process started for it (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`: the
-    user's script is not imported again). A small block runs first, unmeasured
+    process (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`: the user's script is
+    not imported again), kept for the next calibration. A small block runs first, unmeasured
     (:data:`WARM_UP_ELEMENTS`: a process's first run of a function pays for its imports).
     Blocks of the array's proportions double in size
     until a time bound or until the next would need more than one task's budget
     (``per_task``, extrapolated from the blocks before it); at least three are measured. Then
-    the largest block is measured again halved along each dim the plan may cut (and cut into
-    the trees of chunks the operator names, :meth:`~xarray_memchunk.Operator.tree_shapes`,
-    whose combine tasks hold partial results): where memory
-    falls faster than the block along a dim (``b.T @ b`` keeps ``extent**2`` of it), the
-    linear form in the block's bytes cannot explain it, and the dim's squared extent becomes a
-    feature, not extrapolated past what was measured (:func:`superlinear_dims`). The fit is
+    the block before the largest is measured again halved along each dim the plan may cut
+    (each a quarter of the largest), and the largest is cut into the trees of chunks the
+    operator names (:meth:`~xarray_memchunk.Operator.tree_shapes`), whose combine tasks hold
+    partial results: where memory falls faster than the block along a dim (``b.T @ b`` keeps
+    ``extent**2`` of it), the linear form in the block's bytes cannot explain it, and the
+    dim's squared extent becomes a feature, not extrapolated past what was measured
+    (:func:`superlinear_dims`). The fit is
     :func:`~xarray_memchunk.models.fitting.fit_linear`'s, and records how far plans may go
     (:func:`trusted_range`).
 
@@ -702,11 +704,14 @@ def self_calibrate(
         Time bound; the dask config key ``memchunk.self-calibration-seconds``, else
         :data:`DEFAULT_SECONDS`. A bound given either way is kept to.
     meanwhile
-        Called in this process once the measuring process is starting, before anything is
-        measured or imported here: a child process spends 1-2 s on its imports, which planning
-        spends measuring the input's production
-        (:func:`~xarray_memchunk.operators.production.input_production`) on another core. Its
-        time is not counted against the bound, nor in the calibration's seconds.
+        Called in a thread of this process while another process starts and measures the
+        blocks: a child process spends 1-2 s on its imports, and a kept one none, which
+        planning spends measuring the input's production
+        (:func:`~xarray_memchunk.operators.production.input_production`) on another core.
+        Where the blocks run in this process (a cluster of threads here), it is called first,
+        alone: a block's measurement would reset the high-water mark it reads. What of it does
+        not overlap the blocks is not counted against the bound, nor in the calibration's
+        seconds.
 
     Raises
     ------
@@ -744,22 +749,23 @@ def self_calibrate(
 
     profiles: list[TaskProfile] = []
     over_budget: float | None = None  # the next block's peak, where it stopped the growth
-    with _profiling_client(client or active_client()) as profiler:
+    beside: Future | None = None  # `meanwhile` in a thread of this process
+    with (
+        _profiling_client(client or active_client()) as profiler,
+        ThreadPoolExecutor(1, thread_name_prefix="memchunk-meanwhile") as thread,
+    ):
         here = measures_here(profiler)
         # a cluster's worker process starts on its imports with the first call it is sent (a
-        # probe process started on them already); not a worker in this process, whose run would
-        # reset this process's high-water mark while `meanwhile` measures a peak here
+        # probe process started on them already); not a worker in this process
         first = None if here or not hasattr(profiler, "ncores") else _readiness(profiler)
-        began = ended = time.monotonic()
-        if meanwhile is not None:  # before the import below: no other thread of this process
-            meanwhile()  # runs beside a peak it measures
-            ended = time.monotonic()
-        if not here:  # this process only waits for the blocks meanwhile
-            import_fitting_in_background()
-        method, ready = (first if first is not None else _readiness(profiler)).result()
-        # the calibration's clock runs as if `meanwhile` had not: what of it ran after the
-        # measuring process was ready is not the calibration's (a process here: all of it)
-        start += max(0.0, ended - max(began, -math.inf if here else ready))
+        if here:  # its runs reset the high-water mark `meanwhile` reads: `meanwhile` first,
+            began = time.perf_counter()  # alone, and not on the calibration's clock
+            if meanwhile is not None:
+                meanwhile()
+            start += time.perf_counter() - began
+        else:  # while another process starts and measures; then scikit-learn is imported
+            beside = thread.submit(_then_import_fitting, meanwhile)
+        method = (first if first is not None else _readiness(profiler)).result()
         with frozen_heap(profiler) as held:  # each block's collection walks only what is newer
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
@@ -790,12 +796,21 @@ def self_calibrate(
                 if not grow:
                     break
             largest = profiles[-1].extents
-            halved = {d: measure(shape)[0] for d, shape in halved_shapes(largest, whole).items()}
+            # the block before the largest, halved: each a quarter of the largest (halving the
+            # largest took twice as long: the seed's GST3D, 1.17 s of a 2.8 s plan)
+            source = profiles[-2] if len(profiles) > 1 else profiles[-1]
+            halved = {
+                d: measure(shape)[0] for d, shape in halved_shapes(source.extents, whole).items()
+            }
             trees = [
                 measure(extents, array=array)[0]
                 for extents, array in operator.tree_shapes(largest, **kwargs)
             ]
-    squared = superlinear_dims(operator, kwargs, profiles, halved)
+        if beside is not None:  # what of it outlasted the blocks is not the calibration's
+            waited = time.perf_counter()
+            beside.result()
+            start += time.perf_counter() - waited
+    squared = superlinear_dims(operator, kwargs, profiles, halved, source)
     everything = [*profiles, *halved.values(), *trees]
     record = fit_record(
         operator,
@@ -879,14 +894,15 @@ def superlinear_dims(
     kwargs: Mapping[str, Any],
     grown: Sequence[TaskProfile],
     halved: Mapping[str, TaskProfile],
+    halved_from: TaskProfile | None = None,
 ) -> list[str]:
     """Dims along which memory grows faster than the block, from blocks halved along each.
 
     The blocks grown in the array's proportions are fitted; a halved block measured above that
     fit (by :data:`SUPERLINEAR_TOLERANCE` and the fit's absolute slack) shows a cost the linear
     form cannot explain. The dims to blame are those whose halving removed more than half of
-    the block's memory (the cost falls faster than the block along them); where none did, every
-    halved dim is.
+    the memory of the block halved (``halved_from``, one of ``grown``; the largest when None):
+    the cost falls faster than the block along them. Where none did, every halved dim is.
     """
     if not halved:
         return []
@@ -903,7 +919,7 @@ def superlinear_dims(
     )
     if not unexplained:
         return []
-    half = largest.peak_bytes / 2
+    half = (halved_from or largest).peak_bytes / 2
     falling = [d for d, p in halved.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
     return falling or list(halved)
 
@@ -921,15 +937,16 @@ def _work_bound(largest: TaskProfile, sizes: Mapping[str, int], share: float = W
 def _after(
     operator: Operator, kwargs: Mapping[str, Any], extents: Mapping[str, int], whole: Sequence[str]
 ) -> float:
-    """What measuring a largest block of ``extents`` adds after it, in units of that block.
+    """What growing past a block of ``extents`` adds after the next, in units of the next.
 
-    Each halved block is half of it; each tree of chunks is as many blocks as the tree holds.
+    The halved blocks are of ``extents`` then (the block before the largest), each a quarter
+    of the next block; each tree of chunks is as many blocks as the tree holds.
     """
     elements = math.prod(extents.values())
     trees = sum(
         math.prod(array.values()) / elements for _, array in operator.tree_shapes(extents, **kwargs)
     )
-    return 0.5 * len(halved_shapes(extents, whole)) + trees
+    return 0.25 * len(halved_shapes(extents, whole)) + trees
 
 
 def _grow(
@@ -959,33 +976,35 @@ def _next_peak(profiles: Sequence[TaskProfile]) -> float:
 
 
 def _readiness(profiler):
-    """The measuring process's :func:`_ready_to_measure`, as a future (a probe answers now)."""
-    worker = measuring_worker(profiler)
-    return profiler.submit(_ready_to_measure, pure=False, workers=[worker])
+    """The measuring process's :func:`peak_method`, as a future (a probe process answers now).
 
-
-def _ready_to_measure() -> tuple[str, float]:
-    """:func:`peak_method` here, and since when this process could run it (monotonic clock).
-
-    Run as the first call a measuring process receives (:func:`ready_since`).
+    The first call a measuring process receives: a cluster's worker starts on its imports.
     """
-    from ..models.probe_process import ready_since
+    worker = measuring_worker(profiler)
+    return profiler.submit(peak_method, pure=False, workers=[worker])
 
-    return peak_method(), ready_since()
+
+def _then_import_fitting(meanwhile: Callable[[], object] | None) -> None:
+    """Call ``meanwhile``, then start importing scikit-learn: not beside a peak it measures."""
+    if meanwhile is not None:
+        meanwhile()
+    import_fitting_in_background()
 
 
 @contextlib.contextmanager
 def _profiling_client(client):
-    """Use ``client``, or a child process started for the profiles (one task at a time).
+    """Use ``client``, or a child process for the profiles (one task at a time).
 
     The child (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`) does not import
     the caller's ``__main__`` again, as the workers of a process-based ``LocalCluster`` would:
-    a plain script without a ``__main__`` guard can measure its functions.
+    a plain script without a ``__main__`` guard can measure its functions. It is kept for the
+    next calibration (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only
+    the first pays for its start.
     """
     if client is not None:
         yield client
         return
-    from ..models.probe_process import ProbeProcess
+    from ..models.probe_process import kept_probe_process
 
-    with ProbeProcess() as own:
+    with kept_probe_process() as own:
         yield own

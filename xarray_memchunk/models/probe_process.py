@@ -8,6 +8,11 @@ without an ``if __name__ == "__main__":`` guard then starts clusters recursively
 imports nothing of the caller's script, and receives each call shipped by value with
 cloudpickle (functions defined in ``__main__`` included), as Dask ships tasks.
 
+Starting the child costs its imports (xarray, Dask: 1.2-1.7 s of a first plan's
+self-calibration on a 2-core machine). :func:`kept_probe_process` keeps one child between
+calibrations, so that a second plan (another function, other arguments) starts measuring at
+once; it exits after :data:`IDLE_SECONDS` without a calibration, or with this process.
+
 The protocol is private to this module: length-prefixed cloudpickle frames on the child's
 stdin and a duplicate of its stdout (the child's own ``print`` goes to stderr). Only frames
 this process wrote are ever unpickled, on either side.
@@ -15,30 +20,16 @@ this process wrote are ever unpickled, on either side.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
-__all__ = ["ProbeProcess", "ready_since"]
-
-#: ``time.monotonic()`` when this process, a probe process, began serving calls; None elsewhere.
-_SERVING_SINCE: float | None = None
-
-
-def ready_since() -> float:
-    """When this process could first run a call, on the system's monotonic clock.
-
-    A probe process: when it began serving (its imports done), whether or not a call came
-    then. Any other process (a cluster's worker): now, as a call sent while it was still
-    starting runs once it can.
-    """
-    return _SERVING_SINCE if _SERVING_SINCE is not None else time.monotonic()
-
+__all__ = ["ProbeProcess", "close_kept_probe_process", "kept_probe_process"]
 
 _HEADER = struct.Struct("!Q")
 
@@ -90,7 +81,9 @@ class ProbeProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            # -P: the working directory is not put first on the path, where a checkout of
+            # another version (or a module of the same name) would shadow the caller's import
+            [sys.executable, "-P", "-m", __name__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -107,6 +100,10 @@ class ProbeProcess:
             pass
         # the child now exits, tearing down what it imported (~0.5 s): not waited for here
         threading.Thread(target=_reap, args=(process,), name="memchunk-probe-exit").start()
+
+    def alive(self) -> bool:
+        """Whether the child is started and has not exited."""
+        return self._process is not None and self._process.poll() is None
 
     def scheduler_info(self) -> dict[str, Any]:
         """One worker, as a one-worker cluster's scheduler would describe it."""
@@ -137,6 +134,89 @@ class ProbeProcess:
         return _Done(value)
 
 
+#: Seconds a kept probe process waits for its next calibration before it exits; the dask
+#: config key ``memchunk.probe-process-idle-seconds`` sets it (0: not kept).
+IDLE_SECONDS = 300.0
+
+
+class _Kept:
+    """The probe process kept between calibrations, and who may use it (one caller at a time)."""
+
+    lock = threading.Lock()
+    probe: ProbeProcess | None = None
+    owner: int | None = None  # the pid that started it: a forked copy starts its own
+    timer: threading.Timer | None = None
+
+
+@contextlib.contextmanager
+def kept_probe_process() -> Iterator[ProbeProcess]:
+    """A probe process started on first use and kept for the next calibration.
+
+    The child is kept where the block ran through: a call that raised (the child died, a
+    measurement failed, the caller was interrupted between a request and its answer) closes it,
+    and the next call starts another. While one caller uses it, another (a second thread) gets
+    a probe process of its own, closed after it. The child exits after
+    ``memchunk.probe-process-idle-seconds`` (:data:`IDLE_SECONDS`) without a call, when
+    :func:`close_kept_probe_process` is called, or when this process exits (its input, a
+    pipe from this process, then ends).
+    """
+    import dask
+
+    idle = float(dask.config.get("memchunk.probe-process-idle-seconds", IDLE_SECONDS))
+    if idle <= 0 or not _Kept.lock.acquire(blocking=False):
+        with ProbeProcess() as own:
+            yield own
+        return
+    try:
+        if _Kept.timer is not None:
+            _Kept.timer.cancel()
+            _Kept.timer = None
+        if _Kept.owner != os.getpid():  # inherited through a fork: its pipes are not ours
+            _Kept.probe = None
+        if _Kept.probe is None or not _Kept.probe.alive():
+            _close_kept()
+            _Kept.probe, _Kept.owner = ProbeProcess().__enter__(), os.getpid()
+        try:
+            yield _Kept.probe
+        except BaseException:
+            _close_kept()
+            raise
+        if _Kept.probe is not None and _Kept.probe.alive():
+            _Kept.timer = threading.Timer(idle, _close_when_idle)
+            _Kept.timer.daemon = True
+            _Kept.timer.start()
+        else:
+            _close_kept()
+    finally:
+        _Kept.lock.release()
+
+
+def close_kept_probe_process() -> None:
+    """Close the kept probe process (:func:`kept_probe_process`), waiting for a caller using it."""
+    with _Kept.lock:
+        if _Kept.timer is not None:
+            _Kept.timer.cancel()
+            _Kept.timer = None
+        _close_kept()
+
+
+def _close_when_idle() -> None:
+    """The idle timer's end: close the kept probe process unless a caller is using it."""
+    if _Kept.lock.acquire(blocking=False):
+        try:
+            _Kept.timer = None
+            _close_kept()
+        finally:
+            _Kept.lock.release()
+
+
+def _close_kept() -> None:
+    """Close the kept probe process, if any (the caller holds :attr:`_Kept.lock`)."""
+    probe, _Kept.probe = _Kept.probe, None
+    if probe is not None and _Kept.owner == os.getpid():
+        probe.__exit__(None, None, None)
+
+
 def _reap(process: subprocess.Popen) -> None:
     """Wait for a child whose input is closed to exit (killed after 10 s), then close its pipe."""
     try:
@@ -150,13 +230,10 @@ def _reap(process: subprocess.Popen) -> None:
 
 def _serve() -> None:
     """The child's loop: run each call received, send back its result or its error."""
-    import importlib
     import traceback
 
     import cloudpickle
 
-    # run as ``python -m``, this is ``__main__``: the calls find the module by its name
-    importlib.import_module(__spec__.name)._SERVING_SINCE = time.monotonic()
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the calls' own output goes to stderr, never into the protocol
     requests = sys.stdin.buffer
