@@ -15,9 +15,10 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.measure.calibrate import superlinear_dims
+from xarray_memchunk.measure.calibrate import excess_over_linear, superlinear_dims
 from xarray_memchunk.models import LinearMemoryModel
 from xarray_memchunk.models.calibration import shipped_dir
+from xarray_memchunk.models.fitting import ABSOLUTE_SLACK
 from xarray_memchunk.models.learned import (
     MAX_SCALE_PER_RUN,
     Observation,
@@ -122,6 +123,33 @@ def test_a_cost_quadratic_in_one_dim_is_found_by_halving_each_dim():
         "x": _profile({"y": 2000, "x": 800}, linear(2000, 800)),
     }
     assert superlinear_dims(op, {}, grown, halved) == []
+
+
+def test_a_quadratic_cost_within_noise_on_the_smaller_block_is_measured_on_the_largest():
+    """Self-calibration halves the block before the largest, and the largest where in doubt."""
+
+    def gram(b):
+        g = b.T @ b
+        return b + g[0, 0] * 0
+
+    op = xm.BlockwiseOperator("gram-test", gram)
+
+    def peak(y, x):
+        return 8 * (2 * y * x + x * x)
+
+    sizes = [(707, 566), (1000, 800), (1414, 1131), (2000, 1600)]
+    grown = [_profile({"y": y, "x": x}, peak(y, x)) for y, x in sizes]
+    before = {  # the block before the largest, halved: 3.2 MiB over the line, under the slack
+        "y": _profile({"y": 707, "x": 1131}, peak(707, 1131)),
+        "x": _profile({"y": 1414, "x": 566}, peak(1414, 566)),
+    }
+    assert superlinear_dims(op, {}, grown, before, grown[-2]) == []
+    assert any(0 < e <= ABSOLUTE_SLACK for e in excess_over_linear(op, {}, grown, before).values())
+    largest = {  # what self-calibration measures then: twice the excess, above the slack
+        "y": _profile({"y": 1000, "x": 1600}, peak(1000, 1600)),
+        "x": _profile({"y": 2000, "x": 800}, peak(2000, 800)),
+    }
+    assert superlinear_dims(op, {}, grown, largest, grown[-1]) == ["x"]
 
 
 def gram(b):

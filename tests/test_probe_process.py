@@ -1,5 +1,6 @@
 """The probe process kept between calibrations: a second plan measures at once (issue 32)."""
 
+import importlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 import dask
 import pytest
 
+from xarray_memchunk.models import probe_process
 from xarray_memchunk.models.probe_process import close_kept_probe_process, kept_probe_process
 
 
@@ -135,3 +137,83 @@ def test_a_package_of_the_same_name_in_the_working_directory_is_not_imported(tmp
     monkeypatch.chdir(tmp_path)
     with kept_probe_process() as probe:
         assert probe.submit(os.getcwd).result() == str(tmp_path)
+
+
+def test_a_module_edited_since_the_process_started_gets_a_new_process(tmp_path, monkeypatch):
+    module = tmp_path / "probe_edited_module.py"
+    module.write_text("def version():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    edited = importlib.import_module("probe_edited_module")
+    try:
+        with kept_probe_process() as first:
+            assert first.submit(edited.version).result() == 1
+        module.write_text("def version():\n    return 2\n")
+        later = time.time() + 5  # a file system's coarse clock: clearly after the start
+        os.utime(module, (later, later))
+        edited = importlib.reload(edited)
+        with kept_probe_process() as again:
+            assert again is not first
+            assert again.submit(edited.version).result() == 2
+        assert not first.alive()
+    finally:  # its file, dated ahead, would renew every later test's process
+        sys.modules.pop("probe_edited_module", None)
+
+
+def test_a_changed_path_gets_a_new_process(tmp_path, monkeypatch):
+    with kept_probe_process() as first:
+        first.submit(os.getpid).result()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with kept_probe_process() as again:
+        assert again is not first
+        assert str(tmp_path) in again.submit(lambda: __import__("sys").path).result()
+
+
+def test_an_interrupted_request_closes_the_process(monkeypatch):
+    with kept_probe_process() as first:
+        first.submit(os.getpid).result()
+
+    def interrupted(stream):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe_process, "_receive", interrupted)
+    with pytest.raises(KeyboardInterrupt), kept_probe_process() as again:
+        assert again is first
+        again.submit(os.getpid)
+    assert not first.alive()
+
+
+def test_a_module_in_the_working_directory_of_a_command_line_script(tmp_path):
+    (tmp_path / "probe_cwd_module.py").write_text("def answer():\n    return 42\n")
+    script = textwrap.dedent(
+        """
+        import probe_cwd_module
+        from xarray_memchunk.models.probe_process import kept_probe_process
+
+        with kept_probe_process() as probe:
+            print(probe.submit(probe_cwd_module.answer).result())
+        """
+    )  # python -c: "" on sys.path, the working directory
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "42"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_a_forked_copy_does_not_use_the_kept_process():
+    with kept_probe_process() as first:
+        first.submit(os.getpid).result()
+    pid = os.fork()
+    if pid == 0:  # the copy: no kept process, its own lock free
+        kept = probe_process._Kept
+        os._exit(0 if kept.probe is None and kept.lock.acquire(blocking=False) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with kept_probe_process() as again:
+        assert again is first and again.alive()

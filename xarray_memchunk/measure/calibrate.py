@@ -63,6 +63,7 @@ __all__ = [
     "run_task",
     "self_calibrate",
     "superlinear_dims",
+    "excess_over_linear",
 ]
 
 #: A calibration shape: chunk extents per dim, or (extents, sizes of the whole array) for a
@@ -709,9 +710,10 @@ def self_calibrate(
         planning spends measuring the input's production
         (:func:`~xarray_memchunk.operators.production.input_production`) on another core.
         Where the blocks run in this process (a cluster of threads here), it is called first,
-        alone: a block's measurement would reset the high-water mark it reads. What of it does
-        not overlap the blocks is not counted against the bound, nor in the calibration's
-        seconds.
+        alone: a block's measurement would reset the high-water mark it reads; and where a
+        block's request, pickled here, is over :data:`QUIET_BYTES`, the blocks wait for it.
+        What of it does not overlap the blocks is not counted against the bound, nor in the
+        calibration's seconds.
 
     Raises
     ------
@@ -747,11 +749,15 @@ def self_calibrate(
         case = (extents, array, (operator, dict(kwargs), extents, array, dtype))
         return profile_in_worker(profiler, runner, [case], dtype, repeats=repeats)
 
+    def halves(block: TaskProfile) -> dict[str, TaskProfile]:
+        return {d: measure(shape)[0] for d, shape in halved_shapes(block.extents, whole).items()}
+
     profiles: list[TaskProfile] = []
     over_budget: float | None = None  # the next block's peak, where it stopped the growth
     beside: Future | None = None  # `meanwhile` in a thread of this process
+    quiet = True  # the blocks may run while it does
     with (
-        _profiling_client(client or active_client()) as profiler,
+        _profiling_client(client or active_client(), keep=True) as profiler,
         ThreadPoolExecutor(1, thread_name_prefix="memchunk-meanwhile") as thread,
     ):
         here = measures_here(profiler)
@@ -764,8 +770,14 @@ def self_calibrate(
                 meanwhile()
             start += time.perf_counter() - began
         else:  # while another process starts and measures; then scikit-learn is imported
+            # (the fit below waits for it). A block's request is made and freed here: a large
+            # one (big coordinates, a function holding data) would blur the peak `meanwhile`
+            # measures here, and waits for it
+            quiet = meanwhile is None or _request_bytes(runner, operator, kwargs) <= QUIET_BYTES
             beside = thread.submit(_then_import_fitting, meanwhile)
         method = (first if first is not None else _readiness(profiler)).result()
+        if beside is not None and not quiet:
+            start += _waited_for(beside)
         with frozen_heap(profiler) as held:  # each block's collection walks only what is newer
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
@@ -795,21 +807,22 @@ def self_calibrate(
                     break
                 if not grow:
                     break
+            if beside is not None:  # the fit of the halved blocks imports scikit-learn
+                start += _waited_for(beside)
             largest = profiles[-1].extents
             # the block before the largest, halved: each a quarter of the largest (halving the
-            # largest took twice as long: the seed's GST3D, 1.17 s of a 2.8 s plan)
+            # largest took twice as long: the seed's GST3D, 1.17 s of a 2.8 s plan); where one
+            # is above the linear form by no more than noise, the largest is halved instead
             source = profiles[-2] if len(profiles) > 1 else profiles[-1]
-            halved = {
-                d: measure(shape)[0] for d, shape in halved_shapes(source.extents, whole).items()
-            }
+            halved = halves(source)
+            excess = excess_over_linear(operator, kwargs, profiles, halved).values()
+            if source is not profiles[-1] and any(0 < e <= ABSOLUTE_SLACK for e in excess):
+                source = profiles[-1]
+                halved = halves(source)
             trees = [
                 measure(extents, array=array)[0]
                 for extents, array in operator.tree_shapes(largest, **kwargs)
             ]
-        if beside is not None:  # what of it outlasted the blocks is not the calibration's
-            waited = time.perf_counter()
-            beside.result()
-            start += time.perf_counter() - waited
     squared = superlinear_dims(operator, kwargs, profiles, halved, source)
     everything = [*profiles, *halved.values(), *trees]
     record = fit_record(
@@ -899,29 +912,44 @@ def superlinear_dims(
     """Dims along which memory grows faster than the block, from blocks halved along each.
 
     The blocks grown in the array's proportions are fitted; a halved block measured above that
-    fit (by :data:`SUPERLINEAR_TOLERANCE` and the fit's absolute slack) shows a cost the linear
-    form cannot explain. The dims to blame are those whose halving removed more than half of
-    the memory of the block halved (``halved_from``, one of ``grown``; the largest when None):
-    the cost falls faster than the block along them. Where none did, every halved dim is.
+    fit (by :data:`SUPERLINEAR_TOLERANCE` and the fit's absolute slack:
+    :func:`excess_over_linear`) shows a cost the linear form cannot explain. The dims to blame
+    are those whose halving removed more than half of the memory of the block halved
+    (``halved_from``, one of ``grown``; the largest when None): the cost falls faster than the
+    block along them. Where none did, every halved dim is.
+    """
+    excess = excess_over_linear(operator, kwargs, grown, halved)
+    if not any(e > ABSOLUTE_SLACK for e in excess.values()):
+        return []
+    half = (halved_from or grown[-1]).peak_bytes / 2
+    falling = [d for d, p in halved.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
+    return falling or list(halved)
+
+
+def excess_over_linear(
+    operator: Operator,
+    kwargs: Mapping[str, Any],
+    grown: Sequence[TaskProfile],
+    halved: Mapping[str, TaskProfile],
+) -> dict[str, float]:
+    """Bytes each halved block measured above the linear fit of ``grown``, tolerance added.
+
+    The fit's prediction without the small blocks' lift, times 1 +
+    :data:`SUPERLINEAR_TOLERANCE`. Above :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK`
+    the linear form cannot explain the block (:func:`superlinear_dims`); between 0 and the
+    slack it cannot be told from the measurement's noise at this size: a cost that grows
+    faster than the block shows twice that excess on a block twice the size (the largest
+    halved), where self-calibration measures it again.
     """
     if not halved:
-        return []
+        return {}
     fit = fit_profiles(operator, grown, kwargs).memory
-    largest = grown[-1]
 
     def predicted(profile: TaskProfile) -> float:  # the slope's, without the small blocks' lift
         row = features_of(operator, profile.extents, profile.dtype, kwargs, profile.sizes)
         return float(fit.predict({k: np.array([v]) for k, v in row.items()})[0]) - fit.lift
 
-    unexplained = any(
-        p.peak_bytes > predicted(p) * (1 + SUPERLINEAR_TOLERANCE) + ABSOLUTE_SLACK
-        for p in halved.values()
-    )
-    if not unexplained:
-        return []
-    half = (halved_from or largest).peak_bytes / 2
-    falling = [d for d, p in halved.items() if p.peak_bytes < half * (1 - FALLING_TOLERANCE)]
-    return falling or list(halved)
+    return {d: p.peak_bytes - predicted(p) * (1 + SUPERLINEAR_TOLERANCE) for d, p in halved.items()}
 
 
 def _work_bound(largest: TaskProfile, sizes: Mapping[str, int], share: float = WORK_SHARE) -> float:
@@ -984,6 +1012,26 @@ def _readiness(profiler):
     return profiler.submit(peak_method, pure=False, workers=[worker])
 
 
+#: Bytes of a block's request (the measuring function, the operator, the data's coordinates)
+#: up to which blocks are measured while ``meanwhile`` measures a peak in this process: a
+#: request is pickled here for each block, a blur far below the fit's 4 MiB slack.
+QUIET_BYTES = 2**20
+
+
+def _request_bytes(*parts: object) -> int:
+    """Bytes of ``parts`` pickled as a block's request to the measuring process pickles them."""
+    import cloudpickle
+
+    return len(cloudpickle.dumps(parts))
+
+
+def _waited_for(future: Future) -> float:
+    """Seconds spent waiting for ``future``'s result (its error raised): not the calibration's."""
+    waited = time.perf_counter()
+    future.result()
+    return time.perf_counter() - waited
+
+
 def _then_import_fitting(meanwhile: Callable[[], object] | None) -> None:
     """Call ``meanwhile``, then start importing scikit-learn: not beside a peak it measures."""
     if meanwhile is not None:
@@ -992,19 +1040,20 @@ def _then_import_fitting(meanwhile: Callable[[], object] | None) -> None:
 
 
 @contextlib.contextmanager
-def _profiling_client(client):
+def _profiling_client(client, keep: bool = False):
     """Use ``client``, or a child process for the profiles (one task at a time).
 
     The child (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`) does not import
     the caller's ``__main__`` again, as the workers of a process-based ``LocalCluster`` would:
-    a plain script without a ``__main__`` guard can measure its functions. It is kept for the
-    next calibration (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only
-    the first pays for its start.
+    a plain script without a ``__main__`` guard can measure its functions. With ``keep``, it
+    is kept for the next calibration that keeps one
+    (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only the first pays
+    for its start.
     """
     if client is not None:
         yield client
         return
-    from ..models.probe_process import kept_probe_process
+    from ..models.probe_process import ProbeProcess, kept_probe_process
 
-    with kept_probe_process() as own:
+    with kept_probe_process() if keep else ProbeProcess() as own:
         yield own

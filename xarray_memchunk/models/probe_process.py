@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
@@ -76,10 +77,16 @@ class ProbeProcess:
 
     def __init__(self) -> None:
         self._process: subprocess.Popen | None = None
+        self._started = 0.0  # time.time() when the child was started
+        self._path: list[str] = []  # this process's sys.path then
 
     def __enter__(self) -> ProbeProcess:
+        self._started, self._path = time.time(), list(sys.path)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # this process's path, its working directory last where the path names it ("": python
+        # -c, the REPL); -P below keeps the child's own working directory off it
+        path = [p for p in sys.path if p] + ([os.getcwd()] if "" in sys.path else [])
+        env["PYTHONPATH"] = os.pathsep.join(path)
         self._process = subprocess.Popen(
             # -P: the working directory is not put first on the path, where a checkout of
             # another version (or a module of the same name) would shadow the caller's import
@@ -105,6 +112,30 @@ class ProbeProcess:
         """Whether the child is started and has not exited."""
         return self._process is not None and self._process.poll() is None
 
+    def imports_as_started(self) -> bool:
+        """Whether the child imports what this process would now.
+
+        False where this process's ``sys.path`` changed since the child was started, or where
+        the file of a module this process imported changed since (an edited function, reloaded
+        here: the child would run the code it imported first). Modules under the interpreter's
+        prefixes (the standard library, site-packages) are not looked at. The environment is
+        not compared: libraries set variables as they are imported (scikit-learn,
+        ``KMP_DUPLICATE_LIB_OK``); the child keeps this process's environment at its start.
+        """
+        if sys.path != self._path:
+            return False
+        prefixes = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+        for module in list(sys.modules.values()):
+            file = getattr(module, "__file__", None)
+            if not isinstance(file, str) or file.startswith(prefixes):
+                continue
+            try:
+                if os.stat(file).st_mtime > self._started:
+                    return False
+            except OSError:
+                continue
+        return True
+
     def scheduler_info(self) -> dict[str, Any]:
         """One worker, as a one-worker cluster's scheduler would describe it."""
         return {"workers": {"probe-process": {"nthreads": 1}}}
@@ -117,11 +148,15 @@ class ProbeProcess:
 
         if self._process is None:
             raise RuntimeError("ProbeProcess is used as a context manager")
+        request = cloudpickle.dumps((func, args))
         try:
-            _send(self._process.stdin, cloudpickle.dumps((func, args)))
+            _send(self._process.stdin, request)
             answer = _receive(self._process.stdout)
         except (BrokenPipeError, OSError):
             answer = None
+        except BaseException:  # between a request and its answer: the protocol is lost
+            self.__exit__(None, None, None)
+            raise
         if answer is None:
             code = self._process.poll()
             raise MeasuringWorkerDiedError(
@@ -144,7 +179,6 @@ class _Kept:
 
     lock = threading.Lock()
     probe: ProbeProcess | None = None
-    owner: int | None = None  # the pid that started it: a forked copy starts its own
     timer: threading.Timer | None = None
 
 
@@ -153,9 +187,11 @@ def kept_probe_process() -> Iterator[ProbeProcess]:
     """A probe process started on first use and kept for the next calibration.
 
     The child is kept where the block ran through: a call that raised (the child died, a
-    measurement failed, the caller was interrupted between a request and its answer) closes it,
-    and the next call starts another. While one caller uses it, another (a second thread) gets
-    a probe process of its own, closed after it. The child exits after
+    measurement failed, the caller was interrupted between a request and its answer) closes
+    it, and the next call starts another, as it does where the child would not import what
+    this process imports now (:meth:`ProbeProcess.imports_as_started`). While one caller uses
+    it, another (a second thread) gets a probe process of its own, closed after it. A child
+    forked from this process starts its own. The child exits after
     ``memchunk.probe-process-idle-seconds`` (:data:`IDLE_SECONDS`) without a call, when
     :func:`close_kept_probe_process` is called, or when this process exits (its input, a
     pipe from this process, then ends).
@@ -171,11 +207,9 @@ def kept_probe_process() -> Iterator[ProbeProcess]:
         if _Kept.timer is not None:
             _Kept.timer.cancel()
             _Kept.timer = None
-        if _Kept.owner != os.getpid():  # inherited through a fork: its pipes are not ours
-            _Kept.probe = None
-        if _Kept.probe is None or not _Kept.probe.alive():
+        if _Kept.probe is None or not _Kept.probe.alive() or not _Kept.probe.imports_as_started():
             _close_kept()
-            _Kept.probe, _Kept.owner = ProbeProcess().__enter__(), os.getpid()
+            _Kept.probe = ProbeProcess().__enter__()
         try:
             yield _Kept.probe
         except BaseException:
@@ -213,8 +247,24 @@ def _close_when_idle() -> None:
 def _close_kept() -> None:
     """Close the kept probe process, if any (the caller holds :attr:`_Kept.lock`)."""
     probe, _Kept.probe = _Kept.probe, None
-    if probe is not None and _Kept.owner == os.getpid():
+    if probe is not None:
         probe.__exit__(None, None, None)
+
+
+def _forget_in_a_forked_child() -> None:
+    """In a child forked from this process: no kept probe process, its pipes closed here."""
+    probe, _Kept.probe = _Kept.probe, None
+    process = probe._process if probe is not None else None
+    if process is not None:
+        for stream in (process.stdin, process.stdout):
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+        probe._process = None
+    _Kept.lock, _Kept.timer = threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_a_forked_child)
 
 
 def _reap(process: subprocess.Popen) -> None:
