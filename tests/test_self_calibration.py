@@ -466,6 +466,36 @@ def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, thre
     assert events[:3] == ["start", "input", "block"]
 
 
+@pytest.mark.parametrize("doubt", [True, False])
+def test_a_doubtful_half_is_measured_again_on_the_largest_block(user_dir, monkeypatch, doubt):
+    from xarray_memchunk.measure.calibrate import halved_shapes
+    from xarray_memchunk.models import profiling
+    from xarray_memchunk.models.fitting import ABSOLUTE_SLACK
+
+    measured = []
+
+    def watched(profiler, runner, cases, dtype, repeats=1):
+        measured.append(dict(cases[0][0]))
+        return profiling.profile_in_worker(profiler, runner, cases, dtype, repeats=repeats)
+
+    excess = ABSOLUTE_SLACK / 2 if doubt else -1.0  # above the line within noise, or below it
+
+    def over_the_line(operator, kwargs, grown, halved):
+        return dict.fromkeys(halved, excess)
+
+    monkeypatch.setattr(calibrate, "profile_in_worker", watched)
+    monkeypatch.setattr(calibrate, "excess_over_linear", over_the_line)
+    op = xm.BlockwiseOperator(f"selfcal-doubt-{doubt}", smooth, depth={"y": 2, "x": 2})
+    data = field()
+    self_calibrate(op, data, {}, 2**30)
+    sizes = dict(data.sizes)
+    grown = [e for e in growing_shapes(sizes, []) if e in measured]
+    before, largest = grown[-2], grown[-1]
+    assert all(h in measured for h in halved_shapes(before, []).values())
+    halved_largest = [h in measured for h in halved_shapes(largest, []).values()]
+    assert all(halved_largest) if doubt else not any(halved_largest)
+
+
 def test_a_second_plan_measures_in_the_process_the_first_started(user_dir, threaded, monkeypatch):
     close_kept_probe_process()
     events = CallOrder()
