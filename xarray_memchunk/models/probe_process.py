@@ -204,9 +204,7 @@ def kept_probe_process() -> Iterator[ProbeProcess]:
             yield own
         return
     try:
-        if _Kept.timer is not None:
-            _Kept.timer.cancel()
-            _Kept.timer = None
+        _cancel_idle_timer()
         if _Kept.probe is None or not _Kept.probe.alive() or not _Kept.probe.imports_as_started():
             _close_kept()
             _Kept.probe = ProbeProcess().__enter__()
@@ -228,10 +226,15 @@ def kept_probe_process() -> Iterator[ProbeProcess]:
 def close_kept_probe_process() -> None:
     """Close the kept probe process (:func:`kept_probe_process`), waiting for a caller using it."""
     with _Kept.lock:
-        if _Kept.timer is not None:
-            _Kept.timer.cancel()
-            _Kept.timer = None
+        _cancel_idle_timer()
         _close_kept()
+
+
+def _cancel_idle_timer() -> None:
+    """Stop the kept probe process's idle timer, if one runs (the caller holds the lock)."""
+    if _Kept.timer is not None:
+        _Kept.timer.cancel()
+        _Kept.timer = None
 
 
 def _close_when_idle() -> None:
