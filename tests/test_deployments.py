@@ -64,30 +64,72 @@ def test_memory_limit_above_the_workers_plans_with_theirs(quiet_distributed):
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
 
 
-def test_adaptive_cluster_at_zero_plans_from_its_worker_spec():
-    """Issue 28 item 5: an adaptive cluster with no worker yet was refused ("no workers")."""
+@contextlib.contextmanager
+def _adaptive_in_this_process(memory_limit: int, threads_per_worker: int, maximum: int):
+    """An adaptive ``LocalCluster(processes=False)`` at zero workers, and its client."""
     from distributed import Client, LocalCluster
 
-    tas = synthetic_climate(120, 20, 30, chunks={"time": 10}).tas
     with (
         LocalCluster(
             n_workers=0,
-            memory_limit="1GB",
-            threads_per_worker=2,
+            memory_limit=memory_limit,
+            threads_per_worker=threads_per_worker,
             processes=False,
             dashboard_address=":0",
         ) as cluster,
         Client(cluster),
     ):
-        cluster.adapt(minimum=0, maximum=2)
+        cluster.adapt(minimum=0, maximum=maximum)
+        yield cluster
+
+
+def _this_process_memory() -> int:
+    """Resident memory of this test process, bytes."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def test_adaptive_cluster_at_zero_plans_from_its_worker_spec():
+    """Issue 28 item 5: an adaptive cluster with no worker yet was refused ("no workers").
+
+    Its workers will run in this process (``processes=False``), where each pauses on all the
+    process holds: the memory limit is set above what this process holds now, so that the
+    computation runs (at 1 GB, a test process past 800 MB paused the first worker for ever).
+    """
+    tas = synthetic_climate(120, 20, 30, chunks={"time": 10}).tas
+    limit = _this_process_memory() + 1_000_000_000
+    with _adaptive_in_this_process(limit, threads_per_worker=2, maximum=2):
         budget = resolve_budget()
         plan = tas.memchunk.plan("mean", dim="time")
         mean = tas.memchunk.apply("mean", dim="time").compute()  # adapt starts the workers
-    assert budget.worker_memory == 1_000_000_000
-    assert budget.threads_per_worker == 2 and budget.n_workers == 2
+    assert budget.worker_memory == limit
+    # two workers of two threads in one process: one worker of four, on its memory
+    assert budget.threads_per_worker == 4 and budget.n_workers == 1
     assert "the adaptive cluster's worker spec" in budget.source
+    assert "run in this process" in budget.source
     assert plan.budget.per_task == budget.per_task
     np.testing.assert_allclose(mean.values, tas.values.mean(axis=0), rtol=1e-5)
+
+
+def test_workers_in_this_process_count_what_it_holds_before_they_start():
+    """A worker started in this process pauses on all it holds: the plan is refused first.
+
+    Before this, an adaptive ``processes=False`` cluster at zero was planned with the
+    configured 200 MB baseline; its first worker paused at once and the computation waited
+    for ever (a CI run, at 600 s).
+    """
+    from xarray_memchunk import BudgetError
+
+    tas = synthetic_climate(40, 20, 30, chunks={"time": 10}).tas
+    limit = int(_this_process_memory() / 0.8 * 0.9)  # pauses at 90% of what this holds
+    with (
+        dask.config.set({"memchunk.worker-baseline": "50MB"}),  # below what this process holds
+        _adaptive_in_this_process(limit, threads_per_worker=1, maximum=1) as cluster,
+    ):
+        with pytest.raises(BudgetError, match=r"run in this Python process.*processes=True"):
+            tas.memchunk.plan("mean", dim="time")
+        assert not cluster.workers  # refused before anything ran
 
 
 def test_client_by_address_without_workers_is_refused():

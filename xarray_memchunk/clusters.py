@@ -29,6 +29,7 @@ __all__ = [
     "spec_workers",
     "task_overhead_seconds",
     "workers_on_this_machine",
+    "workers_run_in_this_process",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -107,13 +108,16 @@ class ClusterFacts:
     address
         The scheduler's address.
     largest_process_memory
-        The largest worker process memory at the scheduler's last heartbeat (0 before any
-        worker runs).
+        The largest worker process memory at the scheduler's last heartbeat; before any
+        worker runs, this process's memory where the workers will run in it, else 0.
     workers
         Every worker's :class:`WorkerLayout`, from which the budget takes the tightest; empty
         where not known.
     source
         Where these facts came from, as :attr:`~xarray_memchunk.Budget.source` states it.
+    in_this_process
+        Whether the workers run in this Python process (``LocalCluster(processes=False)``):
+        a worker's memory is then everything this process holds, the caller's data included.
     """
 
     memory_limit: int | None
@@ -123,6 +127,7 @@ class ClusterFacts:
     largest_process_memory: int
     workers: tuple[WorkerLayout, ...] = ()
     source: str = ""
+    in_this_process: bool = False
 
     @property
     def total_threads(self) -> int:
@@ -154,23 +159,41 @@ def cluster_facts(client) -> ClusterFacts:
     """
     info = client.scheduler_info(n_workers=-1)
     address = info.get("address", "?")
-    running = list(info.get("workers", {}).values())
-    if running:
+    workers = info.get("workers", {})
+    cluster = getattr(client, "cluster", None)
+    here = workers_run_in_this_process(cluster, list(workers))
+    if workers:
+        running = list(workers.values())
         layouts = [
             WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))) for w in running
         ]
         rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in running)
-        return _facts(layouts, address, rss, f"distributed client {address}")
-    planned = spec_workers(getattr(client, "cluster", None))
+        return _facts(layouts, address, rss, f"distributed client {address}", here)
+    planned = spec_workers(cluster)
     if planned is None:
         raise no_workers_error(address)
     layouts, how = planned
-    return _facts(layouts, address, 0, f"distributed client {address}: {how}")
+    # A worker started in this process counts all this process holds from its first task.
+    rss = _this_process_memory() if here else 0
+    return _facts(layouts, address, rss, f"distributed client {address}: {how}", here)
 
 
-def _facts(layouts: list[WorkerLayout], address: str, rss: int, source: str) -> ClusterFacts:
-    """:class:`ClusterFacts` of these workers: the smallest limit, the most threads."""
+def _facts(
+    layouts: list[WorkerLayout], address: str, rss: int, source: str, here: bool
+) -> ClusterFacts:
+    """:class:`ClusterFacts` of these workers: the smallest limit, the most threads.
+
+    Workers that run in this process (``here``) each pause on the memory of the whole
+    process, where all of them run tasks: they are one worker of all their threads.
+    """
     limits = [w.memory_limit for w in layouts if w.memory_limit]
+    if here and len(layouts) > 1:
+        threads = sum(w.nthreads for w in layouts)
+        layouts = [WorkerLayout(min(limits) if limits else None, threads)]
+        source = (
+            f"{source}; its workers run in this process, each pausing on all it holds: one "
+            f"worker of their {threads} threads"
+        )
     return ClusterFacts(
         memory_limit=min(limits) if limits else None,
         threads_per_worker=max(w.nthreads for w in layouts),
@@ -179,7 +202,33 @@ def _facts(layouts: list[WorkerLayout], address: str, rss: int, source: str) -> 
         largest_process_memory=rss,
         workers=tuple(layouts),
         source=source,
+        in_this_process=here,
     )
+
+
+def workers_run_in_this_process(cluster: Any, addresses: list[str]) -> bool:
+    """Whether a cluster's workers run in this Python process, sharing its memory.
+
+    ``LocalCluster(processes=False)`` starts ``distributed.Worker`` objects here, where
+    ``processes=True`` starts each in a ``Nanny``'s process: its spec's ``cls`` says which
+    (dask-jobqueue's are jobs, elsewhere). Without a cluster object (a client given the
+    scheduler's address), only ``inproc://`` worker addresses say so.
+    """
+    if any(address.startswith("inproc://") for address in addresses):
+        return True
+    from distributed import Worker
+
+    specs = list((getattr(cluster, "worker_spec", None) or {}).values())
+    specs.append(getattr(cluster, "new_spec", None) or {})
+    classes = [spec.get("cls") for spec in specs if isinstance(spec, dict)]
+    return any(isinstance(cls, type) and issubclass(cls, Worker) for cls in classes)
+
+
+def _this_process_memory() -> int:
+    """Resident memory of this process, bytes, as a worker running in it measures its own."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def spec_workers(cluster) -> tuple[list[WorkerLayout], str] | None:

@@ -44,6 +44,7 @@ from .clusters import (
 )
 from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
+    IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
     Budget,
     format_size,
@@ -131,12 +132,16 @@ def make_budget(
 
 
 def _cluster_terms(facts: ClusterFacts) -> dict:
-    """The configured baseline, or the largest worker's memory where it is already more."""
+    """The configured baseline, or the largest worker's memory where it is already more.
+
+    A worker that runs in this process (``processes=False``) holds all that this process
+    holds: before it starts, that is this process's memory now.
+    """
     configured = _formula_terms()["worker_baseline"]
     if facts.largest_process_memory > configured:
         return {
             "worker_baseline": facts.largest_process_memory,
-            "baseline_source": MEASURED_BASELINE,
+            "baseline_source": IN_PROCESS_BASELINE if facts.in_this_process else MEASURED_BASELINE,
         }
     return {}
 

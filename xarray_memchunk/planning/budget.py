@@ -39,6 +39,7 @@ from ..errors import BudgetError
 from ..units import format_decimal, format_in_unit_of, format_size, format_size_up
 
 __all__ = [
+    "IN_PROCESS_BASELINE",
     "MEASURED_BASELINE",
     "Budget",
     "format_size",
@@ -53,6 +54,10 @@ __all__ = [
 #: ``Budget.baseline_source`` when the baseline is what the workers' processes hold now
 #: (more than the configured one: memory left from earlier work).
 MEASURED_BASELINE = "the largest worker's process memory now"
+
+#: ``Budget.baseline_source`` when the workers run in this Python process
+#: (``LocalCluster(processes=False)``): a worker's memory is all that this process holds.
+IN_PROCESS_BASELINE = "this Python process's memory now: its workers run in it"
 
 #: How :meth:`Budget.explain` names pause_fraction, worker_memory, worker_baseline and a worker.
 _TERM_NAMES = {
@@ -287,8 +292,16 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
         Bytes a worker process holds before the computation.
     baseline_source
         Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` names memory the
-        workers hold now, which a restart frees; a configured baseline has no such remedy.
+        workers hold now, which a restart frees; :data:`IN_PROCESS_BASELINE`, memory of this
+        process, which its workers share; a configured baseline has no such remedy.
     """
+    if baseline_source.startswith(IN_PROCESS_BASELINE):
+        return (
+            f"or give the workers their own processes: they run in this Python process "
+            f"(LocalCluster(processes=False)) and count the {format_size(worker_baseline)} "
+            f"it holds now, your own arrays included; LocalCluster(processes=True) starts "
+            f"each in its own"
+        )
     if not baseline_source.startswith(MEASURED_BASELINE):
         return ""
     return (
