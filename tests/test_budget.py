@@ -7,7 +7,7 @@ import dask
 import pytest
 
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
-from xarray_memchunk.clusters import WorkerLayout, spec_workers
+from xarray_memchunk.clusters import WorkerLayout, cluster_facts, spec_workers
 from xarray_memchunk.memory_limits import machine_cores, make_budget
 from xarray_memchunk.planning.budget import (
     MEASURED_BASELINE,
@@ -182,6 +182,45 @@ def test_spec_workers_of_a_job_queue():
     job["group"] = ["-0", "-1"]
     layouts, _ = spec_workers(_spec_cluster(worker_spec={"job-0": job}))
     assert layouts == [WorkerLayout(8_000_000_000, 4)] * 2
+
+
+def test_workers_that_run_in_this_process_are_one_worker_of_their_threads():
+    """Workers started here (``processes=False``) each pause on all this process holds.
+
+    A mixed spec keeps its ``Nanny`` worker apart; a ``cls`` given by name is imported, as
+    ``SpecCluster`` does; a job class runs elsewhere.
+    """
+    import psutil
+
+    def entry(cls, limit):
+        return {"cls": cls, "options": {"memory_limit": limit, "nthreads": 2}}
+
+    specs = {
+        "a": entry("distributed.Worker", "1GB"),
+        "b": entry("distributed.Worker", "2GB"),
+        "c": entry("distributed.Nanny", "4GB"),
+        "d": entry("SLURMJob", "8GB"),
+    }
+    client = SimpleNamespace(
+        scheduler_info=lambda n_workers: {"address": "tcp://scheduler", "workers": {}},
+        cluster=_spec_cluster(worker_spec=specs),
+    )
+    held = psutil.Process().memory_info().rss
+    facts = cluster_facts(client)
+    assert sorted(facts.workers) == sorted(
+        [
+            WorkerLayout(1_000_000_000, 4),  # a and b: one of 4 threads, the smaller limit
+            WorkerLayout(4_000_000_000, 2),
+            WorkerLayout(8_000_000_000, 2),
+        ]
+    )
+    assert facts.in_this_process and facts.largest_process_memory >= held
+    assert "its 2 workers run in this process" in facts.source
+    nanny_only = SimpleNamespace(
+        scheduler_info=client.scheduler_info,
+        cluster=_spec_cluster(worker_spec={"c": specs["c"]}),
+    )
+    assert not cluster_facts(nanny_only).in_this_process
 
 
 def test_spec_workers_without_a_spec_cluster():

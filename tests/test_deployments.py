@@ -127,8 +127,11 @@ def test_workers_in_this_process_count_what_it_holds_before_they_start():
         dask.config.set({"memchunk.worker-baseline": "50MB"}),  # below what this process holds
         _adaptive_in_this_process(limit, threads_per_worker=1, maximum=1) as cluster,
     ):
-        with pytest.raises(BudgetError, match=r"run in this Python process.*processes=True"):
+        refused = r"workers run in it \(processes=False\).*processes=True"
+        with pytest.raises(BudgetError, match=refused):
             tas.memchunk.plan("mean", dim="time")
+        with pytest.raises(BudgetError, match=refused):  # their limit, given: the same
+            tas.memchunk.plan("mean", dim="time", memory_limit=limit)
         assert not cluster.workers  # refused before anything ran
 
 

@@ -29,7 +29,6 @@ __all__ = [
     "spec_workers",
     "task_overhead_seconds",
     "workers_on_this_machine",
-    "workers_run_in_this_process",
 ]
 
 _logger = logging.getLogger(__name__)
@@ -116,8 +115,9 @@ class ClusterFacts:
     source
         Where these facts came from, as :attr:`~xarray_memchunk.Budget.source` states it.
     in_this_process
-        Whether the workers run in this Python process (``LocalCluster(processes=False)``):
-        a worker's memory is then everything this process holds, the caller's data included.
+        Whether workers run in this Python process (``processes=False``): such a worker's
+        memory is everything this process holds, the caller's data included, and they are
+        one entry of ``workers``, of all their threads.
     """
 
     memory_limit: int | None
@@ -160,68 +160,76 @@ def cluster_facts(client) -> ClusterFacts:
     info = client.scheduler_info(n_workers=-1)
     address = info.get("address", "?")
     workers = info.get("workers", {})
-    cluster = getattr(client, "cluster", None)
-    here = workers_run_in_this_process(cluster, list(workers))
     if workers:
-        running = list(workers.values())
+        here = _worker_addresses_here()
         layouts = [
-            WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))) for w in running
+            (WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))), a in here)
+            for a, w in workers.items()
         ]
-        rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in running)
-        return _facts(layouts, address, rss, f"distributed client {address}", here)
-    planned = spec_workers(cluster)
+        rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers.values())
+        return _facts(layouts, address, rss, f"distributed client {address}")
+    planned = _planned_workers(getattr(client, "cluster", None))
     if planned is None:
         raise no_workers_error(address)
     layouts, how = planned
-    # A worker started in this process counts all this process holds from its first task.
-    rss = _this_process_memory() if here else 0
-    return _facts(layouts, address, rss, f"distributed client {address}: {how}", here)
+    return _facts(layouts, address, 0, f"distributed client {address}: {how}")
 
 
 def _facts(
-    layouts: list[WorkerLayout], address: str, rss: int, source: str, here: bool
+    layouts: list[tuple[WorkerLayout, bool]], address: str, rss: int, source: str
 ) -> ClusterFacts:
     """:class:`ClusterFacts` of these workers: the smallest limit, the most threads.
 
-    Workers that run in this process (``here``) each pause on the memory of the whole
-    process, where all of them run tasks: they are one worker of all their threads.
+    Parameters
+    ----------
+    layouts
+        Each worker's layout, and whether it runs in this process.
+    address
+        The scheduler's address.
+    rss
+        The largest worker process memory the scheduler knows of (0 before any worker runs).
+    source
+        Where the workers were found, as :attr:`~xarray_memchunk.Budget.source` states it.
+
+    Returns
+    -------
+    ClusterFacts
+        Workers that run in this process each pause on the memory of the whole process, where
+        all of them run tasks, and that memory is this process's now: they are one worker of
+        all their threads, at the smallest of their limits, whose memory is at least this
+        process's.
     """
-    limits = [w.memory_limit for w in layouts if w.memory_limit]
-    if here and len(layouts) > 1:
-        threads = sum(w.nthreads for w in layouts)
-        layouts = [WorkerLayout(min(limits) if limits else None, threads)]
-        source = (
-            f"{source}; its workers run in this process, each pausing on all it holds: one "
-            f"worker of their {threads} threads"
+    here = [layout for layout, runs_here in layouts if runs_here]
+    workers = [layout for layout, runs_here in layouts if not runs_here]
+    if here:
+        rss = max(rss, _this_process_memory())
+        limits = [w.memory_limit for w in here if w.memory_limit]
+        threads = sum(w.nthreads for w in here)
+        workers.append(WorkerLayout(min(limits) if limits else None, threads))
+        source += (
+            "; its worker runs in this process"
+            if len(here) == 1
+            else f"; its {len(here)} workers run in this process, each pausing on all it "
+            f"holds: planned as one of their {threads} threads"
         )
+    limits = [w.memory_limit for w in workers if w.memory_limit]
     return ClusterFacts(
         memory_limit=min(limits) if limits else None,
-        threads_per_worker=max(w.nthreads for w in layouts),
-        n_workers=len(layouts),
+        threads_per_worker=max(w.nthreads for w in workers),
+        n_workers=len(workers),
         address=address,
         largest_process_memory=rss,
-        workers=tuple(layouts),
+        workers=tuple(workers),
         source=source,
-        in_this_process=here,
+        in_this_process=bool(here),
     )
 
 
-def workers_run_in_this_process(cluster: Any, addresses: list[str]) -> bool:
-    """Whether a cluster's workers run in this Python process, sharing its memory.
-
-    ``LocalCluster(processes=False)`` starts ``distributed.Worker`` objects here, where
-    ``processes=True`` starts each in a ``Nanny``'s process: its spec's ``cls`` says which
-    (dask-jobqueue's are jobs, elsewhere). Without a cluster object (a client given the
-    scheduler's address), only ``inproc://`` worker addresses say so.
-    """
-    if any(address.startswith("inproc://") for address in addresses):
-        return True
+def _worker_addresses_here() -> set[str]:
+    """Addresses of the ``distributed.Worker`` objects in this process (``processes=False``)."""
     from distributed import Worker
 
-    specs = list((getattr(cluster, "worker_spec", None) or {}).values())
-    specs.append(getattr(cluster, "new_spec", None) or {})
-    classes = [spec.get("cls") for spec in specs if isinstance(spec, dict)]
-    return any(isinstance(cls, type) and issubclass(cls, Worker) for cls in classes)
+    return {w.address for w in list(Worker._instances) if w.address}
 
 
 def _this_process_memory() -> int:
@@ -248,17 +256,29 @@ def spec_workers(cluster) -> tuple[list[WorkerLayout], str] | None:
         (its minimum, or one, where it has no maximum). None where ``cluster`` starts no
         worker.
     """
+    planned = _planned_workers(cluster)
+    if planned is None:
+        return None
+    layouts, how = planned
+    return [layout for layout, _ in layouts], how
+
+
+def _planned_workers(cluster) -> tuple[list[tuple[WorkerLayout, bool]], str] | None:
+    """:func:`spec_workers`, each worker with whether it will run in this process."""
     specs = getattr(cluster, "worker_spec", None)
     if specs is None:
         return None
-    layouts = [layout for spec in specs.values() for layout in _spec_layouts(spec)]
+    layouts = [
+        (layout, _spec_runs_here(spec)) for spec in specs.values() for layout in _spec_layouts(spec)
+    ]
     adaptive = adaptive_bounds(cluster)
     new_spec = getattr(cluster, "new_spec", None)
     if adaptive is not None and new_spec:
         minimum, maximum = adaptive
         finite = math.isfinite(maximum)
         target = int(maximum) if finite else max(1, int(minimum))
-        layouts += [_spec_layouts(new_spec)[0]] * max(0, target - len(layouts))
+        layout = (_spec_layouts(new_spec)[0], _spec_runs_here(new_spec))
+        layouts += [layout] * max(0, target - len(layouts))
         bound = "its adaptive maximum" if finite else "no adaptive maximum: its minimum, or 1"
         how = f"the adaptive cluster's worker spec, no worker running yet ({bound})"
     else:
@@ -266,6 +286,26 @@ def spec_workers(cluster) -> tuple[list[WorkerLayout], str] | None:
     if not layouts:
         return None
     return layouts, f"{how}: {len(layouts)} worker(s)"
+
+
+def _spec_runs_here(spec: dict) -> bool:
+    """Whether a worker spec entry starts a ``distributed.Worker`` in this process.
+
+    ``LocalCluster(processes=False)`` names ``Worker`` as its ``cls``; ``processes=True`` names
+    ``Nanny``, which starts the worker in a process of its own, and dask-jobqueue a job class,
+    which starts it on another host. A class given by name is imported as ``SpecCluster``
+    imports it.
+    """
+    from distributed import Worker
+    from distributed.utils import import_term
+
+    cls = spec.get("cls")
+    if isinstance(cls, str):
+        try:
+            cls = import_term(cls)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    return isinstance(cls, type) and issubclass(cls, Worker)
 
 
 def _spec_layouts(spec: dict) -> list[WorkerLayout]:

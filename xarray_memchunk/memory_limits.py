@@ -180,9 +180,16 @@ def _given_budget(memory_limit: int | float | str, facts: ClusterFacts | None) -
     if facts is None:
         return make_budget(given, 1, os.cpu_count() or 1, "argument", decimal=decimal)
     smaller = [w.memory_limit for w in facts.workers if w.memory_limit and w.memory_limit < given]
-    if not smaller:
+    if not smaller:  # theirs, with what they hold now where it is more than the baseline
         threads = facts.threads_per_worker
-        return make_budget(given, threads, _n_workers(facts, threads), "argument", decimal=decimal)
+        return make_budget(
+            given,
+            threads,
+            _n_workers(facts, threads),
+            "argument",
+            decimal=decimal,
+            **_cluster_terms(facts),
+        )
     capped = [WorkerLayout(min(given, w.memory_limit or given), w.nthreads) for w in facts.workers]
     budget = _cluster_budget(
         replace(facts, workers=tuple(capped)),

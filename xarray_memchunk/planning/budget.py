@@ -297,10 +297,10 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
     """
     if baseline_source.startswith(IN_PROCESS_BASELINE):
         return (
-            f"or give the workers their own processes: they run in this Python process "
-            f"(LocalCluster(processes=False)) and count the {format_size(worker_baseline)} "
-            f"it holds now, your own arrays included; LocalCluster(processes=True) starts "
-            f"each in its own"
+            f"or free memory in this Python process: its workers run in it "
+            f"(processes=False) and count all it holds, {format_size(worker_baseline)} now, "
+            f"your own arrays included; or start them in processes of their own "
+            f"(processes=True)"
         )
     if not baseline_source.startswith(MEASURED_BASELINE):
         return ""
