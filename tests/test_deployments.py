@@ -108,7 +108,8 @@ def test_adaptive_cluster_at_zero_plans_from_its_worker_spec():
     assert budget.threads_per_worker == 4 and budget.n_workers == 1
     assert "the adaptive cluster's worker spec" in budget.source
     assert "run in this process" in budget.source
-    assert plan.budget.per_task == budget.per_task
+    # this process's memory, read at each plan, moves by a few pages between the two
+    assert plan.budget.per_task == pytest.approx(budget.per_task, rel=0.01)
     np.testing.assert_allclose(mean.values, tas.values.mean(axis=0), rtol=1e-5)
 
 
