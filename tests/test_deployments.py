@@ -136,6 +136,37 @@ def test_workers_in_this_process_count_what_it_holds_before_they_start():
         assert not cluster.workers  # refused before anything ran
 
 
+def test_a_watch_sees_workers_in_this_process_and_one_paused_before_it():
+    """run_watched on a ``processes=False`` cluster: this process's memory is the workers'.
+
+    A worker paused before the watch began (its pause logged earlier) counts as a pause; a
+    watch that read only later events reported 0 pauses for a run that never started.
+    """
+    import dask.array as da
+    from distributed import Client
+
+    from xarray_memchunk.testing import run_watched
+
+    limit = int(_this_process_memory() / 0.8 * 0.9)  # pauses at 90% of what this holds
+    with Client(
+        processes=False,
+        n_workers=1,
+        threads_per_worker=1,
+        memory_limit=limit,
+        dashboard_address=":0",
+    ) as client:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the memory monitor pauses it within its interval
+            workers = client.scheduler_info(n_workers=-1)["workers"].values()
+            if any(w.get("status") == "paused" for w in workers):
+                break
+            time.sleep(0.1)
+        outcome = run_watched(client, "paused", lambda: da.ones(10, chunks=5).sum(), timeout=2)
+    assert not outcome.completed and "TimeoutError" in outcome.error
+    assert outcome.pauses >= 1
+    assert outcome.peak_worker_bytes.get(os.getpid(), 0) > 0.8 * limit
+
+
 def test_client_by_address_without_workers_is_refused():
     """No cluster object to read a worker spec from: the clear "no workers" error."""
     from distributed import Client, LocalCluster

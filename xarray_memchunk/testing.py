@@ -2,12 +2,16 @@
 
 Worker memory is sampled from the client's side (``psutil`` on the worker processes of a
 ``LocalCluster``, which are this process's descendants), so the samples of a worker that is
-killed are kept, and a restarted worker shows up as a new process. Pauses and removals of
-workers are read from the scheduler's event log.
+killed are kept, and a restarted worker shows up as a new process. Workers that run in this
+process (``processes=False``) measure this process's memory, and so does the watch. Pauses and
+removals of workers are read from the scheduler's event log, and a worker already paused when
+the watch starts counts as a pause.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,9 +38,11 @@ class RunOutcome:
     seconds
         Wall time from submission to result (or failure).
     peak_worker_bytes
-        Largest sampled RSS of each worker process (a restarted worker is another process).
+        Largest sampled RSS of each worker process (a restarted worker is another process);
+        this process's, keyed by its pid, where workers run in it.
     pauses
-        Times a worker was paused for memory (status changed to ``paused``).
+        Times a worker was paused for memory (status changed to ``paused``), a worker paused
+        when the watch started included.
     worker_deaths
         Workers removed from the cluster while it ran (killed or crashed).
     n_tasks
@@ -85,10 +91,14 @@ class ClusterWatch:
         self.start = 0.0
 
     def _worker_processes(self) -> dict[int, Any]:
-        """Child processes started by ``multiprocessing`` spawn: the workers of a LocalCluster."""
+        """The processes workers run in, by pid.
+
+        ``multiprocessing``'s spawned children (a ``LocalCluster``'s workers), and this process
+        while it holds a worker (``processes=False``).
+        """
         import psutil
 
-        found = {}
+        found = {os.getpid(): self._process} if _workers_in_this_process() else {}
         for proc in self._process.children(recursive=True):
             try:
                 if "spawn_main" in " ".join(proc.cmdline()):
@@ -133,6 +143,16 @@ class ClusterWatch:
         return {pid: max(v for _, v in samples) for pid, samples in self.series.items() if samples}
 
 
+def _workers_in_this_process() -> bool:
+    """Whether a ``distributed.Worker`` that has not closed runs in this process."""
+    if "distributed" not in sys.modules:
+        return False
+    from distributed import Worker
+
+    closed = ("closing", "closed", "failed")
+    return any(w.status.name not in closed for w in list(Worker._instances))
+
+
 class _EventLog:
     """Collect the scheduler's pause and worker-removal events while a computation runs.
 
@@ -145,6 +165,15 @@ class _EventLog:
         self.since = since
         self.pauses: set[tuple[str, float]] = set()
         self.deaths: set[tuple[str, float]] = set()
+
+    def paused_now(self) -> None:
+        """Count the workers paused already: their pause was logged before ``since``."""
+        if self.client is None:
+            return
+        workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        for address, worker in workers.items():
+            if worker.get("status") == "paused":
+                self.pauses.add((address, self.since))
 
     def poll(self) -> None:
         if self.client is None:  # processes without a scheduler: nothing to read
@@ -210,6 +239,7 @@ def watch(client, label: str, work: Callable[[], Any], *, interval: float = 0.02
     Any exception from ``work`` is recorded in the outcome, not raised.
     """
     events = _EventLog(client, time.time())
+    events.paused_now()
     with ClusterWatch(interval, on_refresh=events.poll) as watcher:
         start = time.perf_counter()
         try:
