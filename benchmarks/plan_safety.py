@@ -147,7 +147,8 @@ def as_users_cases() -> list[SafetyCase]:
     Sources: many netCDF files in one-day chunks (``open_mfdataset``), a graph with
     preprocessing upstream (time-chunked, and in one-step time chunks: the rechunk goes
     through disk where memory cannot hold it), Zarr in one-day chunks. Deployments: 2 and 4
-    threads per worker, scheduler and workers as separate processes, an adaptive cluster.
+    threads per worker, scheduler and workers as separate processes, an adaptive cluster, and
+    an adaptive cluster whose workers run in this process (``processes=False``).
     """
     one_day = {"time": 1, "lat": 180, "lon": 360}
     by_lat = {"time": 1460, "lat": 45, "lon": 360}
@@ -176,20 +177,26 @@ def as_users_cases() -> list[SafetyCase]:
         ),
         SafetyCase("std", "float64", DAILY, one_day, "preprocessed", over_time),
     ]
-    for threads, deployment in ((2, "local"), (4, "local"), (2, "processes"), (1, "adaptive")):
-        cases += [
-            SafetyCase(
-                op,
-                "float32",
-                DAILY,
-                by_lat,
-                "graph",
-                over_time,
-                threads=threads,
-                deployment=deployment,
-            )
-            for op in ("median", "std")
-        ]
+    # workers in this process pause on all it holds (a CI run hung on one before any task):
+    # at two limits each, named by it
+    deployments = [(2, "local", None), (4, "local", None), (2, "processes", None)]
+    deployments += [(1, "adaptive", None), (1, "in-process", "1GB"), (1, "in-process", "2GB")]
+    cases += [
+        SafetyCase(
+            op,
+            "float32",
+            DAILY,
+            by_lat,
+            "graph",
+            over_time,
+            limit,
+            f"{op}, in this process at {limit}" if limit else "",
+            threads=threads,
+            deployment=deployment,
+        )
+        for threads, deployment, limit in deployments
+        for op in ("median", "std")
+    ]
     return cases
 
 
@@ -328,7 +335,7 @@ def main() -> None:
     if args.learning:
         cases = learning_cases()
     elif args.as_users:
-        cases = as_users_cases()
+        cases = [c for c in as_users_cases() if not args.only or {c.op, c.name} & set(args.only)]
     elif args.staged:
         cases = staged_cases()
     elif args.xarray:

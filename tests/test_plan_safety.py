@@ -76,6 +76,33 @@ def test_memory_bound_plan_runs_without_pause_or_death(
     assert result.peak_worker < 0.8 * to_bytes(result.memory_limit)
 
 
+@pytest.mark.cluster
+def test_workers_in_this_process_run_a_plan_under_its_pause_line(quiet_distributed, tmp_path):
+    """An adaptive ``processes=False`` cluster: its 2 workers planned as one of 2 threads.
+
+    The limit leaves room above what this test process holds (more, late in a suite), and
+    the peak sampled is this process's memory, which both workers measure.
+    """
+    import psutil
+
+    limit = psutil.Process().memory_info().rss + 1_000_000_000
+    case = SafetyCase(
+        "std",
+        "float32",
+        CUBE,
+        {"time": 1000, "lat": 50, "lon": 300},
+        "graph",
+        {"dim": "time"},
+        str(limit),
+        deployment="in-process",
+    )
+    result = run_case(case, tmp_path)
+    assert result.threads == 2  # one worker of both workers' threads
+    assert result.completed, result.error
+    assert result.pauses == 0 and result.deaths == 0
+    assert 0 < result.peak_worker < 0.8 * limit
+
+
 def test_issue_17_std_plan_knows_what_the_dask_task_holds():
     import dask.array as da
 

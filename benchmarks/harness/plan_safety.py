@@ -30,7 +30,7 @@ import distributed  # noqa: F401  (its config loaded before any dask.config.set 
 import numpy as np
 import xarray as xr
 
-from xarray_memchunk.errors import InfeasiblePlanError
+from xarray_memchunk.errors import BudgetError, InfeasiblePlanError
 from xarray_memchunk.testing import run_watched
 from xarray_memchunk.units import to_bytes
 
@@ -78,7 +78,9 @@ class SafetyCase:
     deployment
         ``"local"``: a ``LocalCluster``; ``"adaptive"``: a ``LocalCluster`` of no worker that
         adapts up to the workers the case runs on; ``"processes"``: ``dask scheduler`` and
-        ``dask worker`` started as separate processes, the client connected by address.
+        ``dask worker`` started as separate processes, the client connected by address;
+        ``"in-process"``: an adaptive ``LocalCluster(processes=False)`` of no worker, whose
+        workers run in this process and pause on all it holds.
     dates
         Give ``time`` a daily calendar (from 2001-01-01) and ``lat`` degrees from -89.5 to
         89.5, as climate data has (climatologies need them); the result is also compared with
@@ -135,11 +137,12 @@ class SafetyResult:
     replanned_same: bool | None = None
     staged: bool = False
     equal: bool | None = None
+    threads: int = 0  # the plan's threads per worker: all of them where workers run here
 
     @property
     def predicted_worker(self) -> int:
         """Baseline plus one predicted task slot per thread."""
-        return self.worker_baseline + self.predicted_slot * self.case.threads
+        return self.worker_baseline + self.predicted_slot * (self.threads or self.case.threads)
 
     @property
     def safe(self) -> bool:
@@ -294,13 +297,13 @@ def _cluster(case: SafetyCase, limit: str, n_workers: int, root: Path) -> Iterat
             c.wait_for_workers(n_workers, timeout=120)
             yield c
         return
-    adaptive = case.deployment == "adaptive"
+    adaptive = case.deployment in ("adaptive", "in-process")
     with (
         LocalCluster(
             n_workers=0 if adaptive else n_workers,
             threads_per_worker=case.threads,
             memory_limit=limit,
-            processes=True,
+            processes=case.deployment != "in-process",
             dashboard_address=":0",
         ) as cluster,
         Client(cluster) as client,
@@ -399,13 +402,17 @@ def run_case(
             dask.config.set({"distributed.scheduler.allowed-failures": 1}),
             _cluster(case, limit, n_workers, root) as client,
         ):
-            if case.deployment != "adaptive":
+            if case.deployment not in ("adaptive", "in-process"):
                 client.run(lambda: __import__("xarray_memchunk"))
                 time.sleep(0.5)  # let a heartbeat report the workers' memory after the import
-            result.idle_worker = max(client.run(_process_rss).values(), default=0)
+            result.idle_worker = (
+                _process_rss()  # its workers are this process, started or not
+                if case.deployment == "in-process"
+                else max(client.run(_process_rss).values(), default=0)
+            )
             try:
                 plan = _plan(case, data, None)
-            except InfeasiblePlanError as exc:
+            except (InfeasiblePlanError, BudgetError) as exc:
                 result.error = f"refused before running: {str(exc)[:150]}"
                 return result
             result.binding = plan.binding
@@ -415,6 +422,7 @@ def run_case(
             result.predicted_slot = plan.predicted_peak_bytes
             result.per_task_budget = plan.budget.per_task
             result.worker_baseline = plan.budget.worker_baseline
+            result.threads = plan.budget.threads_per_worker
             result.staged = any("temporary Zarr store" in n for n in plan.notes)
 
             def build() -> Any:
@@ -506,6 +514,8 @@ def format_table(results: Sequence[SafetyResult]) -> str:
         where = c.source + (", staged on disk" if r.staged else "")
         if c.threads > 1 or c.deployment != "local":
             where += f"; {c.deployment}, {c.threads} threads"
+            if r.threads and r.threads != c.threads:
+                where += f" (planned as {r.threads} per worker)"
         rows.append(
             f"| {c.name} | {c.dtype} | {where} | {shape} | {r.memory_limit} | {r.binding} | "
             f"{chunks} | {r.n_chunks} | {_mb(r.predicted_task)} | {_mb(r.predicted_slot)} | "
