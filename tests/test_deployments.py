@@ -128,7 +128,7 @@ def test_workers_in_this_process_count_what_it_holds_before_they_start():
         dask.config.set({"memchunk.worker-baseline": "50MB"}),  # below what this process holds
         _adaptive_in_this_process(limit, threads_per_worker=1, maximum=1) as cluster,
     ):
-        refused = r"workers run in it \(processes=False\).*processes=True"
+        refused = r"this process, where its workers run, already holds.*processes=True"
         with pytest.raises(BudgetError, match=refused):
             tas.memchunk.plan("mean", dim="time")
         with pytest.raises(BudgetError, match=refused):  # their limit, given: the same

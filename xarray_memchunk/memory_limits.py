@@ -111,7 +111,9 @@ def make_budget(
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
     try:
-        per_task = per_task_bytes(worker_memory, threads_per_worker, **terms)
+        here = baseline_source.startswith(IN_PROCESS_BASELINE)
+        holder = "this process, where its workers run," if here else "the worker"
+        per_task = per_task_bytes(worker_memory, threads_per_worker, holder=holder, **terms)
     except BudgetError as err:
         remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source)
         if not remedy:

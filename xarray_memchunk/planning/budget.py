@@ -247,8 +247,12 @@ def per_task_bytes(
     worker_baseline: int,
     reserve: float,
     pause_fraction: float,
+    holder: str = "the worker",
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
+
+    ``holder`` names what holds the baseline, in the error: a worker, or the process its
+    workers run in.
 
     Raises
     ------
@@ -263,7 +267,7 @@ def per_task_bytes(
         raise BudgetError(
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
             f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
-            f"and the worker already holds {size(worker_baseline)}. Give each worker more than "
+            f"and {holder} already holds {size(worker_baseline)}. Give each worker more than "
             f"{size(worker_baseline / pause_fraction)} (memory_limit); twice that leaves a task "
             f"about {size(worker_baseline * (1 - reserve) / max(1, threads_per_worker))} per thread"
         )
