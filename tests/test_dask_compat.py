@@ -391,6 +391,23 @@ def test_adaptive_bounds_of_a_cluster():
     assert compat.adaptive_bounds(None) is None
 
 
+@pytest.mark.cluster
+def test_workers_in_this_process_are_the_open_ones():
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=False,
+        dashboard_address=":0",
+        silence_logs=logging.CRITICAL,
+    ) as cluster:
+        own = set(cluster.scheduler_info["workers"])
+        assert len(own) == 2
+        assert own <= {w.address for w in compat.workers_in_this_process()}
+    assert not own & {w.address for w in compat.workers_in_this_process()}
+
+
 def test_worker_memory_limit_reads_limits_as_a_worker():
     import psutil
 

@@ -49,6 +49,7 @@ __all__ = [
     "worker_removal",
     "worker_stored_bytes",
     "worker_threads",
+    "workers_in_this_process",
 ]
 
 #: The versions every function here was checked with.
@@ -493,6 +494,20 @@ def adaptive_bounds(cluster: Any) -> tuple[float, float] | None:
     if adaptive is None or getattr(adaptive, "state", "") == "stopped":
         return None
     return adaptive.minimum, adaptive.maximum
+
+
+def workers_in_this_process() -> list[Any]:
+    """The ``distributed.Worker`` objects of this process that have not closed.
+
+    ``LocalCluster(processes=False)`` starts its workers here; distributed keeps every
+    ``Worker`` in the class's weak set ``Worker._instances`` (no public registry), each with a
+    ``.status`` whose ``.name`` is ``"closing"``, ``"closed"`` or ``"failed"`` once it stops.
+    Checked with distributed 2026.8.0.
+    """
+    from distributed import Worker
+
+    stopped = ("closing", "closed", "failed")
+    return [w for w in list(Worker._instances) if w.status.name not in stopped]
 
 
 def worker_memory_limit(

@@ -13,6 +13,7 @@ from ._dask_compat import (
     worker_device_memory_limit,
     worker_memory_limit,
     worker_threads,
+    workers_in_this_process,
 )
 from .errors import MemchunkError
 
@@ -161,7 +162,7 @@ def cluster_facts(client) -> ClusterFacts:
     address = info.get("address", "?")
     workers = info.get("workers", {})
     if workers:
-        here = _worker_addresses_here()
+        here = {w.address for w in workers_in_this_process() if w.address}
         layouts = [
             (WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))), a in here)
             for a, w in workers.items()
@@ -223,13 +224,6 @@ def _facts(
         source=source,
         in_this_process=bool(here),
     )
-
-
-def _worker_addresses_here() -> set[str]:
-    """Addresses of the ``distributed.Worker`` objects in this process (``processes=False``)."""
-    from distributed import Worker
-
-    return {w.address for w in list(Worker._instances) if w.address}
 
 
 def _this_process_memory() -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._dask_compat import is_pause_event, worker_removal
+from ._dask_compat import is_pause_event, worker_removal, workers_in_this_process
 
 __all__ = ["ClusterWatch", "RunOutcome", "run_watched", "watch"]
 
@@ -145,12 +145,7 @@ class ClusterWatch:
 
 def _workers_in_this_process() -> bool:
     """Whether a ``distributed.Worker`` that has not closed runs in this process."""
-    if "distributed" not in sys.modules:
-        return False
-    from distributed import Worker
-
-    closed = ("closing", "closed", "failed")
-    return any(w.status.name not in closed for w in list(Worker._instances))
+    return "distributed" in sys.modules and bool(workers_in_this_process())
 
 
 class _EventLog:
