@@ -370,17 +370,22 @@ def test_memory_restart_event_of_the_nanny():
     assert compat.memory_restart("all", msg) is None
 
 
-@pytest.mark.cluster
-def test_adaptive_bounds_of_a_cluster():
+def _threads_here(n_workers: int):
+    """A quiet ``LocalCluster`` of ``n_workers`` one-thread workers in this process."""
     from distributed import LocalCluster
 
-    with LocalCluster(
-        n_workers=1,
+    return LocalCluster(
+        n_workers=n_workers,
         threads_per_worker=1,
         processes=False,
         dashboard_address=":0",
         silence_logs=logging.CRITICAL,
-    ) as cluster:
+    )
+
+
+@pytest.mark.cluster
+def test_adaptive_bounds_of_a_cluster():
+    with _threads_here(1) as cluster:
         assert compat.adaptive_bounds(cluster) is None
         adaptive = cluster.adapt(minimum=1, maximum=1)
         assert compat.adaptive_bounds(cluster) == (1, 1)
@@ -393,15 +398,7 @@ def test_adaptive_bounds_of_a_cluster():
 
 @pytest.mark.cluster
 def test_workers_in_this_process_are_the_open_ones():
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=False,
-        dashboard_address=":0",
-        silence_logs=logging.CRITICAL,
-    ) as cluster:
+    with _threads_here(2) as cluster:
         own = set(cluster.scheduler_info["workers"])
         assert len(own) == 2
         assert own <= {w.address for w in compat.workers_in_this_process()}
