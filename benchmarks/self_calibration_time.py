@@ -12,11 +12,7 @@ first ``plan()`` in each place: the calibration, and the measurement of the inpu
 (the volume is made by a Dask graph), which runs while the measuring process starts. The
 "next plan" rows time the seed's plan after a first plan of another function (a 5-point
 smoothing) in the same process: the probe process is kept between calibrations, and a
-cluster's worker has imported what the first needed. Where no cluster runs, on Linux, a probe
-is forked from the planning process once a spawned one has reported its modules for this
-Python environment (kept in the user's cache directory): two untimed runs of each place come
-first, as a user's first plans in an environment; the "new environment" row gives each run a
-cache directory of its own, so that its probe is spawned. ``--code``
+cluster's worker has imported what the first needed. ``--code``
 names checkouts of this repository to compare (each put first on ``PYTHONPATH``); their runs
 alternate, and the table gives each one's median. ``--places`` picks rows.
 """
@@ -35,12 +31,10 @@ import time
 from pathlib import Path
 
 CLUSTER = "LocalCluster 2 x 1.5GB"
-NEW_ENVIRONMENT = "first plan, probe process, new environment"
 PLACES = (
     "probe process",
     CLUSTER,
     "first plan, probe process",
-    NEW_ENVIRONMENT,
     f"first plan, {CLUSTER}",
     "next plan, probe process",
     f"next plan, {CLUSTER}",
@@ -57,8 +51,6 @@ def _smooth5(block):
 def one(place: str) -> None:
     """Self-calibrate (or plan) once here and print what it took, as a JSON line."""
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
-    if place == NEW_ENVIRONMENT:  # no facts kept about this Python environment
-        os.environ["DASK_MEMCHUNK__CACHE_DIR"] = tempfile.mkdtemp(prefix="memchunk-cache-")
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
@@ -104,20 +96,6 @@ def one(place: str) -> None:
     )
 
 
-def _run(place: str, code: str) -> dict:
-    """One run of ``place`` in a fresh Python process importing ``code``; its JSON record."""
-    env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
-    done = subprocess.run(  # in the checkout: its probe processes import it
-        [sys.executable, str(Path(__file__).resolve()), "--one", place],
-        cwd=Path(code).resolve(),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--code", nargs="+", default=["."], help="checkouts to compare")
@@ -130,12 +108,18 @@ def main() -> None:
         return
     runs: dict[tuple[str, str], list[dict]] = {}
     for place in args.places:
-        for code in args.code if place != NEW_ENVIRONMENT else ():
-            for _ in range(2):  # untimed: the facts a user's first plans keep
-                _run(place, code)
         for _ in range(args.repeats):
             for code in args.code:  # alternated
-                record = _run(place, code)
+                env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
+                done = subprocess.run(  # in the checkout: its probe processes import it
+                    [sys.executable, str(Path(__file__).resolve()), "--one", place],
+                    cwd=Path(code).resolve(),
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                )
+                record = json.loads(done.stdout.strip().splitlines()[-1])
                 runs.setdefault((place, code), []).append(record)
                 print(f"{place:<36} {code}: {record['seconds']:.2f} s", flush=True)
     print("\n| where the blocks run | code | median s | runs s | blocks | largest block |")

@@ -19,13 +19,6 @@ class BlockCounter:
         return block
 
 
-@pytest.fixture(autouse=True, scope="session")
-def own_cache_dir(tmp_path_factory):
-    """Facts kept between sessions (the probe processes' modules) go to a directory of the run's."""
-    with dask.config.set({"memchunk.cache-dir": str(tmp_path_factory.mktemp("memchunk-cache"))}):
-        yield
-
-
 @pytest.fixture
 def produced():
     """Counts the blocks a graph produces: ``array.map_blocks(produced)``, then ``.shapes``."""

@@ -16,19 +16,11 @@ from xarray_memchunk.models import probe_process
 from xarray_memchunk.models.probe_process import close_kept_probe_process, kept_probe_process
 
 
-def _spawning_script(script: str, **kwargs) -> subprocess.CompletedProcess:
-    """Run ``script`` with ``python -c``, its probe processes spawned as these tests' are."""
-    env = {**os.environ, "DASK_MEMCHUNK__PROBE_PROCESS_START": "spawn"}
-    command = [sys.executable, "-c", script]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, **kwargs)
-
-
 @pytest.fixture(autouse=True)
 def none_kept():
-    """Each test starts and ends without a kept probe process, and spawns its probes."""
+    """Each test starts and ends without a kept probe process."""
     close_kept_probe_process()
-    with dask.config.set({"memchunk.probe-process-start": "spawn"}):
-        yield
+    yield
     close_kept_probe_process()
 
 
@@ -120,8 +112,9 @@ def test_the_process_exits_with_the_script_that_started_it():
             print(probe.submit(os.getpid).result(), flush=True)
         """
     )  # a plain script: no __main__ guard, the process kept when it ends
-    done = _spawning_script(script)
-    assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
     child = int(done.stdout.split()[-1])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -200,7 +193,14 @@ def test_a_module_in_the_working_directory_of_a_command_line_script(tmp_path):
             print(probe.submit(probe_cwd_module.answer).result())
         """
     )  # python -c: "" on sys.path, the working directory
-    done = _spawning_script(script, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1] == "42"
 

@@ -8,14 +8,10 @@ without an ``if __name__ == "__main__":`` guard then starts clusters recursively
 imports nothing of the caller's script, and receives each call shipped by value with
 cloudpickle (functions defined in ``__main__`` included), as Dask ships tasks.
 
-Starting the child costs its imports (xarray, Dask: 1.5-2.3 s of a first plan's
+Starting the child costs its imports (xarray, Dask: 1.2-1.7 s of a first plan's
 self-calibration on a 2-core machine). :func:`kept_probe_process` keeps one child between
 calibrations, so that a second plan (another function, other arguments) starts measuring at
-once; it exits after :data:`IDLE_SECONDS` without a calibration, or with this process. On
-Linux, where it is safe (:func:`~xarray_memchunk.models.probe_environment.fork_allowed`),
-a probe is forked from this process instead (``ProbeProcess(start="fork")``): it has
-everything imported, and the modules it did not import for the operator are accounted for
-(:mod:`~xarray_memchunk.models.probe_environment`).
+once; it exits after :data:`IDLE_SECONDS` without a calibration, or with this process.
 
 The protocol is private to this module: length-prefixed cloudpickle frames on the child's
 stdin and a duplicate of its stdout (the child's own ``print`` goes to stderr). Only frames
@@ -25,9 +21,7 @@ this process wrote are ever unpickled, on either side.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -35,8 +29,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
-
-from .profiling import FORKED_WITH_FROZEN_HEAP
 
 __all__ = ["ProbeProcess", "close_kept_probe_process", "kept_probe_process"]
 
@@ -83,19 +75,13 @@ class ProbeProcess:
         a signal).
     """
 
-    def __init__(self, start: str = "spawn") -> None:
-        if start not in ("spawn", "fork"):
-            raise ValueError(f"start is {start!r}: use 'spawn' or 'fork'")
-        self.start = start
-        self._process: subprocess.Popen | _ForkedChild | None = None
+    def __init__(self) -> None:
+        self._process: subprocess.Popen | None = None
         self._started = 0.0  # time.time() when the child was started
         self._path: list[str] = []  # this process's sys.path then
 
     def __enter__(self) -> ProbeProcess:
         self._started, self._path = time.time(), list(sys.path)
-        if self.start == "fork":
-            self._process = _ForkedChild()
-            return self
         env = dict(os.environ)
         # this process's path, its working directory last where the path names it ("": python
         # -c, the REPL); -P below keeps the child's own working directory off it
@@ -182,95 +168,6 @@ class ProbeProcess:
             raise CalibrationError(f"measuring the operator failed in its process: {value}")
         return _Done(value)
 
-    def imports_not_measured(self) -> int:
-        """Bytes of imports the operator's runs used here that a fresh process would add.
-
-        0 for a spawned probe: its runs imported what they needed. A forked probe had the
-        modules this process imported; those the recorded first run used and a spawned probe
-        lacks are imported in one, and what that took is returned (kept for this
-        environment: :func:`~xarray_memchunk.models.probe_environment.import_rise`).
-        """
-        from . import probe_environment as environment
-
-        if self.start != "fork":
-            return 0
-        fresh = environment.fresh_probe_modules() or frozenset()
-        missing = [m for m in self.submit(environment.used_modules).result() if m not in fresh]
-        if not missing:
-            return 0
-        known = environment.known_import_bytes(missing)
-        if known is not None:
-            return known
-        with kept_probe_process(fork=False) as spawned:
-            nbytes = int(spawned.submit(environment.import_rise, missing).result())
-        environment.remember_import_bytes(missing, nbytes)
-        return nbytes
-
-
-class _ForkedChild:
-    """A fork of this process serving calls on two pipes: what a ProbeProcess uses of a Popen."""
-
-    def __init__(self) -> None:
-        requests_read, requests_write = os.pipe()
-        answers_read, answers_write = os.pipe()
-        for stream in (sys.stdout, sys.stderr):  # not written twice, by the child too
-            with contextlib.suppress(Exception):
-                stream.flush()
-        # this process's objects frozen as it forks: the child never collects them (their
-        # finalizers would run twice: a file's buffer written twice), and its collections
-        # leave their pages shared (the gc.freeze documentation's advice)
-        gc.freeze()  # none were frozen before (fork_allowed)
-        try:
-            pid = os.fork()
-        except BaseException:
-            gc.unfreeze()
-            for end in (requests_read, requests_write, answers_read, answers_write):
-                os.close(end)
-            raise
-        if pid != 0:
-            gc.unfreeze()
-        if pid == 0:  # the child: serve, then leave without this process's exit handlers
-            code = 1
-            try:
-                FORKED_WITH_FROZEN_HEAP.set()
-                os.close(requests_write)
-                os.close(answers_read)
-                os.dup2(2, 1)  # the calls' own output goes to stderr, as a spawned child's
-                _serve(os.fdopen(requests_read, "rb"), os.fdopen(answers_write, "wb"), True)
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(requests_read)
-        os.close(answers_write)
-        self.pid, self.returncode = pid, None
-        self.stdin, self.stdout = os.fdopen(requests_write, "wb"), os.fdopen(answers_read, "rb")
-
-    def poll(self) -> int | None:
-        """The child's exit code, None while it runs."""
-        if self.returncode is None:
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere: gone, its code unknown
-                self.returncode = -1
-            else:
-                if pid:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the child to exit (``subprocess.TimeoutExpired`` after ``timeout`` s)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"probe process {self.pid}", timeout)
-            time.sleep(0.01)
-        return self.returncode
-
-    def kill(self) -> None:
-        """Kill the child."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
 
 #: Seconds a kept probe process waits for its next calibration before it exits; the dask
 #: config key ``memchunk.probe-process-idle-seconds`` sets it (0: not kept).
@@ -286,14 +183,8 @@ class _Kept:
 
 
 @contextlib.contextmanager
-def kept_probe_process(fork: bool = True) -> Iterator[ProbeProcess]:
+def kept_probe_process() -> Iterator[ProbeProcess]:
     """A probe process started on first use and kept for the next calibration.
-
-    With ``fork``, where forking is allowed
-    (:func:`~xarray_memchunk.models.probe_environment.fork_allowed`), a probe forked from
-    this process for this calibration instead (it starts at once, and sees what this
-    process defined since); else, after its use, a spawned probe reports the modules it
-    started with, once per environment.
 
     The child is kept where the block ran through: a call that raised (the child died, a
     measurement failed, the caller was interrupted between a request and its answer) closes
@@ -307,17 +198,6 @@ def kept_probe_process(fork: bool = True) -> Iterator[ProbeProcess]:
     """
     import dask
 
-    from . import probe_environment as environment
-
-    forked = ProbeProcess(start="fork") if fork and environment.fork_allowed() else None
-    with contextlib.suppress(OSError):  # the system refused a fork (memory): one is spawned
-        forked = forked.__enter__() if forked is not None else None
-    if forked is not None and forked.alive():
-        try:
-            yield forked
-        finally:
-            forked.__exit__(None, None, None)
-        return
     idle = float(dask.config.get("memchunk.probe-process-idle-seconds", IDLE_SECONDS))
     if idle <= 0 or not _Kept.lock.acquire(blocking=False):
         with ProbeProcess() as own:
@@ -333,10 +213,6 @@ def kept_probe_process(fork: bool = True) -> Iterator[ProbeProcess]:
         except BaseException:
             _close_kept()
             raise
-        alive = _Kept.probe is not None and _Kept.probe.alive()
-        if alive and environment.fresh_probe_modules() is None:
-            started = _Kept.probe.submit(environment.modules_at_start).result()
-            environment.remember_fresh_modules(started)
         if _Kept.probe is not None and _Kept.probe.alive():
             _Kept.timer = threading.Timer(idle, _close_when_idle)
             _Kept.timer.daemon = True
@@ -405,34 +281,23 @@ def _reap(process: subprocess.Popen) -> None:
         process.stdout.close()
 
 
-def _serve(requests: BinaryIO, protocol: BinaryIO, forked: bool = False) -> None:
-    """The child's loop: run each call received, send back its result or its error.
-
-    ``forked``: the modules that calls use are recorded until a block has been measured
-    (:func:`~xarray_memchunk.models.probe_environment.record_used_modules`).
-    """
+def _serve() -> None:
+    """The child's loop: run each call received, send back its result or its error."""
     import traceback
 
     import cloudpickle
 
-    from . import probe_environment as environment
-    from .profiling import measure_device_peak, measure_peak
-
-    environment._AT_START[:] = sorted(sys.modules)
-    recording = forked
+    protocol = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # the calls' own output goes to stderr, never into the protocol
+    requests = sys.stdin.buffer
     while (frame := _receive(requests)) is not None:
-        watch = environment.record_used_modules() if recording else contextlib.nullcontext()
         try:
-            with watch:
-                func, args = cloudpickle.loads(frame)
-                answer = (True, func(*args))
-            recording = recording and func not in (measure_peak, measure_device_peak)
+            func, args = cloudpickle.loads(frame)
+            answer = (True, func(*args))
         except Exception as exc:  # the caller raises it as a CalibrationError
             answer = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
         _send(protocol, cloudpickle.dumps(answer))
 
 
 if __name__ == "__main__":
-    _answers = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # the calls' own output goes to stderr, never into the protocol
-    _serve(sys.stdin.buffer, _answers)
+    _serve()

@@ -203,7 +203,7 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
     # in a worker): what lived before it and died during it is collected by the next full one
     # (alone, before the next baseline is read; in a series, after it is thawed); the peak
     # measured can only be the higher for it
-    _freeze()
+    gc.freeze()
     try:
         if method == "hwm":
             before = status_bytes("VmRSS")
@@ -223,31 +223,12 @@ def measure_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
         release_freed_memory()
     finally:
         if not series:
-            _unfreeze()
+            gc.unfreeze()
     return max(0, int(peak)), seconds, method
 
 
 #: Set while this process measures a series of blocks in a frozen heap (:func:`freeze_heap`).
 _FROZEN_SERIES = threading.Event()
-
-#: Set in a probe forked from the planning process
-#: (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`), which froze its objects as it
-#: forked: they stay frozen, never collected (a file of that process's, collected here, would
-#: write its buffer a second time), and nothing else is frozen: collections walk only what the
-#: probe made, as a frozen series would.
-FORKED_WITH_FROZEN_HEAP = threading.Event()
-
-
-def _freeze() -> None:
-    """``gc.freeze()``, except in a forked probe (:data:`FORKED_WITH_FROZEN_HEAP`)."""
-    if not FORKED_WITH_FROZEN_HEAP.is_set():
-        gc.freeze()
-
-
-def _unfreeze() -> None:
-    """``gc.unfreeze()``, except in a forked probe (:data:`FORKED_WITH_FROZEN_HEAP`)."""
-    if not FORKED_WITH_FROZEN_HEAP.is_set():
-        gc.unfreeze()
 
 
 def freeze_heap() -> int:
@@ -265,7 +246,7 @@ def freeze_heap() -> int:
         held before the series.
     """
     resident = resident_bytes()
-    _freeze()
+    gc.freeze()
     _FROZEN_SERIES.set()
     return resident
 
@@ -280,7 +261,7 @@ def thaw_heap() -> int:
         left held.
     """
     _FROZEN_SERIES.clear()
-    _unfreeze()
+    gc.unfreeze()
     return resident_bytes()
 
 
@@ -338,10 +319,6 @@ def frozen_heap(client) -> Iterator[HeapSeries]:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-    if series.after and hasattr(client, "imports_not_measured"):
-        # a forked probe had modules imported that the operator uses: what they take in a
-        # fresh process is added (a spawned probe's runs imported them: 0)
-        series.after += client.imports_not_measured()
 
 
 def measure_device_peak(run: Callable[..., Any], *args: Any) -> tuple[int, float, str]:
