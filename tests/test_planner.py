@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from xarray_memchunk import Budget, InfeasiblePlanError
 from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.planning.balance import balanced_chunks
-from xarray_memchunk.planning.budget import MEASURED_BASELINE
+from xarray_memchunk.planning.budget import IN_PROCESS_BASELINE, MEASURED_BASELINE
 from xarray_memchunk.planning.footprint import InputKind, InputLayout
 from xarray_memchunk.planning.plan import Binding
 from xarray_memchunk.planning.problem import DimRole, DimSpec, PlanProblem
@@ -207,6 +207,31 @@ def test_infeasible_names_memory_left_from_earlier_work(measured):
     with pytest.raises(InfeasiblePlanError) as err:
         plan_chunks(problem, held)
     assert ("client.restart()" in str(err.value)) is measured
+
+
+def test_infeasible_for_workers_in_this_process_counts_their_threads_in_all():
+    """Workers of a ``processes=False`` cluster are planned as one of all their threads."""
+    specs = (DimSpec("time", 10_000_000, DimRole.WHOLE), DimSpec("x", 10))
+    problem = PlanProblem("median", specs, linear_peak(16.0))  # 160 MB a column
+    merged = make_budget(
+        1_000_000_000,
+        4,
+        1,
+        "test",
+        worker_baseline=700_000_000,
+        baseline_source=IN_PROCESS_BASELINE,
+        in_this_process=True,
+    )
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, merged)
+    message = str(err.value)
+    assert "(memory_limit) at 4 threads in all in this process" in message
+    assert "or run fewer threads in all (workers x threads per worker)" in message
+    assert message.count("processes=True") == 1 and "per worker (each thread" not in message
+    small = make_budget(1_000_000_000, 4, 1, "test", in_this_process=True)  # configured baseline
+    with pytest.raises(InfeasiblePlanError) as err:
+        plan_chunks(problem, small)
+    assert "in processes of their own (processes=True)" in str(err.value)
 
 
 def test_infeasible_under_a_hand_built_budget_asks_for_a_larger_per_task_budget():

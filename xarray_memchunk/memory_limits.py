@@ -101,12 +101,14 @@ def make_budget(
     decimal: bool | None = None,
     baseline_source: str = "",
     cores: int = 0,
+    in_this_process: bool = False,
     **terms: float | int,
 ) -> Budget:
     """Build a :class:`Budget` from a worker's memory and threads with the configured terms.
 
     ``terms`` (``pause_fraction``, ``worker_baseline``, ``reserve``) replace configured ones;
-    ``cores``: those the workers' threads share (:attr:`Budget.cores`; 0 where not known).
+    ``cores``: those the workers' threads share (:attr:`Budget.cores`; 0 where not known);
+    ``in_this_process``: :attr:`Budget.in_this_process`.
     """
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
@@ -129,6 +131,7 @@ def make_budget(
         decimal=decimal,
         baseline_source=baseline_source,
         cores=cores,
+        in_this_process=in_this_process,
         **terms,
     )
 
@@ -137,15 +140,17 @@ def _cluster_terms(facts: ClusterFacts) -> dict:
     """The configured baseline, or the largest worker's memory where it is already more.
 
     A worker that runs in this process (``processes=False``) holds all that this process
-    holds: before it starts, that is this process's memory now.
+    holds: before it starts, that is this process's memory now. Such workers are marked
+    (``in_this_process``), whichever baseline is the larger.
     """
     configured = _formula_terms()["worker_baseline"]
+    here = {"in_this_process": True} if facts.in_this_process else {}
     if facts.largest_process_memory > configured:
-        return {
+        return here | {
             "worker_baseline": facts.largest_process_memory,
             "baseline_source": IN_PROCESS_BASELINE if facts.in_this_process else MEASURED_BASELINE,
         }
-    return {}
+    return here
 
 
 def _cluster_budget(facts: ClusterFacts, source: str) -> Budget:

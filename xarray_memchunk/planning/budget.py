@@ -102,6 +102,9 @@ class Budget:
     cores
         CPU cores the workers' threads share, where known (workers on this machine); 0 where
         not known: each thread computes on a core of its own.
+    in_this_process
+        The workers run in this Python process (``processes=False``): planned as one worker of
+        all their threads, each pausing on all the process holds.
     """
 
     worker_memory: int
@@ -116,6 +119,7 @@ class Budget:
     baseline_source: str = ""
     decimal: bool = False
     cores: int = 0
+    in_this_process: bool = False
 
     @property
     def total_threads(self) -> int:

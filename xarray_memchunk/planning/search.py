@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InfeasiblePlanError
 from .balance import balanced_chunks, packed_chunks
-from .budget import Budget, held_memory_remedy
+from .budget import IN_PROCESS_BASELINE, Budget, held_memory_remedy
 from .candidates import DimCandidates, dim_candidates, padded_extent
 from .footprint import DimCut, Footprint, footprint
 from .plan import Binding, ChunkPlan
@@ -140,10 +140,23 @@ def _infeasible(
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
     threads = budget.threads_per_worker
-    if needed is not None:
+    plural = "" if threads == 1 else "s"
+    if needed is not None and budget.in_this_process:
+        advice += [  # the workers of this process, planned as one worker of all their threads
+            f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
+            f"{threads} thread{plural} in all in this process: each of its workers pauses on "
+            f"what all of them hold",
+            "or run fewer threads in all (workers x threads per worker)",
+        ]
+        if not budget.baseline_source.startswith(IN_PROCESS_BASELINE):  # else its remedy says
+            advice.append(
+                "or start the workers in processes of their own (processes=True): each then "
+                "pauses on its own memory"
+            )
+    elif needed is not None:
         advice += [
             f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-            f"{threads} thread{'' if threads == 1 else 's'} per worker",
+            f"{threads} thread{plural} per worker",
             "or run fewer threads per worker (each thread runs a task at once)",
         ]
     else:  # a per-task budget given by hand: neither memory_limit nor threads decide it
