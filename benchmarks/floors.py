@@ -336,6 +336,7 @@ def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict
             read_once.STAGING_GAIN, read_once.MIN_REREAD_SECONDS = kept
         found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
         found["staged"] = any("temporary Zarr store" in note for note in plan.notes)
+        found["not_staged"] = next((n for n in plan.notes if n.startswith("not staged")), "")
 
     return found | _watched(work, limit, timeout, tool)
 

@@ -89,6 +89,11 @@ def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypa
     in_memory = tas.memchunk.plan("median", dim="time", budget=tight)
     assert not any("temporary Zarr store" in n for n in in_memory.notes)
     assert in_memory.storage_chunks["time"] == 1
+    # the plan says what staging would have cost: a plan that flips between the two (a slow
+    # disk probe) can be told apart from one that never weighed it
+    (why_not,) = [n for n in in_memory.notes if n.startswith("not staged")]
+    assert "reads the storage chunks of tas" in why_not and "MiB/s" in why_not
+    assert "staging is chosen where the re-reads cost inf times as much" in why_not
 
 
 def test_a_plan_of_whole_storage_chunks_is_never_staged(daily, monkeypatch):

@@ -826,11 +826,14 @@ def _prepare_one(
                 operator, kwargs, costs, staged.plan, staged.variables, staged.site, staged.chunks
             )
             return prepared, []
-        faster = None
-        if measure != "never":
-            faster = staged_if_faster(costs, alternative.targets, in_memory_plan, problem, resolved)
-        if faster is None:
+        if measure == "never":
             return _Prepared(operator, kwargs, costs, in_memory_plan), []
+        choice = staged_if_faster(costs, alternative.targets, in_memory_plan, problem, resolved)
+        faster = choice.staged
+        if faster is None:
+            notes = (*in_memory_plan.notes, choice.why_not) if choice.why_not else ()
+            kept = replace(in_memory_plan, notes=notes) if notes else in_memory_plan
+            return _Prepared(operator, kwargs, costs, kept), []
         prepared = _Prepared(
             operator, kwargs, costs, faster.plan, faster.variables, faster.site, faster.chunks
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import xarray as xr
@@ -41,6 +42,7 @@ __all__ = [
     "MIN_REREAD_SECONDS",
     "STAGING_DECODES",
     "STAGING_GAIN",
+    "StagingChoice",
     "file_read_seconds",
     "reread_factor",
     "reread_seconds",
@@ -185,51 +187,90 @@ def staging_seconds(
 MIN_REREAD_SECONDS = 2.0
 
 
+class StagingChoice(NamedTuple):
+    """Whether a plan stages its files (:func:`staged_if_faster`), and if not, why not.
+
+    Attributes
+    ----------
+    staged
+        The plan with the files staged; None where the plan in memory stands.
+    why_not
+        Where the files were weighed for staging and are not staged, the figures that decided
+        it, for the plan's notes; ``""`` where staging was not weighed (no file re-read, or
+        re-reads too short to weigh) or where the files are staged.
+    """
+
+    staged: StagedPlan | None
+    why_not: str = ""
+
+
 def staged_if_faster(
     costs: Mapping[str, TaskCost],
     targets: Mapping[str, xr.DataArray],
     plan: ChunkPlan,
     problem: PlanProblem,
     budget: Budget,
-) -> StagedPlan | None:
+) -> StagingChoice:
     """The plan with the files staged, where the plan in memory re-reads them for longer.
 
     Compares the seconds the plan ``plan`` spends reading the files' storage chunks beyond one
     read (:func:`reread_seconds`) with what staging adds (:func:`staging_seconds`, the disk
     measured); stages where the first is at least :data:`STAGING_GAIN` times the second and a
-    staged plan fits. None otherwise.
+    staged plan fits. Where it does not, the choice says why (the figures compared), so that a
+    plan that re-reads its files says what staging would have cost.
     """
     files = _read_in_storage_chunks(costs)
     threads = budget.compute_slots
-    reread, per_element, factors = 0.0, {}, {}
+    reread, per_element, factors, unmeasured = 0.0, {}, {}, []
     for name, cost in files.items():
         factor = reread_factor(plan, cost)
         if factor <= 1.0:
             continue
         seconds = storage_read_seconds(targets[name], cost.layout.source_chunks)
-        if seconds is not None:
+        if seconds is None:
+            unmeasured.append(name)
+        else:
             per_element[name], factors[name] = seconds, factor
             reread += reread_seconds(plan, cost, seconds)
+    if not per_element and unmeasured:
+        return StagingChoice(
+            None,
+            f"not staged, though the plan in memory reads the storage chunks of "
+            f"{', '.join(unmeasured)} more than once: reading them could not be measured",
+        )
     if not per_element or reread < MIN_REREAD_SECONDS:
-        return None
+        return StagingChoice(None)
+
+    def rereads(verb: str = "reads") -> str:
+        return (
+            f"the plan in memory {verb} the storage chunks of {', '.join(per_element)} "
+            f"{max(factors.values()):.1f} times over (its chunks "
+            f"cut them; measured at {1e9 * max(per_element.values()):.1f} ns per element: about "
+            f"{reread:.0f} s of reads beyond one)"
+        )
+
     nbytes = sum(files[n].dtype.itemsize * math.prod(files[n].sizes.values()) for n in per_element)
     site = staging_site(nbytes, active_client())
     if site.refusal or not site.bytes_per_second:
-        return None
+        where = site.refusal or f"{site.directory} could not be measured"
+        return StagingChoice(None, f"not staged, though {rereads()}: {where}")
     staging = sum(
         staging_seconds(files[n], s, site.bytes_per_second, threads) for n, s in per_element.items()
     )
     if reread < STAGING_GAIN * staging:
-        return None
+        return StagingChoice(
+            None,
+            f"not staged: {rereads()}, and reading them once and staging them would cost about "
+            f"{staging:.0f} s (the staging disk written at "
+            f"{site.bytes_per_second / 2**20:.0f} MiB/s): staging is chosen where the re-reads "
+            f"cost {STAGING_GAIN:g} times as much",
+        )
     why = (
-        f"the plan in memory would read the storage chunks of {', '.join(per_element)} "
-        f"{max(factors.values()):.1f} times over (its chunks "
-        f"cut them; measured at {1e9 * max(per_element.values()):.1f} ns per element: about "
-        f"{reread:.0f} s of reads beyond one), where reading them once and staging them costs "
-        f"about {staging:.0f} s"
+        f"{rereads('would read')}, where reading them once and staging them costs about "
+        f"{staging:.0f} s"
     )
     try:
-        return plan_staged(
+        staged = plan_staged(
             costs,
             problem,
             budget,
@@ -237,5 +278,8 @@ def staged_if_faster(
             variables=tuple(per_element),
             why=why,
         )
-    except InfeasiblePlanError:
-        return None
+    except InfeasiblePlanError as refused:
+        return StagingChoice(
+            None, f"not staged, though {rereads()}: no staged plan fits ({refused})"
+        )
+    return StagingChoice(staged)
