@@ -92,8 +92,26 @@ def test_a_plan_that_reads_each_chunk_many_times_stages_the_file(daily, monkeypa
     # the plan says what staging would have cost: a plan that flips between the two (a slow
     # disk probe) can be told apart from one that never weighed it
     (why_not,) = [n for n in in_memory.notes if n.startswith("not staged")]
-    assert "reads the storage chunks of tas" in why_not and "MiB/s" in why_not
+    assert "reads the storage chunks of tas" in why_not and "iB/s" in why_not
     assert "staging is chosen where the re-reads cost inf times as much" in why_not
+    monkeypatch.setattr(read_once, "MIN_REREAD_SECONDS", 1e9)  # too few re-reads to weigh
+    (too_few,) = [
+        n
+        for n in tas.memchunk.plan("median", dim="time", budget=tight).notes
+        if n.startswith("not staged")
+    ]
+    assert "under the 1000000000 s of re-reads that staging is weighed for" in too_few
+
+
+def test_seconds_in_notes_keep_two_figures():
+    from xarray_memchunk.units import format_seconds
+
+    assert [format_seconds(s) for s in (0.0412, 0.25, 3.449, 42.4)] == [
+        "0.041 s",
+        "0.25 s",
+        "3.4 s",
+        "42 s",
+    ]
 
 
 def test_a_plan_of_whole_storage_chunks_is_never_staged(daily, monkeypatch):

@@ -24,6 +24,7 @@ __all__ = [
     "format_decimal",
     "format_in_unit_of",
     "format_size",
+    "format_seconds",
     "format_size_up",
     "to_bytes",
 ]
@@ -74,6 +75,15 @@ def format_decimal(nbytes: float) -> str:
         if abs(nbytes) >= scale:
             return f"{nbytes / scale:.6g} {unit}"
     return f"{int(nbytes)} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """Seconds as a plan's notes write them: ``0.25 s``, ``3.4 s``, ``42 s``.
+
+    Two significant figures below 10 s, whole seconds above: estimates compared in one note
+    (re-reads against staging) stay apart where both are under a second.
+    """
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
 
 
 def to_bytes(value: int | float | str, *, what: str = "budget") -> int:

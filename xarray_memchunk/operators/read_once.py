@@ -31,6 +31,7 @@ from ..planning.budget import Budget
 from ..planning.footprint import InputKind
 from ..planning.plan import ChunkPlan
 from ..planning.problem import PlanProblem
+from ..units import format_seconds, format_size
 from .cost import TaskCost
 from .sources import bounded_reads, file_backend
 from .staged_plan import StagedPlan, plan_staged
@@ -238,7 +239,7 @@ def staged_if_faster(
             f"not staged, though the plan in memory reads the storage chunks of "
             f"{', '.join(unmeasured)} more than once: reading them could not be measured",
         )
-    if not per_element or reread < MIN_REREAD_SECONDS:
+    if not per_element:
         return StagingChoice(None)
 
     def rereads(verb: str = "reads") -> str:
@@ -246,7 +247,14 @@ def staged_if_faster(
             f"the plan in memory {verb} the storage chunks of {', '.join(per_element)} "
             f"{max(factors.values()):.1f} times over (its chunks "
             f"cut them; measured at {1e9 * max(per_element.values()):.1f} ns per element: about "
-            f"{reread:.0f} s of reads beyond one)"
+            f"{format_seconds(reread)} of reads beyond a single read)"
+        )
+
+    if reread < MIN_REREAD_SECONDS:
+        return StagingChoice(
+            None,
+            f"not staged: {rereads()}, under the {format_seconds(MIN_REREAD_SECONDS)} of "
+            f"re-reads that staging is weighed for",
         )
 
     nbytes = sum(files[n].dtype.itemsize * math.prod(files[n].sizes.values()) for n in per_element)
@@ -261,13 +269,13 @@ def staged_if_faster(
         return StagingChoice(
             None,
             f"not staged: {rereads()}, and reading them once and staging them would cost about "
-            f"{staging:.0f} s (the staging disk written at "
-            f"{site.bytes_per_second / 2**20:.0f} MiB/s): staging is chosen where the re-reads "
+            f"{format_seconds(staging)} (the staging disk written at "
+            f"{format_size(site.bytes_per_second)}/s): staging is chosen where the re-reads "
             f"cost {STAGING_GAIN:g} times as much",
         )
     why = (
         f"{rereads('would read')}, where reading them once and staging them costs about "
-        f"{staging:.0f} s"
+        f"{format_seconds(staging)}"
     )
     try:
         staged = plan_staged(

@@ -41,7 +41,7 @@ import numpy as np
 import xarray as xr
 
 from ..clusters import workers_on_this_machine
-from ..units import format_size, format_size_up
+from ..units import format_seconds, format_size, format_size_up
 from .sources import file_backend, read_chunked
 
 __all__ = [
@@ -131,7 +131,7 @@ class StagingSite:
             return "disk speed not measured"
         return (
             f"disk measured at {format_size(self.bytes_per_second)}/s: about "
-            f"{self.seconds(nbytes):.0f} s written and read back"
+            f"{format_seconds(self.seconds(nbytes))} written and read back"
         )
 
     def seconds(self, nbytes: float) -> float:

@@ -144,8 +144,8 @@ def _infeasible(
     if needed is not None and budget.in_this_process:
         advice += [  # the workers of this process, planned as one worker of all their threads
             f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-            f"{threads} thread{plural} in all in this process: each of its workers pauses on "
-            f"what all of them hold",
+            f"{threads} thread{plural} in all in this process, whose workers pause on all it "
+            f"holds",
             "or run fewer threads in all (workers x threads per worker)",
         ]
         if not budget.baseline_source.startswith(IN_PROCESS_BASELINE):  # else its remedy says
