@@ -140,25 +140,27 @@ def _infeasible(
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
     threads = budget.threads_per_worker
-    plural = "" if threads == 1 else "s"
-    if needed is not None and budget.in_this_process:
-        advice += [  # the workers of this process, planned as one worker of all their threads
+    if needed is not None:
+        # the workers of this process are planned as one worker of all their threads
+        here = budget.in_this_process
+        per = "per worker"
+        if here:
+            per = "in all in this process, whose workers pause on all it holds"
+        fewer = (
+            "or run fewer threads in all (workers x threads per worker)"
+            if here
+            else "or run fewer threads per worker (each thread runs a task at once)"
+        )
+        advice += [
             f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-            f"{threads} thread{plural} in all in this process, whose workers pause on all it "
-            f"holds",
-            "or run fewer threads in all (workers x threads per worker)",
+            f"{threads} thread{'' if threads == 1 else 's'} {per}",
+            fewer,
         ]
-        if not budget.baseline_source.startswith(IN_PROCESS_BASELINE):  # else its remedy says
+        if here and not budget.baseline_source.startswith(IN_PROCESS_BASELINE):  # else: remedy
             advice.append(
                 "or start the workers in processes of their own (processes=True): each then "
                 "pauses on its own memory"
             )
-    elif needed is not None:
-        advice += [
-            f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-            f"{threads} thread{plural} per worker",
-            "or run fewer threads per worker (each thread runs a task at once)",
-        ]
     else:  # a per-task budget given by hand: neither memory_limit nor threads decide it
         advice.append(f"give each task at least {budget.format_minimum(total)} (Budget.per_task)")
     remedy = held_memory_remedy(budget.worker_baseline, budget.baseline_source)
