@@ -99,6 +99,17 @@ def test_fit_is_conservative_and_extrapolates():
     assert abs(far / (12.0 * 1.6e8 + 5e6) - 1) < 0.05
 
 
+def test_tiny_tasks_that_measure_zero_bytes_still_fit():
+    # CI, test_rolling: a 40 x 3 x 4 array's blocks rose the resident memory by 0 bytes (their
+    # pages were mapped already); 1 / peak weighed them infinitely and scikit-learn raised
+    size = np.array([480.0, 960.0, 1920.0, 3840.0])
+    peaks = np.array([0.0, 0.0, 0.0, 65536.0])
+    fit = fit_linear({"input_bytes": size}, peaks)
+    values = [fit.intercept, *fit.coefficients.values(), fit.median_abs_pct_error]
+    assert np.all(np.isfinite([*values, fit.worst_under_pct, fit.worst_over_pct]))
+    assert np.all(fit.predict({"input_bytes": size}) >= peaks * (1 - UNDER_TOLERANCE) - 4 * 2**20)
+
+
 def test_tree_model_would_not_extrapolate_but_ours_does():
     # the seed's failure: a tree ensemble stays flat past its training range
     from sklearn.ensemble import RandomForestRegressor

@@ -62,13 +62,11 @@ def prediction_errors(predicted: np.ndarray, measured: np.ndarray) -> dict[str, 
     """Median absolute, worst under- and worst over-prediction, in percent of the measurement.
 
     Under-prediction is reported as a positive number: 12.0 means a prediction 12% below what
-    was measured.
+    was measured. A measurement under :data:`ABSOLUTE_SLACK` (a tiny task can measure 0 bytes:
+    its memory was mapped already) is compared as that much, noise being no finer.
     """
-    pct = (
-        100.0
-        * (np.asarray(predicted, float) - np.asarray(measured, float))
-        / np.asarray(measured, float)
-    )
+    measured = np.asarray(measured, float)
+    pct = 100.0 * (np.asarray(predicted, float) - measured) / np.maximum(measured, ABSOLUTE_SLACK)
     return {
         "median_abs_pct_error": float(np.median(np.abs(pct))),
         "worst_under_pct": float(max(0.0, -pct.min())),
@@ -100,7 +98,8 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     """Fit a linear upper bound of task peaks that stays safe beyond the profiled shapes.
 
     1. The coefficients come from the **larger half** of the profiles (by peak), with
-       scikit-learn's ``LinearRegression(positive=True)`` weighted by ``1 / peak``. That is the
+       scikit-learn's ``LinearRegression(positive=True)`` weighted by ``1 / peak`` (a peak
+       under :data:`ABSOLUTE_SLACK`, 0 bytes included, weighs as that much). That is the
        regime plans are made in, and its slope is the one that extrapolates: a task's peak is
        often the maximum of phases (GST3D: the tensor phase for large blocks, the eigen-solver's
        fixed slab buffers for small ones), a convex curve that any line fitted across the
@@ -128,7 +127,7 @@ def fit_linear(features: Mapping[str, np.ndarray], peaks: np.ndarray) -> LinearF
     large = y >= np.median(y)
     scale = np.maximum(np.abs(x).max(axis=0), 1.0)  # conditioning: features span many decades
     reg = LinearRegression(positive=True).fit(
-        x[large] / scale, y[large], sample_weight=1.0 / y[large]
+        x[large] / scale, y[large], sample_weight=1.0 / np.maximum(y[large], ABSOLUTE_SLACK)
     )
     coefficients = reg.coef_ / scale
     intercept = max(0.0, float(reg.intercept_))
