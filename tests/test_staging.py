@@ -107,7 +107,7 @@ def test_the_staged_store_is_not_compressed(tmp_path, threaded):
     array = time_chunked((60, 40, 40), (10, 40, 40))
     site = staging.StagingSite(tmp_path, 10**9, 0.0)
     staged = staging.stage(array, site)
-    (store,) = tmp_path.glob("memchunk-staged-*")
+    (store,) = tmp_path.glob("memchunk-staged-*.zarr")
     assert not zarr.open_array(store / "t", mode="r").compressors
     np.testing.assert_array_equal(staged.values, array.values)
 

@@ -18,7 +18,8 @@ The store lives in the staging directory: the dask config key ``memchunk.staging
 dask's ``temporary-directory``, else the system's temporary directory. Where workers run on
 other machines (a cluster that is not a ``LocalCluster``), only a configured
 ``memchunk.staging-dir`` is used: the workers must share it. Staging is refused when the
-directory lacks room for the data. The store is removed when the Python process exits.
+directory lacks room for the data. The store is removed when the Python process exits, and
+by a later plan's staging where that process was killed (:mod:`.staged_stores`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import xarray as xr
 from ..clusters import workers_on_this_machine
 from ..units import format_seconds, format_size, format_size_up
 from .sources import file_backend, read_chunked
+from .staged_stores import STORE_PREFIX, claim, release, remove_orphans
 
 __all__ = [
     "CHUNK_FILE_BYTES",
@@ -185,6 +187,8 @@ def disk_bandwidth(directory: str) -> float:
 def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True) -> StagingSite:
     """Where ``nbytes`` of staged data would be written, and whether they fit there.
 
+    The stores that killed processes of this host left there are removed first
+    (:func:`~xarray_memchunk.operators.staged_stores.remove_orphans`): their space is free.
     ``measure_bandwidth=False`` writes nothing to measure the disk (``plan(measure="never")``):
     the site's bandwidth is then 0, not measured.
     """
@@ -193,6 +197,7 @@ def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True
         return StagingSite(Path(), 0, 0.0, source)
     try:
         directory.mkdir(parents=True, exist_ok=True)
+        remove_orphans(directory)
         free = shutil.disk_usage(directory).free
         bandwidth = disk_bandwidth(str(directory)) if measure_bandwidth else 0.0
     except OSError as exc:
@@ -391,10 +396,6 @@ def staging_chunks(
     return StagingChunks(store, write, source)
 
 
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = None) -> xr.DataArray:
     """Write ``da`` to a new Zarr store in ``site`` now; ``da`` read from it.
 
@@ -408,7 +409,9 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     task rechunk (``array.rechunk.method: tasks``), which Dask fuses with the write: a write
     task holds the chunks it merges beside the merged one (:data:`MERGE_COPIES`). The write
     runs on the active scheduler (a distributed client's workers, or threads). The store is
-    removed when this process exits, and at once if the write fails.
+    removed when this process exits, and at once if the write fails; an owner file beside it
+    (:func:`~xarray_memchunk.operators.staged_stores.claim`) lets a later plan remove it where
+    this process is killed.
 
     Raises
     ------
@@ -419,8 +422,8 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
 
     from ..errors import MemchunkError
 
-    path = site.directory / f"memchunk-staged-{uuid.uuid4().hex[:12]}.zarr"
-    atexit.register(_remove, path)
+    path = site.directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
+    atexit.register(release, path)
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable
     if chunks is None:
@@ -445,9 +448,10 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     staged.variables[str(name)].encoding["chunks"] = tuple(store[d] for d in da.dims)
     staged.variables[str(name)].encoding |= UNCOMPRESSED
     try:
+        claim(path)  # before the store: a process killed while writing it leaves an owner
         staged.to_zarr(path, mode="w-", consolidated=False)
     except Exception as exc:
-        _remove(path)
+        release(path)
         raise MemchunkError(
             f"staging the data in {path.parent} failed ({type(exc).__name__}: {exc}); nothing "
             f"is left there. Set {STAGING_DIR_KEY!r} to another directory, or give the "

@@ -1,0 +1,91 @@
+"""Staged stores left by killed processes are removed by the next plan that stages."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import dask
+import psutil
+
+from xarray_memchunk.operators import staged_stores, staging
+
+SCRIPT = """\
+import os, signal
+import dask, dask.array as da, xarray as xr
+import xarray_memchunk
+dask.config.set({{"memchunk.staging-dir": {directory!r}}})
+data = da.random.default_rng(3).random((600, 200, 200), chunks=(50, 200, 200))
+t = xr.DataArray(data, dims=("time", "y", "x"), name="t")
+median = t.memchunk.apply("median", dim="time", memory_limit="0.5GB")
+assert median.isel(y=0, x=0).compute() >= 0
+os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` ends it: no exit handlers run
+"""
+
+
+def test_a_store_of_a_killed_script_is_removed_by_the_next_staging(tmp_path):
+    # a plain script (no __main__ guard) stages its median, then is killed as `timeout` kills
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT.format(directory=str(tmp_path / "staging")))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert done.returncode == -15, done.stderr
+    (left,) = (tmp_path / "staging").glob("memchunk-staged-*.zarr")
+    assert staged_stores.owner_file(left).exists()
+    own = staging.stage(_small(), staging.StagingSite(tmp_path / "staging", 10**9, 0.0))
+    with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path / "staging")}):
+        site = staging.staging_site(10**6, measure_bandwidth=False)
+    assert not site.refusal
+    assert not left.exists() and not staged_stores.owner_file(left).exists()
+    # this process's own store, still read, is kept
+    (kept,) = (tmp_path / "staging").glob("memchunk-staged-*.zarr")
+    assert own.sum().compute() > 0 and kept.exists()
+
+
+def _small():
+    import dask.array as da
+    import xarray as xr
+
+    data = da.random.default_rng(1).random((20, 10, 10), chunks=(5, 10, 10))
+    return xr.DataArray(data, dims=("time", "y", "x"), name="t")
+
+
+def _owned(directory, name, **owner):
+    store = directory / f"memchunk-staged-{name}.zarr"
+    store.mkdir()
+    (store / "zarr.json").write_text("{}")
+    staged_stores.owner_file(store).write_text(json.dumps(owner))
+    return store
+
+
+def test_only_stores_of_ended_processes_on_this_host_are_removed(tmp_path):
+    host, me = socket.gethostname(), psutil.Process()
+    mine = _owned(tmp_path, "a" * 12, host=host, pid=me.pid, started=me.create_time())
+    reused = _owned(tmp_path, "b" * 12, host=host, pid=me.pid, started=me.create_time() - 3600)
+    other_host = _owned(tmp_path, "c" * 12, host=host + "-other", pid=10**7, started=0.0)
+    unreadable = _owned(tmp_path, "d" * 12)
+    staged_stores.owner_file(unreadable).write_text("{not json")
+    without_owner = tmp_path / f"memchunk-staged-{'e' * 12}.zarr"
+    without_owner.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ended = _owned(tmp_path, "f" * 12, host=host, pid=dead.pid, started=0.0)
+    orphan_owner = staged_stores.owner_file(tmp_path / f"memchunk-staged-{'0' * 12}.zarr")
+    orphan_owner.write_text(json.dumps({"host": host, "pid": dead.pid, "started": 0.0}))
+
+    removed = staged_stores.remove_orphans(tmp_path)
+
+    assert removed == [reused, ended]  # a process id reused by this process; one ended
+    assert not reused.exists() and not ended.exists() and not orphan_owner.exists()
+    assert all(p.exists() for p in (mine, other_host, unreadable, without_owner))
+
+
+def test_the_owner_file_names_this_process_and_is_written_whole(tmp_path):
+    store = tmp_path / "memchunk-staged-123456789abc.zarr"
+    staged_stores.claim(store)
+    owner = json.loads(staged_stores.owner_file(store).read_text())
+    assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
+    assert abs(owner["started"] - psutil.Process().create_time()) < 1e-6
+    assert [p.name for p in tmp_path.iterdir()] == [staged_stores.owner_file(store).name]
+    staged_stores.release(store)
+    assert not list(tmp_path.iterdir())
