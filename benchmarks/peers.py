@@ -53,7 +53,7 @@ from dask.utils import parse_bytes
 from harness.fresh import fresh_client
 from harness.timeouts import within
 
-import xarray_memchunk  # noqa: F401  (the .memchunk accessor)
+import xarray_memchunk  # the .memchunk accessor, and remove_staged_stores
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
 from xarray_memchunk.models.profiling import RssSampler
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block, halo_depth
@@ -366,6 +366,7 @@ def run_one(row: str, tool: str, inputs: Inputs, limit: str, spec: Any, timeout:
                     method = "cohorts" if tool == "flox-cohorts" else None
                     build = functools.partial(dask_work, method=method)
                 result.outcome = watch(client, tool, timed(lambda: build(row, inputs)))
+    xarray_memchunk.remove_staged_stores()  # computed: its staged input is not read again
     result.client_peak = client_peak.peak
     result.value = values[0] if values else None
     return result

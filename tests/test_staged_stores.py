@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import dask
+import numpy as np
 import psutil
 
 from xarray_memchunk.operators import staged_stores, staging
@@ -89,3 +90,16 @@ def test_the_owner_file_names_this_process_and_is_written_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [staged_stores.owner_file(store).name]
     staged_stores.release(store)
     assert not list(tmp_path.iterdir())
+
+
+def test_remove_staged_stores_frees_the_disk_once_the_results_are_computed(tmp_path, threaded):
+    import xarray_memchunk as xm
+
+    data = _small()
+    staged = staging.stage(data, staging.StagingSite(tmp_path, 10**9, 0.0))
+    median = staged.median("time").persist()  # computed: the store is no longer read
+    (store,) = tmp_path.glob("memchunk-staged-*.zarr")
+    assert store in xm.remove_staged_stores()  # with any an earlier test left in this process
+    assert not list(tmp_path.iterdir())  # the store and its owner file
+    np.testing.assert_allclose(median.values, np.median(data.values, axis=0))
+    assert xm.remove_staged_stores() == []

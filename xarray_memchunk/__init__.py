@@ -37,6 +37,7 @@ from .operators import (
     operator_names,
     register_operator,
 )
+from .operators.staged_stores import remove_staged_stores
 from .planning.plan import ChunkPlan
 from .planning.problem import DimRole
 
@@ -68,6 +69,7 @@ __all__ = [
     "operator_names",
     "plan",
     "register_operator",
+    "remove_staged_stores",
     "report",
     "resolve_budget",
     "self_calibrate",

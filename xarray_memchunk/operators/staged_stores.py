@@ -13,18 +13,32 @@ space, for stores whose owner ran on this host and is gone (no such process, or 
 process under the same id), and removes them. A store of another host (a shared staging
 directory), of a process still running, or without an owner file (written by an older
 version) is left alone.
+
+A process keeps its stores until it exits: each staged ``apply`` writes one, and its result
+reads from it whenever it is computed. 12 of them (29 GB) gathered in one run of
+``benchmarks/peers.py``. :func:`remove_staged_stores` removes them earlier, once what was
+computed from them is computed or persisted.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import shutil
 import socket
+import threading
 from pathlib import Path
 
-__all__ = ["STORE_PREFIX", "claim", "owner_file", "release", "remove_orphans"]
+__all__ = [
+    "STORE_PREFIX",
+    "claim",
+    "owner_file",
+    "release",
+    "remove_orphans",
+    "remove_staged_stores",
+]
 
 #: How staged stores are named in the staging directory: ``<prefix><12 hex digits>.zarr``.
 STORE_PREFIX = "memchunk-staged-"
@@ -47,11 +61,20 @@ def _this_process() -> dict[str, object]:
     }
 
 
+#: The stores this process claimed and has not released, with the id of the process that
+#: claimed each: a child forked from this process inherits the table, not the stores.
+_OWN: dict[Path, int] = {}
+_OWN_LOCK = threading.Lock()
+
+
 def claim(store: Path) -> None:
     """Write ``store``'s owner file (this process), before the store is written.
 
-    Written to a temporary name and renamed, so that no reader sees half of it.
+    Written to a temporary name and renamed, so that no reader sees half of it. The store is
+    released when this process exits, or by :func:`remove_staged_stores`.
     """
+    with _OWN_LOCK:
+        _OWN[store] = os.getpid()
     target = owner_file(store)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     partial.write_text(json.dumps(_this_process()))
@@ -62,6 +85,32 @@ def release(store: Path) -> None:
     """Remove ``store`` and its owner file (either may be missing)."""
     shutil.rmtree(store, ignore_errors=True)
     owner_file(store).unlink(missing_ok=True)
+    with _OWN_LOCK:
+        _OWN.pop(store, None)
+
+
+def remove_staged_stores() -> list[Path]:
+    """Remove the data this process staged on disk, to free the disk before it exits.
+
+    A plan that stages (a rechunk no worker's memory holds) writes its input to a temporary
+    Zarr store, and its result reads from that store each time it is computed. The stores are
+    removed when this Python process exits; a long session (a notebook, a script over many
+    variables) keeps one per staged ``apply`` until then. Call this once every result of a
+    staged plan is computed, written or persisted: one computed after it fails, its data gone.
+
+    Returns
+    -------
+    list of Path
+        The stores removed.
+    """
+    with _OWN_LOCK:
+        stores = sorted(p for p, pid in _OWN.items() if pid == os.getpid())
+    for store in stores:
+        release(store)
+    return stores
+
+
+atexit.register(remove_staged_stores)
 
 
 def _gone(owner: dict[str, object]) -> bool:

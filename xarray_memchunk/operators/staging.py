@@ -24,7 +24,6 @@ by a later plan's staging where that process was killed (:mod:`.staged_stores`).
 
 from __future__ import annotations
 
-import atexit
 import importlib.metadata
 import math
 import os
@@ -409,7 +408,8 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     task rechunk (``array.rechunk.method: tasks``), which Dask fuses with the write: a write
     task holds the chunks it merges beside the merged one (:data:`MERGE_COPIES`). The write
     runs on the active scheduler (a distributed client's workers, or threads). The store is
-    removed when this process exits, and at once if the write fails; an owner file beside it
+    removed when this process exits or :func:`~xarray_memchunk.operators.staged_stores.
+    remove_staged_stores` is called, and at once if the write fails; an owner file beside it
     (:func:`~xarray_memchunk.operators.staged_stores.claim`) lets a later plan remove it where
     this process is killed.
 
@@ -423,7 +423,6 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     from ..errors import MemchunkError
 
     path = site.directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
-    atexit.register(release, path)
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable
     if chunks is None:
