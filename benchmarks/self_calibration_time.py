@@ -12,9 +12,13 @@ first ``plan()`` in each place: the calibration, and the measurement of the inpu
 (the volume is made by a Dask graph), which runs while the measuring process starts. The
 "next plan" rows time the seed's plan after a first plan of another function (a 5-point
 smoothing) in the same process: the probe process is kept between calibrations, and a
-cluster's worker has imported what the first needed. ``--code``
-names checkouts of this repository to compare (each put first on ``PYTHONPATH``); their runs
-alternate, and the table gives each one's median. ``--places`` picks rows.
+cluster's worker has imported what the first needed. The "first plan, later process" row
+times the first plan of a fresh Python whose calibration directory an earlier process
+(untimed, a "first plan, probe process" run) filled: a calibration is saved and found again
+by the function's code, dims and dtype, so a script run again plans without measuring.
+``--code`` names checkouts of this repository to compare (each put first on
+``PYTHONPATH``); their runs alternate, and the table gives each one's median. ``--places``
+picks rows.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 CLUSTER = "LocalCluster 2 x 1.5GB"
+LATER = "first plan, later process"
 PLACES = (
     "probe process",
     CLUSTER,
@@ -38,6 +43,7 @@ PLACES = (
     f"first plan, {CLUSTER}",
     "next plan, probe process",
     f"next plan, {CLUSTER}",
+    LATER,
 )
 
 
@@ -50,7 +56,10 @@ def _smooth5(block):
 
 def one(place: str) -> None:
     """Self-calibrate (or plan) once here and print what it took, as a JSON line."""
-    os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    if place != LATER:
+        os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    elif "MEMCHUNK_CALIBRATION_DIR" not in os.environ:  # main() names the earlier process's
+        raise SystemExit(f"{LATER!r} plans in the calibration directory an earlier run filled")
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
@@ -67,7 +76,7 @@ def one(place: str) -> None:
         if place.startswith("next plan"):  # another function first, untimed
             volume.memchunk.plan(smooth5, memory_limit="1.5GB")
         started = time.perf_counter()
-        if place.startswith(("first plan", "next plan")):
+        if place.startswith(("first plan", "next plan")):  # LATER included
             volume.memchunk.plan(seed_gst3d, memory_limit="1.5GB")
         else:
             self_calibrate(seed_gst3d, volume, kwargs, per_task)
@@ -96,6 +105,19 @@ def one(place: str) -> None:
     )
 
 
+def _run_one(place: str, code: str, env: dict[str, str]) -> dict:
+    """Run :func:`one` in a fresh Python in checkout ``code``, whose probe processes import it."""
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--one", place],
+        cwd=Path(code).resolve(),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--code", nargs="+", default=["."], help="checkouts to compare")
@@ -111,15 +133,10 @@ def main() -> None:
         for _ in range(args.repeats):
             for code in args.code:  # alternated
                 env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
-                done = subprocess.run(  # in the checkout: its probe processes import it
-                    [sys.executable, str(Path(__file__).resolve()), "--one", place],
-                    cwd=Path(code).resolve(),
-                    capture_output=True,
-                    text=True,
-                    env=env,
-                    check=True,
-                )
-                record = json.loads(done.stdout.strip().splitlines()[-1])
+                if place == LATER:  # an earlier process calibrates, untimed
+                    env["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+                    _run_one("first plan, probe process", code, env)
+                record = _run_one(place, code, env)
                 runs.setdefault((place, code), []).append(record)
                 print(f"{place:<36} {code}: {record['seconds']:.2f} s", flush=True)
     print("\n| where the blocks run | code | median s | runs s | blocks | largest block |")
