@@ -36,6 +36,9 @@ from pathlib import Path
 
 CLUSTER = "LocalCluster 2 x 1.5GB"
 LATER = "first plan, later process"
+#: The environment variable naming the calibration directory a LATER run and its earlier
+#: process share (each other run calibrates into a new one).
+SHARED_DIR = "SELF_CALIBRATION_TIME_DIR"
 PLACES = (
     "probe process",
     CLUSTER,
@@ -56,10 +59,11 @@ def _smooth5(block):
 
 def one(place: str) -> None:
     """Self-calibrate (or plan) once here and print what it took, as a JSON line."""
-    if place != LATER:
-        os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
-    elif "MEMCHUNK_CALIBRATION_DIR" not in os.environ:  # main() names the earlier process's
+    shared = os.environ.get(SHARED_DIR)  # main() names it for LATER and its earlier process
+    if place == LATER and not shared:
         raise SystemExit(f"{LATER!r} plans in the calibration directory an earlier run filled")
+    fresh = shared or tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    os.environ["MEMCHUNK_CALIBRATION_DIR"] = fresh
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
@@ -134,7 +138,7 @@ def main() -> None:
             for code in args.code:  # alternated
                 env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
                 if place == LATER:  # an earlier process calibrates, untimed
-                    env["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+                    env[SHARED_DIR] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
                     _run_one("first plan, probe process", code, env)
                 record = _run_one(place, code, env)
                 runs.setdefault((place, code), []).append(record)
