@@ -9,6 +9,7 @@ import sys
 import dask
 import numpy as np
 import psutil
+import pytest
 
 from xarray_memchunk.operators import staged_stores, staging
 
@@ -59,20 +60,33 @@ def _owned(directory, name, **owner):
     return store
 
 
-def test_only_stores_of_ended_processes_on_this_host_are_removed(tmp_path):
-    host, me = socket.gethostname(), psutil.Process()
-    mine = _owned(tmp_path, "a" * 12, host=host, pid=me.pid, started=me.create_time())
-    reused = _owned(tmp_path, "b" * 12, host=host, pid=me.pid, started=me.create_time() - 3600)
-    other_host = _owned(tmp_path, "c" * 12, host=host + "-other", pid=10**7, started=0.0)
+def _owner(pid, /, **changed):
+    """An owner file's fields for process ``pid`` as this machine writes them, then ``changed``."""
+    process = psutil.Process(pid)
+    owner = staged_stores._machine() | {"pid": pid, "started": process.create_time()}
+    if "boot_id" in owner:
+        owner["start_ticks"] = staged_stores._linux_start(pid)[0]
+    return owner | changed
+
+
+def test_only_stores_of_ended_processes_here_are_removed(tmp_path):
+    me = os.getpid()
+    mine = _owned(tmp_path, "a" * 12, **_owner(me))
+    earlier = _owner(me, started=psutil.Process().create_time() - 3600)
+    if "start_ticks" in earlier:  # Linux: the start in ticks after boot is what is compared
+        earlier["start_ticks"] -= 1000
+    reused = _owned(tmp_path, "b" * 12, **earlier)
+    other_host = _owned(tmp_path, "c" * 12, **_owner(me, host="another-host", pid=2**22 + 7))
     unreadable = _owned(tmp_path, "d" * 12)
     staged_stores.owner_file(unreadable).write_text("{not json")
     without_owner = tmp_path / f"memchunk-staged-{'e' * 12}.zarr"
     without_owner.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    ended = _owned(tmp_path, "f" * 12, host=host, pid=dead.pid, started=0.0)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended_owner = _owner(child.pid)
+    child.wait()
+    ended = _owned(tmp_path, "f" * 12, **ended_owner)
     orphan_owner = staged_stores.owner_file(tmp_path / f"memchunk-staged-{'0' * 12}.zarr")
-    orphan_owner.write_text(json.dumps({"host": host, "pid": dead.pid, "started": 0.0}))
+    orphan_owner.write_text(json.dumps(ended_owner))
 
     removed = staged_stores.remove_orphans(tmp_path)
 
@@ -81,12 +95,39 @@ def test_only_stores_of_ended_processes_on_this_host_are_removed(tmp_path):
     assert all(p.exists() for p in (mine, other_host, unreadable, without_owner))
 
 
+def test_a_store_of_a_killed_process_not_yet_reaped_is_removed(tmp_path):
+    # a harness that holds its Popen: the killed child stays a zombie until it is waited for
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    store = _owned(tmp_path, "a" * 12, **_owner(child.pid))
+    child.kill()
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        pass
+    try:
+        assert staged_stores.remove_orphans(tmp_path) == [store]
+    finally:
+        child.wait()
+
+
+def test_a_store_of_another_pid_namespace_or_boot_is_left(tmp_path):
+    # containers sharing a host name and a staging directory number their processes apart
+    machine = staged_stores._machine()
+    if "boot_id" not in machine:
+        return  # elsewhere than Linux, the host name is all that is compared
+    gone = 2**22 + 11  # above Linux's largest pid: no such process here
+    namespace = _owned(tmp_path, "a" * 12, **_owner(os.getpid(), pid=gone, pid_namespace=1))
+    boot = _owned(tmp_path, "b" * 12, **_owner(os.getpid(), pid=gone, boot_id="another"))
+    here = _owned(tmp_path, "c" * 12, **_owner(os.getpid(), pid=gone))
+    assert staged_stores.remove_orphans(tmp_path) == [here]
+    assert namespace.exists() and boot.exists()
+
+
 def test_the_owner_file_names_this_process_and_is_written_whole(tmp_path):
     store = tmp_path / "memchunk-staged-123456789abc.zarr"
     staged_stores.claim(store)
     owner = json.loads(staged_stores.owner_file(store).read_text())
     assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
     assert abs(owner["started"] - psutil.Process().create_time()) < 1e-6
+    assert {"boot_id", "pid_namespace", "start_ticks"} <= set(owner) or sys.platform != "linux"
     assert [p.name for p in tmp_path.iterdir()] == [staged_stores.owner_file(store).name]
     staged_stores.release(store)
     assert not list(tmp_path.iterdir())
@@ -103,3 +144,6 @@ def test_remove_staged_stores_frees_the_disk_once_the_results_are_computed(tmp_p
     assert not list(tmp_path.iterdir())  # the store and its owner file
     np.testing.assert_allclose(median.values, np.median(data.values, axis=0))
     assert xm.remove_staged_stores() == []
+    # computed again after its store is gone: an error, where zarr read the fill value (NaN)
+    with pytest.raises(xm.MemchunkError, match=r"staged data this result reads .* was removed"):
+        staged.compute()

@@ -7,12 +7,13 @@ stays on the staging disk: 2.4 GB per staged plan of ``benchmarks/peers.py``'s c
 project's machine 17 of them (37.2 GiB) gathered in a day of benchmark runs ended by
 ``timeout``, until Dask's P2P rechunk ran out of disk beside them.
 
-So each store gets an owner file beside it, written before the store (JSON: the host, the
-process id and the process's start time). Staging looks, before it weighs the disk's free
-space, for stores whose owner ran on this host and is gone (no such process, or another
-process under the same id), and removes them. A store of another host (a shared staging
-directory), of a process still running, or without an owner file (written by an older
-version) is left alone.
+So each store gets an owner file beside it, written before the store (JSON: the host name,
+on Linux the boot's id and the pid namespace, the process id and the process's start, in
+clock ticks after boot on Linux). Staging looks, before it weighs the disk's free space, for
+stores whose owner ran on this machine and namespace and is gone (no such process, a zombie,
+or another process under the same id), and removes them. A store of another machine or
+namespace (a shared staging directory), of a process still running, or without a readable
+owner file (written by an older version) is left alone.
 
 A process keeps its stores until it exits: each staged ``apply`` writes one, and its result
 reads from it whenever it is computed. 12 of them gathered in one run of
@@ -51,14 +52,41 @@ def owner_file(store: Path) -> Path:
     return store.with_name(store.name + OWNER_SUFFIX)
 
 
+def _machine() -> dict[str, object]:
+    """What tells this machine and its process namespace apart from others sharing a directory.
+
+    The host name and, on Linux, the boot's id and this process's pid namespace: containers
+    sharing a host name and a staging directory number their processes apart.
+    """
+    machine: dict[str, object] = {"host": socket.gethostname()}
+    with contextlib.suppress(OSError):
+        machine["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        machine["pid_namespace"] = os.stat("/proc/self/ns/pid").st_ino
+    return machine
+
+
+def _linux_start(pid: int) -> tuple[int, bool] | None:
+    """A Linux process's start, and whether it has ended unreaped (a zombie).
+
+    The start is in clock ticks after boot, which no change of the clock moves. None where
+    ``/proc`` does not list the process.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold ")"
+    return int(fields[19]), fields[0] == "Z"
+
+
 def _this_process() -> dict[str, object]:
     import psutil
 
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "started": psutil.Process().create_time(),
-    }
+    owner = _machine() | {"pid": os.getpid(), "started": psutil.Process().create_time()}
+    linux = _linux_start(os.getpid()) if "boot_id" in owner else None
+    if linux is not None:
+        owner["start_ticks"] = linux[0]
+    return owner
 
 
 #: The stores this process claimed and has not released, with the id of the process that
@@ -82,11 +110,12 @@ def claim(store: Path) -> None:
 
 
 def release(store: Path) -> None:
-    """Remove ``store`` and its owner file (either may be missing)."""
-    shutil.rmtree(store, ignore_errors=True)
-    owner_file(store).unlink(missing_ok=True)
+    """Remove ``store`` and its owner file (either may be missing, or not removable)."""
     with _OWN_LOCK:
         _OWN.pop(store, None)
+    shutil.rmtree(store, ignore_errors=True)
+    with contextlib.suppress(OSError):  # a read-only disk: nothing was written there either
+        owner_file(store).unlink(missing_ok=True)
 
 
 def remove_staged_stores() -> list[Path]:
@@ -96,7 +125,10 @@ def remove_staged_stores() -> list[Path]:
     Zarr store, and its result reads from that store each time it is computed. The stores are
     removed when this Python process exits; a long session (a notebook, a script over many
     variables) keeps one per staged ``apply`` until then. Call this once every result of a
-    staged plan is computed, written or persisted: one computed after it fails, its data gone.
+    staged plan is computed, written or persisted, and not while another thread stages: a
+    result computed after its store is removed raises a
+    :class:`~xarray_memchunk.MemchunkError` that says so
+    (:class:`~xarray_memchunk.operators.staged_zarr.StagedStore`).
 
     Returns
     -------
@@ -114,17 +146,29 @@ atexit.register(remove_staged_stores)
 
 
 def _gone(owner: dict[str, object]) -> bool:
-    """Whether the process ``owner`` names ran on this host and has ended."""
+    """Whether the process ``owner`` names ran here and has ended (or ended unreaped: a zombie).
+
+    Here: on this machine, in this pid namespace (:func:`_machine`).
+    """
     import psutil
 
-    if owner.get("host") != socket.gethostname():
+    machine = _machine()
+    if any(owner.get(key) != value for key, value in machine.items()):
         return False
-    pid, started = owner.get("pid"), owner.get("started")
-    if not isinstance(pid, int) or not isinstance(started, int | float):
+    pid, started, ticks = owner.get("pid"), owner.get("started"), owner.get("start_ticks")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if "boot_id" in machine:  # Linux: the start in ticks after boot, whatever the clock did
+        if not isinstance(ticks, int):
+            return False
+        linux = _linux_start(pid)
+        return linux is None or linux[1] or linux[0] != ticks
+    if not isinstance(started, int | float):
         return False
     try:
+        process = psutil.Process(pid)
         # a process id is reused: the one running under it must be the one that started then
-        return abs(psutil.Process(pid).create_time() - started) > 1.0
+        return process.status() == psutil.STATUS_ZOMBIE or abs(process.create_time() - started) > 1
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:  # not ours to look at (access denied): it may be running

@@ -395,6 +395,18 @@ def staging_chunks(
     return StagingChunks(store, write, source)
 
 
+def _read_store(path: Path) -> Any:
+    """What a staged result reads ``path`` through: a store that fails once it is removed.
+
+    :class:`~xarray_memchunk.operators.staged_zarr.StagedStore`; the path itself on zarr 2.
+    """
+    try:
+        from .staged_zarr import StagedStore
+    except ImportError:  # zarr 2
+        return path
+    return StagedStore(path, read_only=True)
+
+
 def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = None) -> xr.DataArray:
     """Write ``da`` to a new Zarr store in ``site`` now; ``da`` read from it.
 
@@ -456,7 +468,7 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
             f"is left there. Set {STAGING_DIR_KEY!r} to another directory, or give the "
             f"workers more memory"
         ) from exc
-    read = xr.open_zarr(path, consolidated=False, chunks={})[str(name)]
+    read = xr.open_zarr(_read_store(path), consolidated=False, chunks={})[str(name)]
     result = da.copy(data=read.data)
     result.encoding = dict(read.encoding)
     return result
