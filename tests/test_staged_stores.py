@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import dask
 import numpy as np
@@ -100,9 +101,12 @@ def test_a_store_of_a_killed_process_not_yet_reaped_is_removed(tmp_path):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     store = _owned(tmp_path, "a" * 12, **_owner(child.pid))
     child.kill()
-    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
-        pass
+    for _ in range(1000):  # until the kernel has ended it (at most 10 s)
+        if psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.01)
     try:
+        assert psutil.Process(child.pid).status() == psutil.STATUS_ZOMBIE
         assert staged_stores.remove_orphans(tmp_path) == [store]
     finally:
         child.wait()
