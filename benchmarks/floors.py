@@ -234,9 +234,7 @@ def run_svd_tool(row: str, tool: str, matrix: Path, limit: str, timeout: float) 
         found["total"] = float(plan.apply()["S"][:COMPONENTS].sum().values)
         found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
 
-    watched = _watched(work, limit, timeout, tool)
-    xarray_memchunk.remove_staged_stores()  # computed: its staged input is not read again
-    return found | watched
+    return found | _watched(work, limit, timeout, tool)
 
 
 def run_gst3d_tool(tool: str, volume: Path, limit: str, timeout: float) -> dict:
@@ -257,9 +255,7 @@ def run_gst3d_tool(tool: str, volume: Path, limit: str, timeout: float) -> dict:
             found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
         found["total"] = float(dip.astype("float64").sum().compute())
 
-    watched = _watched(work, limit, timeout, tool)
-    xarray_memchunk.remove_staged_stores()  # computed: its staged input is not read again
-    return found | watched
+    return found | _watched(work, limit, timeout, tool)
 
 
 def _structure_tensor(volume: Path, timeout: float) -> dict:
@@ -306,9 +302,13 @@ def _structure_tensor(volume: Path, timeout: float) -> dict:
 
 
 def _watched(work: Any, limit: str, timeout: float, tool: str) -> dict:
-    """``work`` run on a fresh ``LocalCluster`` of 2 workers x 1 thread x ``limit``, watched."""
+    """``work`` run on a fresh ``LocalCluster`` of 2 workers x 1 thread x ``limit``, watched.
+
+    What it staged is removed after it (computed: not read again).
+    """
     with fresh_client(2, 1, limit) as client:
         outcome = watch(client, tool, lambda: within(timeout, work))
+    xarray_memchunk.remove_staged_stores()
     return {
         "completed": outcome.completed,
         "error": outcome.error,
@@ -342,9 +342,7 @@ def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict
         found["staged"] = any("temporary Zarr store" in note for note in plan.notes)
         found["not_staged"] = next((n for n in plan.notes if n.startswith("not staged")), "")
 
-    watched = _watched(work, limit, timeout, tool)
-    xarray_memchunk.remove_staged_stores()  # computed: its staged input is not read again
-    return found | watched
+    return found | _watched(work, limit, timeout, tool)
 
 
 def main() -> None:

@@ -62,8 +62,8 @@ def one(place: str) -> None:
     shared = os.environ.get(SHARED_DIR)  # main() names it for LATER and its earlier process
     if place == LATER and not shared:
         raise SystemExit(f"{LATER!r} plans in the calibration directory an earlier run filled")
-    fresh = shared or tempfile.mkdtemp(prefix="memchunk-selfcal-")
-    os.environ["MEMCHUNK_CALIBRATION_DIR"] = fresh
+    directory = shared or tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    os.environ["MEMCHUNK_CALIBRATION_DIR"] = directory
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d

@@ -831,8 +831,9 @@ def _prepare_one(
         choice = staged_if_faster(costs, alternative.targets, in_memory_plan, problem, resolved)
         faster = choice.staged
         if faster is None:
-            notes = (*in_memory_plan.notes, choice.why_not) if choice.why_not else ()
-            kept = replace(in_memory_plan, notes=notes) if notes else in_memory_plan
+            kept = in_memory_plan
+            if choice.why_not:
+                kept = replace(kept, notes=(*kept.notes, choice.why_not))
             return _Prepared(operator, kwargs, costs, kept), []
         prepared = _Prepared(
             operator, kwargs, costs, faster.plan, faster.variables, faster.site, faster.chunks

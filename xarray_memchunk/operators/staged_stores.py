@@ -145,14 +145,13 @@ def remove_staged_stores() -> list[Path]:
 atexit.register(remove_staged_stores)
 
 
-def _gone(owner: dict[str, object]) -> bool:
+def _gone(owner: dict[str, object], machine: dict[str, object]) -> bool:
     """Whether the process ``owner`` names ran here and has ended (or ended unreaped: a zombie).
 
-    Here: on this machine, in this pid namespace (:func:`_machine`).
+    Here: on this ``machine``, in this pid namespace (:func:`_machine`).
     """
     import psutil
 
-    machine = _machine()
     if any(owner.get(key) != value for key, value in machine.items()):
         return False
     pid, started, ticks = owner.get("pid"), owner.get("started"), owner.get("start_ticks")
@@ -183,11 +182,11 @@ def remove_orphans(directory: Path) -> list[Path]:
     list of Path
         The stores removed (an owner file whose store is missing is removed, not listed).
     """
-    removed = []
+    removed, machine = [], _machine()
     for marker in sorted(directory.glob(f"{STORE_PREFIX}*.zarr{OWNER_SUFFIX}")):
         with contextlib.suppress(OSError, ValueError):
             owner = json.loads(marker.read_text())
-            if not isinstance(owner, dict) or not _gone(owner):
+            if not isinstance(owner, dict) or not _gone(owner, machine):
                 continue
             store = marker.with_name(marker.name.removesuffix(OWNER_SUFFIX))
             if store.exists():

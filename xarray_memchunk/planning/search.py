@@ -143,14 +143,12 @@ def _infeasible(
     if needed is not None:
         # the workers of this process are planned as one worker of all their threads
         here = budget.in_this_process
-        per = "per worker"
         if here:
             per = "in all in this process, whose workers pause on all it holds"
-        fewer = (
-            "or run fewer threads in all (workers x threads per worker)"
-            if here
-            else "or run fewer threads per worker (each thread runs a task at once)"
-        )
+            fewer = "or run fewer threads in all (workers x threads per worker)"
+        else:
+            per = "per worker"
+            fewer = "or run fewer threads per worker (each thread runs a task at once)"
         advice += [
             f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
             f"{threads} thread{'' if threads == 1 else 's'} {per}",
