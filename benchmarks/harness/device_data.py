@@ -11,7 +11,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-__all__ = ["noise", "pinned_copy", "to_host"]
+__all__ = ["HostTarget", "noise", "pinned_copy", "to_host"]
 
 
 def _block(x, block_id=None, xp=np, seed: int = 0):
@@ -77,3 +77,45 @@ def to_host(array: da.Array, pinned: bool = True) -> da.Array:
     """
     meta = np.empty((0,) * array.ndim, dtype=array.dtype)
     return array.map_blocks(pinned_copy if pinned else _pageable, meta=meta)
+
+
+class HostTarget:
+    """One preallocated page-locked host array that ``dask.array.store`` copies CuPy blocks into.
+
+    The floor of a result that leaves the GPU: each block goes by DMA straight to its place in
+    the one host array (plane by plane with ``cudaMemcpy2DAsync`` where the place is strided),
+    with no pageable staging and no concatenation afterwards (what ``compute()`` does to
+    make one NumPy array). The array is allocated once, as an output file would be.
+    """
+
+    def __init__(self, shape: Sequence[int], dtype) -> None:
+        import cupy
+
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        size = int(np.prod(self.shape))
+        self._memory = cupy.cuda.alloc_pinned_memory(size * self.dtype.itemsize)
+        self.array = np.frombuffer(self._memory, self.dtype, size).reshape(self.shape)
+
+    def __setitem__(self, region, block) -> None:
+        import cupy
+
+        block = cupy.ascontiguousarray(block)
+        view = self.array[region]
+        if view.flags.c_contiguous:
+            block.get(out=view)
+            return
+        stream = cupy.cuda.get_current_stream()
+        for index in np.ndindex(*view.shape[:-2]):
+            plane, source = view[index], block[index]
+            cupy.cuda.runtime.memcpy2DAsync(
+                plane.ctypes.data,
+                plane.strides[0],
+                source.data.ptr,
+                source.strides[0],
+                source.shape[1] * source.itemsize,
+                source.shape[0],
+                cupy.cuda.runtime.memcpyDeviceToHost,
+                stream.ptr,
+            )
+        stream.synchronize()
