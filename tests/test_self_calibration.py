@@ -347,6 +347,35 @@ def test_growing_shapes_keep_whole_dims_and_double():
     assert shapes[-1] == {"time": 300, "y": 200, "x": 100}
 
 
+def _block(elements: int, seconds: float, peak: int) -> TaskProfile:
+    return TaskProfile({"x": elements}, "float32", peak, 0, seconds, 1, "hwm", {"x": 2**30})
+
+
+def test_a_block_that_would_still_be_too_short_to_stop_at_is_skipped():
+    # 0.12 s on 64,000 elements and 0.22 s on 132,651, as the seed's GST3D ran: a block twice
+    # as large runs ~0.41 s on their line, too short to stop at; the one after is measured
+    blocks = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.22, 30 * 2**20)]
+    assert calibrate._seconds_at(2.0, blocks) == pytest.approx(0.22 + 0.10 / 68_651 * 132_651)
+    assert calibrate._step(blocks, per_task=2**30) == 4.0
+    # a block twice as large would be long enough: the blocks double
+    slower = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.3, 30 * 2**20)]
+    assert calibrate._step(slower, per_task=2**30) == 2.0
+    # the last was long enough to stop at: the blocks double, as they always did
+    long_enough = [*blocks, _block(531_441, 0.86, 120 * 2**20)]
+    assert calibrate._step(long_enough, per_task=2**30) == 2.0
+    # a single block: nothing to draw a line through
+    assert calibrate._step(blocks[:1], per_task=2**30) == 2.0
+
+
+def test_a_block_is_not_skipped_past_the_budget_or_the_peaks_growth():
+    blocks = [_block(64_000, 0.01, 10 * 2**20), _block(128_000, 0.02, 40 * 2**20)]  # peak ~ n^2
+    assert calibrate._exponent(blocks) == pytest.approx(2.0)
+    assert calibrate._next_peak(blocks, 4.0) == pytest.approx(16 * 40 * 2**20)
+    # the block after next would need 640 MiB: not within 600 MiB, so the blocks double
+    assert calibrate._step(blocks, per_task=600 * 2**20) == 2.0
+    assert calibrate._step(blocks, per_task=700 * 2**20) == 4.0
+
+
 def smooth_keeping_a_cache(block):
     """``smooth``, keeping 320 MiB after its first call, as a library's import or cache would."""
     import builtins
@@ -488,8 +517,11 @@ def test_a_doubtful_half_is_measured_again_on_the_largest_block(user_dir, monkey
     op = xm.BlockwiseOperator(f"selfcal-doubt-{doubt}", smooth, depth={"y": 2, "x": 2})
     data = field()
     self_calibrate(op, data, {}, 2**30)
-    sizes = dict(data.sizes)
-    grown = [e for e in growing_shapes(sizes, []) if e in measured]
+    grown = []  # after the unmeasured warm-up block, the blocks grow until the first halved
+    for extents in measured[1:]:
+        if grown and np.prod(list(extents.values())) <= np.prod(list(grown[-1].values())):
+            break
+        grown.append(extents)
     before, largest = grown[-2], grown[-1]
     assert all(h in measured for h in halved_shapes(before, []).values())
     halved_largest = [h in measured for h in halved_shapes(largest, []).values()]

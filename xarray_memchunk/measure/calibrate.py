@@ -682,10 +682,13 @@ def self_calibrate(
     (:data:`WARM_UP_ELEMENTS`: a process's first run of a function pays for its imports).
     Blocks of the array's proportions double in size
     until a time bound or until the next would need more than one task's budget
-    (``per_task``, extrapolated from the blocks before it); at least three are measured. Then
-    the block before the largest is measured again halved along each dim the plan may cut
-    (each a quarter of the largest), and the largest is cut into the trees of chunks the
-    operator names (:meth:`~xarray_memchunk.Operator.tree_shapes`), whose combine tasks hold
+    (``per_task``, extrapolated from the blocks before it); at least three are measured. Where
+    a block and the next would both run too short to stop at
+    (:data:`MIN_LARGEST_TASK_SECONDS`), the next is skipped (:func:`_step`). Then the block
+    before the largest is measured again halved along each dim the plan may cut (each a
+    quarter of the largest where the blocks doubled, an eighth where one was skipped), and
+    the largest is cut into the trees of chunks the operator names
+    (:meth:`~xarray_memchunk.Operator.tree_shapes`), whose combine tasks hold
     partial results: where memory falls faster than the block along a dim (``b.T @ b`` keeps
     ``extent**2`` of it), the linear form in the block's bytes cannot explain it, and the
     dim's squared extent becomes a feature, not extrapolated past what was measured
@@ -785,21 +788,23 @@ def self_calibrate(
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
             first_runs = 1 if _warmed_up(measure, sizes, whole) else 3
-            for extents in growing_shapes(sizes, whole):
+            extents, aim = next(growing_shapes(sizes, whole)), _first_target(sizes, whole)
+            while True:
                 runs, started = 1 if profiles else first_runs, time.perf_counter()
                 profiles += measure(extents, repeats=runs)
                 now = time.perf_counter()
                 overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
-                after = _after(operator, kwargs, extents, whole)
+                step = _step(profiles, per_task)
+                after = _after(operator, kwargs, extents, whole, step)
                 bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
                 if not given and math.prod(extents.values()) < halo_block:
                     bound = max(bound, _work_bound(profiles[-1], sizes, HALO_WORK_SHARE))
                 if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
                     bound = max(bound, max_limit)
-                # the next peak is extrapolated from the last two blocks' growth (at least
-                # doubling): a function whose memory grows faster than its block stops in time
-                grow = _grow(profiles, bound - (now - start), after, overhead)
-                next_peak = _next_peak(profiles)
+                # the next peak is extrapolated from the last two blocks' growth (at least in
+                # proportion): a function whose memory grows faster than its block stops in time
+                grow = _grow(profiles, bound - (now - start), after, overhead, step)
+                next_peak = _next_peak(profiles, step)
                 if next_peak > per_task:
                     # the range stops at this budget's blocks, where a larger one is left: a
                     # larger budget measures again, also where time would have stopped here (a
@@ -808,14 +813,16 @@ def self_calibrate(
                     if any(n < sizes[d] for d, n in extents.items()):
                         over_budget = next_peak
                     break
-                if not grow:
+                if not grow or all(extents[d] == sizes[d] for d in sizes):
                     break
+                extents, aim = _next_block(sizes, whole, extents, aim, step)
             if beside is not None:  # the fit of the halved blocks imports scikit-learn
                 start += _waited_for(beside)
             largest = profiles[-1].extents
-            # the block before the largest, halved: each a quarter of the largest (halving the
-            # largest took twice as long: the seed's GST3D, 1.17 s of a 2.8 s plan); where one
-            # is above the linear form by no more than noise, the largest is halved instead
+            # the block before the largest, halved: each a quarter of the largest, or an eighth
+            # where a block was skipped (halving the largest took twice as long: the seed's
+            # GST3D, 1.17 s of a 2.8 s plan); where one is above the linear form by no more
+            # than noise, the largest is halved instead
             source = profiles[-2] if len(profiles) > 1 else profiles[-1]
             halved = halves(source)
             excess = excess_over_linear(operator, kwargs, profiles, halved).values()
@@ -966,44 +973,128 @@ def _work_bound(largest: TaskProfile, sizes: Mapping[str, int], share: float = W
 
 
 def _after(
-    operator: Operator, kwargs: Mapping[str, Any], extents: Mapping[str, int], whole: Sequence[str]
+    operator: Operator,
+    kwargs: Mapping[str, Any],
+    extents: Mapping[str, int],
+    whole: Sequence[str],
+    step: float = 2.0,
 ) -> float:
     """What growing past a block of ``extents`` adds after the next, in units of the next.
 
-    The halved blocks are of ``extents`` then (the block before the largest), each a quarter
-    of the next block; each tree of chunks is as many blocks as the tree holds.
+    The next block has ``step`` times the elements. The halved blocks are of ``extents`` then
+    (the block before the largest), each ``1 / (2 x step)`` of the next block (a quarter where
+    the blocks double); each tree of chunks is as many blocks as the tree holds.
     """
     elements = math.prod(extents.values())
     trees = sum(
         math.prod(array.values()) / elements for _, array in operator.tree_shapes(extents, **kwargs)
     )
-    return 0.25 * len(halved_shapes(extents, whole)) + trees
+    return 0.5 / step * len(halved_shapes(extents, whole)) + trees
 
 
 def _grow(
-    profiles: Sequence[TaskProfile], seconds_left: float, after: float = 0.0, overhead: float = 0.0
+    profiles: Sequence[TaskProfile],
+    seconds_left: float,
+    after: float = 0.0,
+    overhead: float = 0.0,
+    step: float = 2.0,
 ) -> bool:
-    """Whether the time left holds a block twice as large (at least three are measured).
+    """Whether the time left holds a block of ``step`` times the elements (three are measured).
 
     The time left must hold the next block and what is measured after the largest one
     (``after`` x it: :func:`_after`), each measurement with its ``overhead`` (seconds beyond
     the task, as the last one took), so that the whole calibration keeps to its bound. The
     next block's time grows as its peak (:func:`_growth`).
     """
-    next_block = _growth(profiles) * profiles[-1].seconds + overhead
+    next_block = _growth(profiles, step) * profiles[-1].seconds + overhead
     return len(profiles) < 3 or next_block * (1.0 + after) < seconds_left
 
 
-def _growth(profiles: Sequence[TaskProfile]) -> float:
-    """How much the next block's peak grows over the last: the last two's growth, at least 2."""
-    if len(profiles) >= 2 and profiles[-2].peak_bytes > 0:
-        return max(2.0, profiles[-1].peak_bytes / profiles[-2].peak_bytes)
-    return 2.0
+def _exponent(profiles: Sequence[TaskProfile]) -> float:
+    """How the peak grew with the elements between the last two blocks: ``peak ~ elements**p``.
+
+    At least 1 (no less than in proportion), and 1 with fewer than two blocks or no peak.
+    """
+    if len(profiles) < 2:
+        return 1.0
+    before, last = profiles[-2], profiles[-1]
+    elements = math.prod(last.extents.values()) / math.prod(before.extents.values())
+    if before.peak_bytes <= 0 or last.peak_bytes <= 0 or elements <= 1:
+        return 1.0
+    return max(1.0, math.log(last.peak_bytes / before.peak_bytes) / math.log(elements))
 
 
-def _next_peak(profiles: Sequence[TaskProfile]) -> float:
-    """The peak of a block twice the last, extrapolated from the last two (:func:`_growth`)."""
-    return _growth(profiles) * profiles[-1].peak_bytes
+def _growth(profiles: Sequence[TaskProfile], step: float = 2.0) -> float:
+    """How much the peak of a block of ``step`` times the last's elements grows over the last's.
+
+    As between the last two blocks (:func:`_exponent`), at least in proportion: for a step of
+    2 where the blocks doubled, their peaks' ratio, at least 2.
+    """
+    return step ** _exponent(profiles)
+
+
+def _next_peak(profiles: Sequence[TaskProfile], step: float = 2.0) -> float:
+    """The peak of a block of ``step`` times the last's elements (:func:`_growth`)."""
+    return _growth(profiles, step) * profiles[-1].peak_bytes
+
+
+def _step(profiles: Sequence[TaskProfile], per_task: float) -> float:
+    """How many times the last block's elements the next block has: 2, or 4.
+
+    The blocks double, but where the last ran shorter than :data:`MIN_LARGEST_TASK_SECONDS`
+    and a block twice it would too, on the line through the last two blocks' seconds
+    (:func:`_seconds_at`), the next is the one after: doubling would measure one more block
+    too short to stop at (the seed's GST3D: 0.22 s on 132,651 elements, then 0.44 s on
+    262,144, and 0.86 s on 531,441 to stop at). Not where that block's peak
+    (:func:`_next_peak`) would be over ``per_task``.
+    """
+    if (
+        len(profiles) < 2
+        or profiles[-1].seconds >= MIN_LARGEST_TASK_SECONDS
+        or _seconds_at(2.0, profiles[-2:]) >= MIN_LARGEST_TASK_SECONDS
+        or _next_peak(profiles, 4.0) > per_task
+    ):
+        return 2.0
+    return 4.0
+
+
+def _seconds_at(step: float, blocks: Sequence[TaskProfile]) -> float:
+    """Seconds a block of ``step`` times the last of ``blocks``' elements runs.
+
+    On the line through the two blocks' seconds against their elements (a task's fixed time,
+    then its time per element); in proportion to the last block's where the line does not
+    rise.
+    """
+    (before, last), sizes = blocks, [math.prod(b.extents.values()) for b in blocks]
+    per_element = (last.seconds - before.seconds) / max(1, sizes[1] - sizes[0])
+    fixed = last.seconds - per_element * sizes[1]
+    if per_element <= 0 or fixed < 0:
+        return step * last.seconds
+    return fixed + per_element * step * sizes[1]
+
+
+def _first_target(sizes: Mapping[str, int], whole: Sequence[str]) -> float:
+    """Elements :func:`growing_shapes` aims the first block at, the whole dims included."""
+    return float(max(2**16, math.prod(sizes[d] for d in whole)))
+
+
+def _next_block(
+    sizes: Mapping[str, int],
+    whole: Sequence[str],
+    extents: Mapping[str, int],
+    target: float,
+    step: float,
+) -> tuple[dict[str, int], float]:
+    """The next block of the array's proportions, of ``step`` times ``target`` elements, and that.
+
+    :func:`growing_shapes`' next block, or the one after for a step of 4; further where
+    rounding leaves the block as it was (short dims).
+    """
+    while True:
+        target *= step
+        block = next(growing_shapes(sizes, whole, start=round(target)))
+        if block != dict(extents):
+            return block, target
 
 
 def _readiness(profiler):
