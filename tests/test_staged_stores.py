@@ -151,3 +151,41 @@ def test_remove_staged_stores_frees_the_disk_once_the_results_are_computed(tmp_p
     # computed again after its store is gone: an error, where zarr read the fill value (NaN)
     with pytest.raises(xm.MemchunkError, match=r"staged data this result reads .* was removed"):
         staged.compute()
+
+
+PROBE_SCRIPT = """\
+import os, sys, time
+from xarray_memchunk.operators import staging
+def stuck(fd):  # the probe's data is written: say so, and wait to be killed
+    print("syncing", flush=True)
+    time.sleep(60)
+os.fsync = stuck
+staging.disk_bandwidth({directory!r})
+"""
+
+
+def test_a_process_killed_while_it_measures_the_disk_leaves_no_file(tmp_path):
+    # a script killed (SIGKILL: nothing runs after) while its disk probe is written
+    directory = tmp_path / "staging"
+    directory.mkdir()
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE_SCRIPT.format(directory=str(directory)))
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "syncing"
+        child.kill()
+    finally:
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert list(directory.iterdir()) == []
+
+
+def test_the_disk_is_measured_where_files_cannot_be_unnamed(tmp_path, monkeypatch):
+    # no O_TMPFILE (macOS, or a file system without it): a named file, removed after
+    monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+    fd, path = staging._unnamed_file(str(tmp_path))
+    os.close(fd)
+    assert path is not None and path.parent == tmp_path
+    path.unlink()
+    assert staging.disk_bandwidth.__wrapped__(str(tmp_path)) > 0
+    assert list(tmp_path.iterdir()) == []

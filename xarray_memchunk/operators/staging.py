@@ -24,6 +24,7 @@ by a later plan's staging where that process was killed (:mod:`.staged_stores`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 import os
@@ -165,12 +166,14 @@ def disk_bandwidth(directory: str) -> float:
     and keeps the faster. Just after 2.4 GB were written there (the kernel still writing them
     back), five single probes measured 110-557 MiB/s, and five of the faster of two 422-520
     MiB/s in one round, 93-528 MiB/s in another (``/tmp`` of this project's machine): fewer
-    outliers, not none. Whether a plan stages turns on this figure.
+    outliers, not none. Whether a plan stages turns on this figure. The file has no name where
+    the file system allows it (:func:`_unnamed_file`): a process killed while it writes leaves
+    nothing behind.
     """
     block = np.random.default_rng(0).bytes(PROBE_BYTES)
     seconds = []
     for _ in range(2):
-        fd, path = tempfile.mkstemp(prefix=".memchunk-disk-probe-", dir=directory)
+        fd, path = _unnamed_file(directory)
         try:
             start = time.perf_counter()
             with os.fdopen(fd, "wb") as f:
@@ -179,8 +182,22 @@ def disk_bandwidth(directory: str) -> float:
                 os.fsync(f.fileno())
             seconds.append(time.perf_counter() - start)
         finally:
-            Path(path).unlink(missing_ok=True)
+            if path is not None:
+                path.unlink(missing_ok=True)
     return PROBE_BYTES / max(min(seconds), 1e-6)
+
+
+def _unnamed_file(directory: str) -> tuple[int, Path | None]:
+    """A file open for writing in ``directory``, and its name: none where it has none.
+
+    Linux's ``O_TMPFILE`` makes a file no one can see, freed when it is closed or its process
+    is killed. Where the system or the file system has no such files (NFS, macOS), a named
+    temporary file, which the caller removes.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        return os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600), None
+    fd, path = tempfile.mkstemp(prefix=".memchunk-disk-probe-", dir=directory)
+    return fd, Path(path)
 
 
 def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True) -> StagingSite:
