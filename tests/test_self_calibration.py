@@ -4,6 +4,7 @@ import ctypes
 import importlib.metadata
 import itertools
 import json
+import math
 import re
 import subprocess
 import sys
@@ -353,27 +354,56 @@ def _block(elements: int, seconds: float, peak: int) -> TaskProfile:
 
 def test_a_block_that_would_still_be_too_short_to_stop_at_is_skipped():
     # 0.12 s on 64,000 elements and 0.22 s on 132,651, as the seed's GST3D ran: a block twice
-    # as large runs ~0.41 s on their line, too short to stop at; the one after is measured
+    # as large runs ~0.41 s on their line, too short to stop at, and one four times as large
+    # ~0.85 s: the one after is measured
     blocks = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.22, 30 * 2**20)]
     assert calibrate._seconds_at(2.0, blocks) == pytest.approx(0.22 + 0.10 / 68_651 * 132_651)
-    assert calibrate._step(blocks, per_task=2**30) == 4.0
+    assert calibrate._step(blocks) == 4.0
     # a block twice as large would be long enough: the blocks double
     slower = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.3, 30 * 2**20)]
-    assert calibrate._step(slower, per_task=2**30) == 2.0
+    assert calibrate._step(slower) == 2.0
+    # a fast function: four times as large would still be too short, so the blocks double
+    fast = [_block(64_000, 0.004, 15 * 2**20), _block(132_651, 0.008, 30 * 2**20)]
+    assert calibrate._step(fast) == 2.0
     # the last was long enough to stop at: the blocks double, as they always did
     long_enough = [*blocks, _block(531_441, 0.86, 120 * 2**20)]
-    assert calibrate._step(long_enough, per_task=2**30) == 2.0
-    # a single block: nothing to draw a line through
-    assert calibrate._step(blocks[:1], per_task=2**30) == 2.0
+    assert calibrate._step(long_enough) == 2.0
+    # a single block, or one whose peak is lost in noise: nothing to extrapolate from
+    assert calibrate._step(blocks[:1]) == 2.0
+    assert calibrate._step([blocks[0], _block(132_651, 0.22, 0)]) == 2.0
 
 
-def test_a_block_is_not_skipped_past_the_budget_or_the_peaks_growth():
+def test_the_peak_of_the_next_block_follows_the_last_two_blocks_growth():
     blocks = [_block(64_000, 0.01, 10 * 2**20), _block(128_000, 0.02, 40 * 2**20)]  # peak ~ n^2
     assert calibrate._exponent(blocks) == pytest.approx(2.0)
     assert calibrate._next_peak(blocks, 4.0) == pytest.approx(16 * 40 * 2**20)
-    # the block after next would need 640 MiB: not within 600 MiB, so the blocks double
-    assert calibrate._step(blocks, per_task=600 * 2**20) == 2.0
-    assert calibrate._step(blocks, per_task=700 * 2**20) == 4.0
+    assert calibrate._next_peak(blocks, 2.0) == pytest.approx(4 * 40 * 2**20)
+    # a peak that grew slower than its block is extrapolated in proportion, no less
+    flat = [_block(64_000, 0.01, 10 * 2**20), _block(128_000, 0.02, 12 * 2**20)]
+    assert calibrate._next_peak(flat, 4.0) == pytest.approx(4 * 12 * 2**20)
+
+
+def test_a_skip_that_the_budget_does_not_hold_doubles_instead(user_dir, monkeypatch):
+    # blocks measured as 100 bytes per element, a skip asked for at every block, a budget of
+    # 250 MB: 1 Mi elements (105 MB) four times larger would be over it, twice larger not
+    measured = []
+
+    def measured_as_linear(profiler, runner, cases, dtype, repeats=1):
+        extents, array = dict(cases[0][0]), dict(cases[0][1])
+        elements = math.prod(extents.values())
+        measured.append(elements)
+        return [TaskProfile(extents, dtype, 100 * elements, 0, 1e-4, repeats, "hwm", array)]
+
+    monkeypatch.setattr(calibrate, "profile_in_worker", measured_as_linear)
+    monkeypatch.setattr(calibrate, "_step", lambda profiles: 4.0)
+    op = xm.BlockwiseOperator("selfcal-skip-budget", smooth, depth={"y": 2, "x": 2})
+    self_calibrate(op, field(), {}, per_task=250_000_000)
+    grown = measured[1 : measured.index(max(measured)) + 1]  # after the warm-up block
+    steps = [b / a for a, b in itertools.pairwise(grown)]
+    assert [round(s) for s in steps] == [4, 4, 2]
+    assert 100 * grown[-1] <= 250_000_000
+    fit = load_calibration(op.calibration, "cpu", "float32").metadata["fit"]
+    assert fit["next_block_peak_bytes"] > 250_000_000  # the whole array, 300 MB, stopped it
 
 
 def smooth_keeping_a_cache(block):

@@ -684,10 +684,10 @@ def self_calibrate(
     until a time bound or until the next would need more than one task's budget
     (``per_task``, extrapolated from the blocks before it); at least three are measured. Where
     a block and the next would both run too short to stop at
-    (:data:`MIN_LARGEST_TASK_SECONDS`), the next is skipped (:func:`_step`). Then the block
-    before the largest is measured again halved along each dim the plan may cut (each a
-    quarter of the largest where the blocks doubled, an eighth where one was skipped), and
-    the largest is cut into the trees of chunks the operator names
+    (:data:`MIN_LARGEST_TASK_SECONDS`) and the one after would not, the next is skipped
+    (:func:`_step`). Then the block before the largest is measured again halved along each
+    dim the plan may cut (each a quarter of the largest where the blocks doubled, an eighth
+    where one was skipped), and the largest is cut into the trees of chunks the operator names
     (:meth:`~xarray_memchunk.Operator.tree_shapes`), whose combine tasks hold
     partial results: where memory falls faster than the block along a dim (``b.T @ b`` keeps
     ``extent**2`` of it), the linear form in the block's bytes cannot explain it, and the
@@ -793,29 +793,36 @@ def self_calibrate(
                 runs, started = 1 if profiles else first_runs, time.perf_counter()
                 profiles += measure(extents, repeats=runs)
                 now = time.perf_counter()
+                if all(extents[d] == sizes[d] for d in sizes):  # the whole array: no larger block
+                    break
                 overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
-                step = _step(profiles, per_task)
-                after = _after(operator, kwargs, extents, whole, step)
                 bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
                 if not given and math.prod(extents.values()) < halo_block:
                     bound = max(bound, _work_bound(profiles[-1], sizes, HALO_WORK_SHARE))
                 if profiles[-1].seconds < MIN_LARGEST_TASK_SECONDS:  # too short a task to stop at
                     bound = max(bound, max_limit)
-                # the next peak is extrapolated from the last two blocks' growth (at least in
-                # proportion): a function whose memory grows faster than its block stops in time
-                grow = _grow(profiles, bound - (now - start), after, overhead, step)
-                next_peak = _next_peak(profiles, step)
+                # the next block, or the one after it where the next would also run too short
+                # to stop at (`_step`) and time and budget hold it; its peak is extrapolated
+                # from the last two blocks' growth (at least in proportion): a function whose
+                # memory grows faster than its block stops in time
+                for step in sorted({_step(profiles), 2.0}, reverse=True):  # the larger first
+                    following, following_aim = _next_block(sizes, whole, extents, aim, step)
+                    growth = math.prod(following.values()) / math.prod(extents.values())
+                    after = _after(operator, kwargs, extents, whole, growth)
+                    grow = _grow(profiles, bound - (now - start), after, overhead, growth)
+                    next_peak = _next_peak(profiles, growth)
+                    if grow and next_peak <= per_task:
+                        break
                 if next_peak > per_task:
                     # the range stops at this budget's blocks, where a larger one is left: a
                     # larger budget measures again, also where time would have stopped here (a
                     # busy machine's blocks run slower; trial 548's re-run at its stated
                     # minimum, held to this range, ran tasks 26% their own past its limit)
-                    if any(n < sizes[d] for d, n in extents.items()):
-                        over_budget = next_peak
+                    over_budget = next_peak
                     break
-                if not grow or all(extents[d] == sizes[d] for d in sizes):
+                if not grow:
                     break
-                extents, aim = _next_block(sizes, whole, extents, aim, step)
+                extents, aim = following, following_aim
             if beside is not None:  # the fit of the halved blocks imports scikit-learn
                 start += _waited_for(beside)
             largest = profiles[-1].extents
@@ -1027,8 +1034,7 @@ def _exponent(profiles: Sequence[TaskProfile]) -> float:
 def _growth(profiles: Sequence[TaskProfile], step: float = 2.0) -> float:
     """How much the peak of a block of ``step`` times the last's elements grows over the last's.
 
-    As between the last two blocks (:func:`_exponent`), at least in proportion: for a step of
-    2 where the blocks doubled, their peaks' ratio, at least 2.
+    As between the last two blocks (:func:`_exponent`), at least in proportion.
     """
     return step ** _exponent(profiles)
 
@@ -1038,24 +1044,23 @@ def _next_peak(profiles: Sequence[TaskProfile], step: float = 2.0) -> float:
     return _growth(profiles, step) * profiles[-1].peak_bytes
 
 
-def _step(profiles: Sequence[TaskProfile], per_task: float) -> float:
-    """How many times the last block's elements the next block has: 2, or 4.
+def _step(profiles: Sequence[TaskProfile]) -> float:
+    """How many times the last block's elements the next block aims at: 2, or 4 to skip one.
 
-    The blocks double, but where the last ran shorter than :data:`MIN_LARGEST_TASK_SECONDS`
-    and a block twice it would too, on the line through the last two blocks' seconds
-    (:func:`_seconds_at`), the next is the one after: doubling would measure one more block
-    too short to stop at (the seed's GST3D: 0.22 s on 132,651 elements, then 0.44 s on
-    262,144, and 0.86 s on 531,441 to stop at). Not where that block's peak
-    (:func:`_next_peak`) would be over ``per_task``.
+    The blocks double, but where the last ran shorter than :data:`MIN_LARGEST_TASK_SECONDS`,
+    a block twice it would too and one four times it would not, on the line through the last
+    two blocks' seconds (:func:`_seconds_at`), the next is the one after: doubling would
+    measure one more block too short to stop at (the seed's GST3D: 0.22 s on 132,651
+    elements, then 0.44 s on 262,144, and 0.86 s on 531,441 to stop at). Only where both
+    blocks measured a peak to extrapolate from. :func:`self_calibrate` doubles where the time
+    left or the budget does not hold the block after next.
     """
-    if (
-        len(profiles) < 2
-        or profiles[-1].seconds >= MIN_LARGEST_TASK_SECONDS
-        or _seconds_at(2.0, profiles[-2:]) >= MIN_LARGEST_TASK_SECONDS
-        or _next_peak(profiles, 4.0) > per_task
-    ):
+    if len(profiles) < 2 or min(p.peak_bytes for p in profiles[-2:]) <= 0:
         return 2.0
-    return 4.0
+    if profiles[-1].seconds >= MIN_LARGEST_TASK_SECONDS:
+        return 2.0
+    short = _seconds_at(2.0, profiles[-2:]) < MIN_LARGEST_TASK_SECONDS
+    return 4.0 if short and _seconds_at(4.0, profiles[-2:]) >= MIN_LARGEST_TASK_SECONDS else 2.0
 
 
 def _seconds_at(step: float, blocks: Sequence[TaskProfile]) -> float:
@@ -1067,10 +1072,9 @@ def _seconds_at(step: float, blocks: Sequence[TaskProfile]) -> float:
     """
     (before, last), sizes = blocks, [math.prod(b.extents.values()) for b in blocks]
     per_element = (last.seconds - before.seconds) / max(1, sizes[1] - sizes[0])
-    fixed = last.seconds - per_element * sizes[1]
-    if per_element <= 0 or fixed < 0:
+    if per_element <= 0:
         return step * last.seconds
-    return fixed + per_element * step * sizes[1]
+    return last.seconds + per_element * (step - 1) * sizes[1]
 
 
 def _first_target(sizes: Mapping[str, int], whole: Sequence[str]) -> float:

@@ -162,13 +162,13 @@ def _directory(shared_only: bool) -> tuple[Path | None, str]:
 def disk_bandwidth(directory: str) -> float:
     """Write bandwidth of ``directory`` in bytes per second, measured once per process.
 
-    Writes :data:`PROBE_BYTES` to a temporary file there with ``fsync``, then removes it, twice,
-    and keeps the faster. Just after 2.4 GB were written there (the kernel still writing them
-    back), five single probes measured 110-557 MiB/s, and five of the faster of two 422-520
-    MiB/s in one round, 93-528 MiB/s in another (``/tmp`` of this project's machine): fewer
-    outliers, not none. Whether a plan stages turns on this figure. The file has no name where
-    the file system allows it (:func:`_unnamed_file`): a process killed while it writes leaves
-    nothing behind.
+    Writes :data:`PROBE_BYTES` to a temporary file there with ``fsync``, then closes and
+    removes it, twice, and keeps the faster. Just after 2.4 GB were written there (the kernel
+    still writing them back), five single probes measured 110-557 MiB/s, and five of the
+    faster of two 422-520 MiB/s in one round, 93-528 MiB/s in another (``/tmp`` of this
+    project's machine): fewer outliers, not none. Whether a plan stages turns on this figure.
+    The file has no name where the file system allows it (:func:`_unnamed_file`): a process
+    killed while it writes leaves nothing behind.
     """
     block = np.random.default_rng(0).bytes(PROBE_BYTES)
     seconds = []
