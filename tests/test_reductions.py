@@ -114,6 +114,14 @@ def test_unknown_operator_lists_names(tas):
         tas.memchunk.plan("medain")
 
 
+def test_a_plain_function_is_told_to_be_decorated(tas):
+    def smooth(block):
+        return block
+
+    with pytest.raises(xm.UnknownOperatorError, match=r"'smooth' is a plain function.*operator"):
+        tas.memchunk.plan(smooth)
+
+
 def test_quantile_needs_q(tas):
     with pytest.raises(xm.MemchunkError, match="needs q="):
         tas.memchunk.plan("quantile", dim="time")

@@ -129,6 +129,39 @@ def test_a_calibration_stopped_by_a_small_budget_is_measured_again_for_a_larger_
     assert not any("calibrated now" in n for n in again.notes)
 
 
+def test_a_calibration_of_a_small_example_is_measured_again_for_a_larger_array(user_dir, threaded):
+    # a user tries the function on a toy array first: its blocks grow to all 30 elements, and
+    # plans of a larger array would be held to tasks of that size (or refused)
+    op = xm.BlockwiseOperator("selfcal-example-first", smooth, depth={"y": 2, "x": 2})
+    toy = field((5, 6), (5, 6))
+    toy.memchunk.plan(op, memory_limit="1GB")
+    fit = load_calibration(op.calibration, "cpu", "float32").metadata["fit"]
+    assert fit["whole_array_elements"] == 30
+    data = field()
+    plan = data.memchunk.plan(op, memory_limit="1GB")
+    assert any("measured a smaller array whole (30 elements" in n for n in plan.notes)
+    assert math.prod(max(c) for c in plan.dask_chunks.values()) > 1000
+    # measured on the larger array, its range serves both: neither plan measures again
+    for array in (data, toy):
+        again = array.memchunk.plan(op, memory_limit="1GB")
+        assert not any("calibrated now" in n for n in again.notes)
+
+
+def test_a_refusal_for_the_measured_range_is_said_once_when_staging_cannot_help(user_dir):
+    def smooth7(block):
+        return ndimage.uniform_filter(block, size=7)
+
+    op = xm.BlockwiseOperator("selfcal-range-refusal", smooth7, depth={"y": 3, "x": 3})
+    field((5, 6), (5, 6)).memchunk.plan(op, memory_limit="1GB")  # measured on 30 elements
+    data = da.random.default_rng(0).random((2, 600, 600), chunks=(1, 200, 200), dtype="float32")
+    volume = xr.DataArray(data, dims=("t", "y", "x"))
+    with pytest.raises(xm.InfeasiblePlanError) as refused:  # 1 x 9 x 9 padded is over 30
+        volume.memchunk.plan(op, memory_limit="1GB", measure="never")
+    message = str(refused.value)
+    assert message.count("every chunking") == 1, message
+    assert message.endswith("Staged on disk, it does not fit either, for the same reason.")
+
+
 def test_a_calibration_stopped_by_budget_and_time_at_once_is_measured_again(user_dir, monkeypatch):
     # time ran out at the block where the budget also stopped: a larger budget's plan would be
     # held to this range, so the block that stopped it is recorded all the same

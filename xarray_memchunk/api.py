@@ -369,6 +369,24 @@ def _measured_for_less(known: Calibration | None, per_task: int, elements: int) 
     )
 
 
+def _measured_on_a_smaller_array(known: Calibration | None, elements: int) -> str:
+    """Why a self-calibration is measured again: it measured a smaller array whole; or "".
+
+    Its blocks grew to the whole of the array it was measured for (a first plan of a small
+    example, say), and plans stay within twice the largest: this plan's array (``elements``)
+    is larger than that range, and would be held to tasks no larger than the example.
+    """
+    fit = known.metadata.get("fit", {}) if known else {}
+    measured, trusted = fit.get("whole_array_elements"), fit.get("max_task_elements")
+    if measured is None or trusted is None or elements <= trusted:
+        return ""
+    return (
+        f"its calibration measured a smaller array whole ({int(measured):,} elements; plans "
+        f"reach {int(trusted):,}): measured again on this array's blocks ({elements:,} "
+        f"elements)"
+    )
+
+
 def _cost(
     operator: Operator,
     name: str,
@@ -386,9 +404,10 @@ def _cost(
     last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
     worker running its task, or a task needed more than twice its prediction), and so is a
     self-calibrating operator whose blocks stopped growing at a smaller budget than this plan's
-    (:func:`_measured_for_less`). The plan's notes say so. With ``measure="never"`` nothing is
-    measured: the first is refused, the second planned with its model raised as runs taught
-    (x2 at most per run), the third with the range it has.
+    (:func:`_measured_for_less`) or at the whole of a smaller array
+    (:func:`_measured_on_a_smaller_array`). The plan's notes say so. With ``measure="never"``
+    nothing is measured: the first is refused, the second planned with its model raised as
+    runs taught (x2 at most per run), the third with the range it has.
 
     Raises
     ------
@@ -405,6 +424,7 @@ def _cost(
     unknown = known is None or bool(doubt)
     narrow = (
         _measured_for_less(known, budget.per_task, da.size)
+        or _measured_on_a_smaller_array(known, da.size)
         if calibrates_itself and not unknown and measure != "never"
         else ""
     )

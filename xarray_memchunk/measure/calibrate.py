@@ -451,6 +451,7 @@ def fit_record(
     squared_dims: Sequence[str] = (),
     resident: tuple[int, int] | None = None,
     next_peak: float | None = None,
+    whole_array: int | None = None,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """The JSON record of a fit to ``profiles``: coefficients, errors, and the profiles.
@@ -464,7 +465,9 @@ def fit_record(
     a worker (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`).
     ``next_peak``: the peak extrapolated for the block twice the largest, where it was over the
     per-task budget and stopped the blocks from growing (``next_block_peak_bytes``): a plan
-    whose budget holds it measures larger blocks. ``device``: where the profiles ran; on a CPU,
+    whose budget holds it measures larger blocks. ``whole_array``: the elements of the array
+    measured, where the blocks grew to all of it (``whole_array_elements``): a plan of a larger
+    array measures larger blocks. ``device``: where the profiles ran; on a CPU,
     where the operator's work per element depends on the array, the work its time per element
     was measured at (``work_per_element``, :class:`ProfileFit`).
     """
@@ -481,6 +484,8 @@ def fit_record(
         stats["max_task_elements"] = trusted_range(profiles)
     if next_peak is not None:
         stats["next_block_peak_bytes"] = next_peak
+    if whole_array is not None:
+        stats["whole_array_elements"] = whole_array
     if fitted.work_per_element is not None:
         stats["work_per_element"] = fitted.work_per_element
     if resident is not None and all(resident):  # 0: not measurable here
@@ -619,8 +624,12 @@ class SelfCalibration:
         return text
 
 
+#: Elements of the first block measured (the whole dims' product where that is larger).
+FIRST_BLOCK_ELEMENTS = 2**16
+
+
 def growing_shapes(
-    sizes: Mapping[str, int], whole: Sequence[str], start: int = 2**16
+    sizes: Mapping[str, int], whole: Sequence[str], start: int = FIRST_BLOCK_ELEMENTS
 ) -> Iterator[dict[str, int]]:
     """Blocks of the array's own proportions, doubling in elements from ``start``.
 
@@ -760,6 +769,7 @@ def self_calibrate(
 
     profiles: list[TaskProfile] = []
     over_budget: float | None = None  # the next block's peak, where it stopped the growth
+    whole_array: int | None = None  # the array's elements, where the blocks grew to all of it
     beside: Future | None = None  # `meanwhile` in a thread of this process
     quiet = True  # the blocks may run while it does
     with (
@@ -794,6 +804,7 @@ def self_calibrate(
                 profiles += measure(extents, repeats=runs)
                 now = time.perf_counter()
                 if all(extents[d] == sizes[d] for d in sizes):  # the whole array: no larger block
+                    whole_array = math.prod(sizes.values())
                     break
                 overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
                 bound = limit if given else max(limit, _work_bound(profiles[-1], sizes))
@@ -850,6 +861,7 @@ def self_calibrate(
         squared_dims=squared,
         resident=(held.before, held.after),  # each read after a full collection
         next_peak=over_budget,
+        whole_array=whole_array,
     )
     path = save_calibration(
         key,
@@ -1079,7 +1091,7 @@ def _seconds_at(step: float, blocks: Sequence[TaskProfile]) -> float:
 
 def _first_target(sizes: Mapping[str, int], whole: Sequence[str]) -> float:
     """Elements :func:`growing_shapes` aims the first block at, the whole dims included."""
-    return float(max(2**16, math.prod(sizes[d] for d in whole)))
+    return float(max(FIRST_BLOCK_ELEMENTS, math.prod(sizes[d] for d in whole)))
 
 
 def _next_block(

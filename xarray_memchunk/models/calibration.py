@@ -24,8 +24,9 @@ shipped with the package. User calibrations live in, first found:
 Every file is validated against the schema above before it is used: the format, the operator
 and device it was looked up as, coefficients (by feature name), intercept and
 ``seconds_per_element`` finite and non-negative numbers, ``fit`` an object (its
-``max_task_elements``, ``next_block_peak_bytes`` and :data:`RESIDENT_KEYS`, where present,
-numbers, its ``work_per_element`` a number above 0), ``profiles`` a list of measured tasks.
+``max_task_elements``, ``next_block_peak_bytes``, ``whole_array_elements`` and
+:data:`RESIDENT_KEYS`, where present, numbers, its ``work_per_element`` a number above 0),
+``profiles`` a list of measured tasks.
 Loading only parses JSON; it never runs code.
 
 A file that fails is an error, never skipped: :class:`~xarray_memchunk.errors.CalibrationError`
@@ -333,7 +334,12 @@ def _check_fit(fit: Any, where: str) -> None:
     _number(fit["intercept"], f"{where}['intercept']")
     _number(fit["seconds_per_element"], f"{where}['seconds_per_element']")
     figures = _object(fit.get("fit", {}), f"{where}['fit']")
-    for key in ("max_task_elements", "next_block_peak_bytes", *RESIDENT_KEYS):
+    for key in (
+        "max_task_elements",
+        "next_block_peak_bytes",
+        "whole_array_elements",
+        *RESIDENT_KEYS,
+    ):
         if figures.get(key) is not None:
             _number(figures[key], f"{where}['fit'][{key!r}]")
     if "work_per_element" in figures and not _number(

@@ -151,6 +151,15 @@ def get_operator(op: str | Operator) -> Operator:
         return op
     if isinstance(op, str) and op in _REGISTRY:
         return _REGISTRY[op]
+    if callable(op):
+        name = getattr(op, "__name__", repr(op))
+        raise UnknownOperatorError(
+            f"{name!r} is a plain function, not an operator: a plan needs to know which dims "
+            f"it needs whole and how far it reads past a block (its halo). Decorate it, "
+            f"@xarray_memchunk.operator(depth={{...}}, whole=[...]) (neither for a function "
+            f"of each element alone), and pass the decorated function; its first plan measures "
+            f"its memory"
+        )
     raise UnknownOperatorError(
         f"unknown operator {op!r}; known operators: {', '.join(operator_names())}. "
         f"Register your own with xarray_memchunk.register_operator()."

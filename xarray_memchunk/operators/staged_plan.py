@@ -166,9 +166,12 @@ def plan_staged(
         first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
     except InfeasiblePlanError as on_disk:
         limits = [e.minimum_memory_limit for e in (in_memory, on_disk) if e.minimum_memory_limit]
+        same = str(on_disk) == str(in_memory)  # a reason of the operator's, not of the layout
         raise _refusal(
             in_memory,
-            f"Staged on disk, it does not fit either: {on_disk}",
+            "Staged on disk, it does not fit either, for the same reason."
+            if same
+            else f"Staged on disk, it does not fit either: {on_disk}",
             min(limits) if limits else None,
         ) from None
     chunk_plan, chosen = _settle(staging, as_source, first)
