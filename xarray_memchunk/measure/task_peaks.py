@@ -6,6 +6,7 @@ import ``distributed``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from typing import Any, NamedTuple
@@ -59,6 +60,35 @@ def key_name(key: Any) -> str:
     return str(key[0]) if isinstance(key, tuple) and key else str(key)
 
 
+class _Process:
+    """What the workers of this process share: its memory, so one measuring period.
+
+    A process-based cluster runs one worker per process. A cluster of threads
+    (``LocalCluster(processes=False)``) runs all its workers in one: a high-water mark reset by
+    one worker's task is the others' too, and their tasks grow the same resident memory, so
+    their tasks are measured together, as one worker's with all their threads.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.workers: dict[int, Any] = {}
+        self.started: dict[tuple[int, Any], tuple[int, float]] = {}
+        self.period_base = 0
+        self.period_stored = 0
+        self.overlap = 1
+
+    def threads(self) -> int:
+        """Threads of all this process's workers."""
+        return sum(worker_threads(w) for w in self.workers.values()) or 1
+
+    def stored(self) -> int:
+        """Bytes of task results all this process's workers hold in memory now."""
+        return sum(worker_stored_bytes(w) for w in self.workers.values())
+
+
+_PROCESS = _Process()
+
+
 class TaskPeaks(WorkerPlugin):
     """Worker plugin: the peak memory and duration of every task a worker runs.
 
@@ -66,7 +96,8 @@ class TaskPeaks(WorkerPlugin):
     starts). On a worker with several threads, the high-water mark is reset when a task starts
     on an idle worker, and each task's record holds the worker's growth since then: what all
     the tasks running together needed, which :func:`~.runs.report` compares with
-    the plan's prediction for that many tasks.
+    the plan's prediction for that many tasks. Workers that share a process (a cluster of
+    threads) count as one worker with all their threads (:class:`_Process`).
     """
 
     name = PLUGIN_NAME
@@ -75,44 +106,47 @@ class TaskPeaks(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         """Start with no records."""
         self.records: deque[TaskRecord] = deque(maxlen=KEPT_RECORDS)
-        self.started: dict[Any, tuple[int, float]] = {}
         self.worker = worker
-        self.threads = worker_threads(worker)
-        self.period_base = 0
-        self.period_stored = 0
-        self.overlap = 1
+        with _PROCESS.lock:
+            _PROCESS.workers[id(worker)] = worker
 
-    def _stored(self) -> int:
-        """Bytes of task results the worker holds in memory now."""
-        return worker_stored_bytes(self.worker)
+    def teardown(self, worker: Any) -> None:
+        """Forget ``worker``: its tasks no longer share the process's measuring period."""
+        with _PROCESS.lock:
+            _PROCESS.workers.pop(id(worker), None)
+            for key in [k for k in _PROCESS.started if k[0] == id(worker)]:
+                del _PROCESS.started[key]
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         """Reset the high-water mark when a task starts (alone); read it when it ends."""
-        if finish == "executing":
-            if self.threads == 1 or not self.started:
-                reset_high_water_mark()
-                self.period_base = status_bytes("VmRSS")
-                self.period_stored = self._stored() if self.threads > 1 else 0
-                self.overlap = 1
-            self.started[key] = (status_bytes("VmRSS"), time.perf_counter())
-            self.overlap = max(self.overlap, len(self.started))
-        elif start == "executing" and key in self.started:
-            rss, began = self.started.pop(key)
-            if self.threads == 1:
-                peak = status_bytes("VmHWM") - rss
-            else:  # results stored since the period began are not the running tasks' own
-                stored = max(0, self._stored() - self.period_stored)
-                peak = status_bytes("VmHWM") - self.period_base - stored
-            self.records.append(
-                TaskRecord(
-                    key_name(key),
-                    max(0, peak),
-                    time.perf_counter() - began,
-                    time.time(),
-                    self.threads,
-                    1 if self.threads == 1 else self.overlap,
+        process, task = _PROCESS, (id(self.worker), key)
+        with process.lock:
+            threads = process.threads()
+            if finish == "executing":
+                if threads == 1 or not process.started:
+                    reset_high_water_mark()
+                    process.period_base = status_bytes("VmRSS")
+                    process.period_stored = process.stored() if threads > 1 else 0
+                    process.overlap = 1
+                process.started[task] = (status_bytes("VmRSS"), time.perf_counter())
+                process.overlap = max(process.overlap, len(process.started))
+            elif start == "executing" and task in process.started:
+                rss, began = process.started.pop(task)
+                if threads == 1:
+                    peak = status_bytes("VmHWM") - rss
+                else:  # results stored since the period began are not the running tasks' own
+                    stored = max(0, process.stored() - process.period_stored)
+                    peak = status_bytes("VmHWM") - process.period_base - stored
+                self.records.append(
+                    TaskRecord(
+                        key_name(key),
+                        max(0, peak),
+                        time.perf_counter() - began,
+                        time.time(),
+                        threads,
+                        1 if threads == 1 else process.overlap,
+                    )
                 )
-            )
 
     def since(self, moment: float) -> list[TaskRecord]:
         """The records of tasks that ended after ``moment`` (a ``time.time()``)."""
