@@ -624,12 +624,8 @@ class SelfCalibration:
         return text
 
 
-#: Elements of the first block measured (the whole dims' product where that is larger).
-FIRST_BLOCK_ELEMENTS = 2**16
-
-
 def growing_shapes(
-    sizes: Mapping[str, int], whole: Sequence[str], start: int = FIRST_BLOCK_ELEMENTS
+    sizes: Mapping[str, int], whole: Sequence[str], start: int = 2**16
 ) -> Iterator[dict[str, int]]:
     """Blocks of the array's own proportions, doubling in elements from ``start``.
 
@@ -798,12 +794,14 @@ def self_calibrate(
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
             first_runs = 1 if _warmed_up(measure, sizes, whole) else 3
-            extents, aim = next(growing_shapes(sizes, whole)), _first_target(sizes, whole)
+            shapes = _distinct(growing_shapes(sizes, whole))
+            index = 0
             while True:
+                extents = shapes[index]
                 runs, started = 1 if profiles else first_runs, time.perf_counter()
                 profiles += measure(extents, repeats=runs)
                 now = time.perf_counter()
-                if all(extents[d] == sizes[d] for d in sizes):  # the whole array: no larger block
+                if index == len(shapes) - 1:  # the whole array: no larger block
                     whole_array = math.prod(sizes.values())
                     break
                 overhead = max(0.0, (now - started) / runs - profiles[-1].seconds)
@@ -817,8 +815,8 @@ def self_calibrate(
                 # from the last two blocks' growth (at least in proportion): a function whose
                 # memory grows faster than its block stops in time
                 for step in sorted({_step(profiles), 2.0}, reverse=True):  # the larger first
-                    following, following_aim = _next_block(sizes, whole, extents, aim, step)
-                    growth = math.prod(following.values()) / math.prod(extents.values())
+                    following = min(index + round(math.log2(step)), len(shapes) - 1)
+                    growth = math.prod(shapes[following].values()) / math.prod(extents.values())
                     after = _after(operator, kwargs, extents, whole, growth)
                     grow = _grow(profiles, bound - (now - start), after, overhead, growth)
                     next_peak = _next_peak(profiles, growth)
@@ -833,7 +831,7 @@ def self_calibrate(
                     break
                 if not grow:
                     break
-                extents, aim = following, following_aim
+                index = following
             if beside is not None:  # the fit of the halved blocks imports scikit-learn
                 start += _waited_for(beside)
             largest = profiles[-1].extents
@@ -1089,28 +1087,13 @@ def _seconds_at(step: float, blocks: Sequence[TaskProfile]) -> float:
     return last.seconds + per_element * (step - 1) * sizes[1]
 
 
-def _first_target(sizes: Mapping[str, int], whole: Sequence[str]) -> float:
-    """Elements :func:`growing_shapes` aims the first block at, the whole dims included."""
-    return float(max(FIRST_BLOCK_ELEMENTS, math.prod(sizes[d] for d in whole)))
-
-
-def _next_block(
-    sizes: Mapping[str, int],
-    whole: Sequence[str],
-    extents: Mapping[str, int],
-    target: float,
-    step: float,
-) -> tuple[dict[str, int], float]:
-    """The next block of the array's proportions, of ``step`` times ``target`` elements, and that.
-
-    :func:`growing_shapes`' next block, or the one after for a step of 4; further where
-    rounding leaves the block as it was (short dims).
-    """
-    while True:
-        target *= step
-        block = next(growing_shapes(sizes, whole, start=round(target)))
-        if block != dict(extents):
-            return block, target
+def _distinct(shapes: Iterator[dict[str, int]]) -> list[dict[str, int]]:
+    """``shapes`` without repeats: a short dim's rounding can leave a doubled block as it was."""
+    kept: list[dict[str, int]] = []
+    for shape in shapes:
+        if not kept or shape != kept[-1]:
+            kept.append(shape)
+    return kept
 
 
 def _readiness(profiler):
