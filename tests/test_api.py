@@ -105,6 +105,21 @@ def test_numpy_backed_object_is_planned_as_one_chunk_then_chunked(threaded):
     np.testing.assert_allclose(result.tas.values, ds.tas.mean("time").values, rtol=1e-6)
 
 
+def test_numpy_data_is_chunked_into_views_not_copied(threaded):
+    """Dask's from_array copies the array and hashes it; the planned chunks are views of it."""
+    ds = synthetic_climate(40, 12, 16)  # numpy-backed
+    values = ds.tas.values
+    result = ds.memchunk.apply("median", dim="time", chunks={"lon": 4})
+    (name,) = [n for n in result.tas.data.dask.layers if n.startswith("memchunk-in-memory-")]
+    blocks = list(result.tas.data.dask.layers[name].values())
+    assert len(blocks) == 4
+    assert all(np.shares_memory(block, values) for block in blocks)
+    np.testing.assert_allclose(result.tas.values, ds.tas.median("time").values, rtol=1e-6)
+    # a second apply is a graph of its own: its name is not the first one's
+    again = ds.memchunk.apply("median", dim="time", chunks={"lon": 4})
+    assert name not in again.tas.data.dask.layers
+
+
 def test_dataset_variables_without_dims_are_left_out(threaded):
     ds = synthetic_seismic((30, 30, 30), chunks=30)
     ds["note"] = xr.DataArray(np.arange(3.0), dims="other")

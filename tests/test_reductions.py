@@ -132,3 +132,26 @@ def test_quantile_needs_q(tas):
 def test_unexpected_argument_is_rejected(tas):
     with pytest.raises(xm.MemchunkError, match="unexpected arguments"):
         tas.memchunk.plan("mean", dim="time", ddof=1)
+
+
+@pytest.mark.parametrize("op", ["median", "quantile"])
+def test_whole_dim_kernels_get_each_block_uncopied(op, monkeypatch, threaded):
+    """Dask's apply_gufunc (and map_blocks with drop_axis) copied every block before the call."""
+    from xarray_memchunk.operators import whole_dims
+
+    name = "_medians" if op == "median" else "_quantiles_last"
+    kernel, seen = getattr(whole_dims, name), []
+
+    def watched(block, *args, **kwargs):
+        seen.append(block.base is not None and not block.flags.owndata)
+        return kernel(block, *args, **kwargs)
+
+    monkeypatch.setattr(whole_dims, name, watched)
+    values = synthetic_climate(50, 12, 16).tas.values
+    tas = xr.DataArray(values, dims=("time", "lat", "lon"))  # NumPy: cut into views
+    kwargs = {"q": [0.1, 0.9]} if op == "quantile" else {}
+    result = tas.memchunk.apply(op, dim="time", chunks={"lat": 6, "lon": 8}, **kwargs)
+    expected = getattr(tas, op)(*kwargs.values(), dim="time")
+    np.testing.assert_allclose(result.values, expected.values, rtol=1e-6)
+    assert result.dims == expected.dims
+    assert len(seen) == 4 and all(seen)

@@ -34,7 +34,7 @@ from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.read_once import file_read_seconds, staged_if_faster
-from .operators.sources import device_of, read_chunked, storage_chunks
+from .operators.sources import chunk_in_memory, device_of, read_chunked, storage_chunks
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
@@ -1017,7 +1017,8 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
       rechunks on a distributed cluster) holds memory outside tasks that no model here
       predicts: ``benchmarks/p2p_rechunk.py`` measured 1.01-1.09 GB per worker whatever its
       comm buffer, and killed 1 GB workers where the staged plan completed.
-    - NumPy data: cut into the planned chunks.
+    - NumPy (or CuPy) data: cut into the planned chunks, each a view of it
+      (:func:`~xarray_memchunk.operators.sources.chunk_in_memory`: no copy).
     """
     chunks = prepared.plan.dask_chunks
     planned = {}
@@ -1030,6 +1031,9 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
             da = staged[name]
         if cost.layout.kind is InputKind.FILE or name in prepared.staged:
             planned[name] = read_chunked(da, own)
+            continue
+        if cost.layout.kind is InputKind.MEMORY:
+            planned[name] = chunk_in_memory(da, own)
             continue
         chunk_bytes = cost.dtype.itemsize * int(np.prod([max(c) for c in own.values()]))
         limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
