@@ -114,10 +114,33 @@ def test_numpy_data_is_chunked_into_views_not_copied(threaded):
     blocks = list(result.tas.data.dask.layers[name].values())
     assert len(blocks) == 4
     assert all(np.shares_memory(block, values) for block in blocks)
+    assert not any(block.flags.writeable for block in blocks)  # no task writes into the input
     np.testing.assert_allclose(result.tas.values, ds.tas.median("time").values, rtol=1e-6)
     # a second apply is a graph of its own: its name is not the first one's
     again = ds.memchunk.apply("median", dim="time", chunks={"lon": 4})
     assert name not in again.tas.data.dask.layers
+
+
+def test_a_user_function_writing_into_its_block_leaves_the_numpy_input_as_it_was(threaded):
+    @xm.operator(register=False)
+    def clip_in_place(block):
+        np.clip(block, 250, 300, out=block)
+        return block
+
+    tas = synthetic_climate(40, 12, 16).tas  # numpy-backed
+    before = tas.values.copy()
+    result = tas.memchunk.apply(clip_in_place, chunks={"lon": 4}).values
+    np.testing.assert_array_equal(tas.values, before)
+    np.testing.assert_array_equal(result, np.clip(before, 250, 300))
+
+
+def test_a_file_variable_read_without_dask_is_not_loaded_by_apply(tmp_path, threaded):
+    path = tmp_path / "tas.nc"
+    synthetic_climate(40, 12, 16).to_netcdf(path)
+    with xr.open_dataset(path, cache=False) as ds:
+        result = ds.memchunk.apply("median", dim="time", chunks={"lon": 4})
+        assert not any(n.startswith("memchunk-in-memory-") for n in result.tas.data.dask.layers)
+        np.testing.assert_allclose(result.tas.values, ds.tas.median("time").values, rtol=1e-6)
 
 
 def test_dataset_variables_without_dims_are_left_out(threaded):

@@ -34,7 +34,14 @@ from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.read_once import file_read_seconds, staged_if_faster
-from .operators.sources import chunk_in_memory, device_of, read_chunked, storage_chunks
+from .operators.registry import is_builtin
+from .operators.sources import (
+    chunk_in_memory,
+    device_of,
+    in_memory_data,
+    read_chunked,
+    storage_chunks,
+)
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
@@ -1017,8 +1024,10 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
       rechunks on a distributed cluster) holds memory outside tasks that no model here
       predicts: ``benchmarks/p2p_rechunk.py`` measured 1.01-1.09 GB per worker whatever its
       comm buffer, and killed 1 GB workers where the staged plan completed.
-    - NumPy (or CuPy) data: cut into the planned chunks, each a view of it
-      (:func:`~xarray_memchunk.operators.sources.chunk_in_memory`: no copy).
+    - NumPy (or CuPy) data: cut into the planned chunks, read-only views of it for a built-in
+      operator, copies for a user's function, which may write into its block
+      (:func:`~xarray_memchunk.operators.sources.chunk_in_memory`: no copy of the whole
+      array, no hash). A file variable read without Dask is chunked as xarray chunks it.
     """
     chunks = prepared.plan.dask_chunks
     planned = {}
@@ -1032,8 +1041,8 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
         if cost.layout.kind is InputKind.FILE or name in prepared.staged:
             planned[name] = read_chunked(da, own)
             continue
-        if cost.layout.kind is InputKind.MEMORY:
-            planned[name] = chunk_in_memory(da, own)
+        if cost.layout.kind is InputKind.MEMORY and in_memory_data(da):
+            planned[name] = chunk_in_memory(da, own, copy=not is_builtin(prepared.operator))
             continue
         chunk_bytes = cost.dtype.itemsize * int(np.prod([max(c) for c in own.values()]))
         limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}

@@ -139,6 +139,11 @@ def builtin_operators() -> list[Operator]:
     return [op for name, op in _REGISTRY.items() if name in _BUILTIN]
 
 
+def is_builtin(op: Operator) -> bool:
+    """Whether ``op`` is one of the operators xarray-memchunk ships (not a user's)."""
+    return op.name in _BUILTIN and _REGISTRY.get(op.name) is op
+
+
 def get_operator(op: str | Operator) -> Operator:
     """Return the operator ``op`` names (or ``op`` itself when it is an :class:`Operator`).
 

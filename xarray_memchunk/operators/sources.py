@@ -53,6 +53,7 @@ __all__ = [
     "BoundedReads",
     "ConcatenatedReads",
     "chunk_in_memory",
+    "in_memory_data",
     "contiguous_storage",
     "device_of",
     "file_backend",
@@ -496,16 +497,19 @@ def read_chunked(da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]]) -> xr.
     return da.copy(data=data)
 
 
-def chunk_in_memory(da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]]) -> xr.DataArray:
-    """``da`` (NumPy or CuPy data in memory) as a Dask array whose blocks are views of it.
+def chunk_in_memory(
+    da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]], *, copy: bool
+) -> xr.DataArray:
+    """``da`` (NumPy or CuPy data in memory) as a Dask array of the given chunks.
 
     ``DataArray.chunk`` copies the whole array first (Dask 2026.8's
     ``dask.array.from_array`` copies anything array-like) and hashes it for the graph's name:
     a 2.42 GB float32 array took 5.8 s to copy and 1.9 s to hash, and the copy doubles what
     the caller's process holds, which a plan on the threaded scheduler counts as free memory.
-    The blocks here are views and the name is random, as ``from_array(..., name=False)``
-    makes it. Like any NumPy view, a
-    task sees a change made to the array before it runs.
+    Here the name is random, as ``from_array(..., name=False)`` makes it, and the blocks are
+    read-only views of the array, or, with ``copy``, copies of them: a user's function may
+    write into its block, as it may under Dask, and must not write into the caller's array
+    (the built-in operators never do). A task sees a change made to the array before it runs.
     """
     import uuid
 
@@ -520,10 +524,26 @@ def chunk_in_memory(da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]]) -> 
     )
     name = f"{MEMORY_PREFIX}{uuid.uuid4().hex}"
     keys = [(name, *index) for index in np.ndindex(*(len(c) for c in dask_chunks))]
-    blocks = [data[region] for region in slices_from_chunks(dask_chunks)]
+    blocks = [_block(data, region, copy) for region in slices_from_chunks(dask_chunks)]
     meta = data[(slice(0, 0),) * data.ndim]
     array = dask.array.Array(dict(zip(keys, blocks, strict=True)), name, dask_chunks, meta=meta)
     return da.copy(deep=False, data=array)
+
+
+def _block(data: Any, region: tuple[slice, ...], copy: bool) -> Any:
+    """``data[region]``: a copy, or a view that cannot be written through (NumPy's)."""
+    block = data[region]
+    if copy:
+        return block.copy()
+    if isinstance(block, np.ndarray):
+        block.flags.writeable = False
+    return block
+
+
+def in_memory_data(da: xr.DataArray) -> bool:
+    """Whether ``da`` holds its data as a NumPy or CuPy array, not a file's lazy reader."""
+    data = da.variable._data  # ``.data`` would read a lazily indexed file variable whole
+    return isinstance(data, np.ndarray) or is_cupy(data)
 
 
 def _apply_padded(
