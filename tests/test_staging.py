@@ -306,3 +306,42 @@ def test_dask_workers_started_on_this_machine_stage_in_its_temporary_directory()
     elsewhere = _Scheduler("tcp://127.0.0.1:40001", "tcp://192.0.2.7:40002")  # TEST-NET-1
     assert "share" in staging.staging_site(10**6, elsewhere, measure_bandwidth=False).refusal
     assert "share" in staging.staging_site(10**6, _Scheduler(), measure_bandwidth=False).refusal
+
+
+_QUIET = {"dashboard_address": ":0"}
+
+
+@pytest.mark.skipif(not staging.SHARED_MEMORY.is_dir(), reason="no /dev/shm on this system")
+def test_data_that_fit_beyond_the_workers_limits_are_staged_in_memory(tmp_path):
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, memory_limit="1GB", **_QUIET
+        ) as c,
+        Client(c) as client,
+    ):
+        site = staging.staging_site(10**6, client, measure_bandwidth=False)
+        assert site.in_memory and site.directory == staging.SHARED_MEMORY
+        assert "memory beyond the workers' limits" in site.where
+        # more than half of what the workers' limits leave: on disk
+        import psutil
+
+        left = psutil.virtual_memory().available - 10**9
+        disk = staging.staging_site(int(0.6 * left), client, measure_bandwidth=False)
+        assert not disk.in_memory and disk.directory != staging.SHARED_MEMORY
+        # a directory the user names is used as it is
+        with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}):
+            named = staging.staging_site(10**6, client, measure_bandwidth=False)
+        assert named.directory == tmp_path and not named.in_memory
+        c.adapt(minimum=1)  # no maximum: workers' limits without bound
+        assert not staging.staging_site(10**6, client, measure_bandwidth=False).in_memory
+    # no cluster (threads), or workers without a limit: on disk
+    assert not staging.staging_site(10**6, None, measure_bandwidth=False).in_memory
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, memory_limit=0, **_QUIET
+        ) as c,
+        Client(c) as client,
+    ):
+        assert not staging.staging_site(10**6, client, measure_bandwidth=False).in_memory

@@ -351,7 +351,7 @@ def _staging_note(staging: _Staging, chunks: Mapping[str, StagingChunks], chosen
     held = max(write_task_bytes(c, chunks[n]) for n, c in graphs.items())
     return (
         f"{staging.why}, so apply first writes {', '.join(graphs)} to a temporary Zarr store "
-        f"in {site.directory} "
+        f"in {site.where} "
         f"({size(nbytes)}; {'; '.join(written)}; each write task holds up to "
         f"{size(held)}; {site.speed(nbytes)}), and each task reads its block from it"
     )
