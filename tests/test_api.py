@@ -143,6 +143,27 @@ def test_a_file_variable_read_without_dask_is_not_loaded_by_apply(tmp_path, thre
         np.testing.assert_allclose(result.tas.values, ds.tas.median("time").values, rtol=1e-6)
 
 
+@pytest.mark.parametrize("as_dataarray", [False, True])
+def test_a_file_opened_without_chunks_is_planned_without_reading_it(
+    tmp_path, threaded, as_dataarray
+):
+    from xarray.core.indexing import NumpyIndexingAdapter
+
+    path = tmp_path / "tas.nc"
+    synthetic_climate(40, 12, 16).to_netcdf(path)
+    with xr.open_dataset(path) as ds:  # no chunks: xarray reads lazily, and caches what it reads
+        obj = ds.tas if as_dataarray else ds
+        plan = obj.memchunk.plan("median", dim="time", memory_limit="1GB")
+        assert "input read straight from its file: each task reads its own block" in plan.notes
+        assert obj.memchunk.budget("1GB").per_task > 0
+        # xarray's cache of the variable is still empty: nothing was read to plan
+        assert not isinstance(ds.tas.variable._data.array, NumpyIndexingAdapter)
+        result = plan.apply()
+        assert not isinstance(ds.tas.variable._data.array, NumpyIndexingAdapter)
+        values = (result if as_dataarray else result.tas).values
+        np.testing.assert_allclose(values, ds.tas.median("time").values, rtol=1e-6)
+
+
 def test_dataset_variables_without_dims_are_left_out(threaded):
     ds = synthetic_seismic((30, 30, 30), chunks=30)
     ds["note"] = xr.DataArray(np.arange(3.0), dims="other")

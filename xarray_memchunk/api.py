@@ -40,6 +40,7 @@ from .operators.sources import (
     device_of,
     in_memory_data,
     read_chunked,
+    read_through_dask,
     storage_chunks,
 )
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
@@ -973,6 +974,7 @@ def plan(
         the choices, a function without a memory model with ``measure="never"``
         (:class:`CalibrationError`), or no chunking that fits.
     """
+    obj = read_through_dask(obj)  # a variable opened without chunks is not read whole
     prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs, measure)
     return Plan(obj, prepared, measure)
 
@@ -1004,8 +1006,15 @@ def apply(
     17, 17, 16, 16): Zarr wants every chunk of a dim but the last equal, and the last no larger
     (``plan.explain()`` says when the planned ones are not).
     """
-    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs, measure)
-    return Plan(obj, prepared, measure).apply(record_plan=record_plan)
+    return plan(
+        obj,
+        op,
+        memory_limit=memory_limit,
+        budget=budget,
+        chunks=chunks,
+        measure=measure,
+        **op_kwargs,
+    ).apply(record_plan=record_plan)
 
 
 def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):

@@ -58,6 +58,8 @@ __all__ = [
     "device_of",
     "file_backend",
     "input_kind",
+    "lazy_file_variable",
+    "read_through_dask",
     "map_blocks_with_halo",
     "read_chunked",
     "reads_own_range",
@@ -189,8 +191,46 @@ def _concatenation_layout(
     return axis, starts
 
 
+def lazy_file_variable(variable: xr.Variable) -> bool:
+    """Whether xarray reads ``variable`` from a file lazily, without Dask.
+
+    ``xr.open_dataset(path)`` without ``chunks`` holds such variables: asking for their
+    ``.data`` reads them whole (and xarray keeps them in memory after).
+    """
+    from xarray.core.indexing import ExplicitlyIndexed
+
+    return isinstance(variable._data, ExplicitlyIndexed)
+
+
+def read_through_dask(obj: xr.DataArray | xr.Dataset) -> xr.DataArray | xr.Dataset:
+    """``obj`` with each data variable read lazily without Dask as one Dask chunk of its file.
+
+    Planning needs a variable's storage and its data's kind, and ``.data`` of a variable
+    opened without ``chunks`` reads the file whole: planning a median of a 606 MB netCDF
+    variable took 606 MB more memory before it changed. Such a variable becomes one Dask
+    chunk read from the file (``Variable.chunk({})``, as ``open_dataset(path, chunks={})``
+    opens it; nothing is read), which :func:`file_backend` sees as reads from the file, so
+    the plan's tasks read their blocks straight from it. Coordinates stay as they are.
+    """
+    if not isinstance(obj, xr.DataArray | xr.Dataset):  # the caller says what is wrong
+        return obj
+    if isinstance(obj, xr.DataArray):
+        if not lazy_file_variable(obj.variable):
+            return obj
+        return obj.copy(deep=False, data=obj.variable.chunk({}).data)
+    lazy = {
+        n: v.variable.chunk({}) for n, v in obj.data_vars.items() if lazy_file_variable(v.variable)
+    }
+    return obj.assign(lazy) if lazy else obj
+
+
 def device_of(da: xr.DataArray) -> str:
-    """``"gpu"`` when ``da`` holds CuPy data (or dask chunks of CuPy), else ``"cpu"``."""
+    """``"gpu"`` when ``da`` holds CuPy data (or dask chunks of CuPy), else ``"cpu"``.
+
+    A file variable read without Dask is on the CPU: its data are not read to say so.
+    """
+    if lazy_file_variable(da.variable):
+        return "cpu"
     data = da.data
     return "gpu" if is_cupy(array_meta(data)) else "cpu"
 
