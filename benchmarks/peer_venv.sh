@@ -12,4 +12,5 @@ fi
 "$python312" -m venv "$root/.venv-peers312"
 "$root/.venv-peers312/bin/pip" install --quiet "multidimio==1.2.3" "cubed==0.28.0" \
     "cubed-xarray>=0.0.9" segyio
+"$root/.venv-peers312/bin/pip" install --quiet -e "$root"  # peers.py imports the package
 echo "peers environment: $root/.venv-peers312/bin/python"
