@@ -1,5 +1,6 @@
 import warnings
 
+import dask.array
 import numpy as np
 import pytest
 import xarray as xr
@@ -162,6 +163,19 @@ def test_a_file_opened_without_chunks_is_planned_without_reading_it(
         assert not isinstance(ds.tas.variable._data.array, NumpyIndexingAdapter)
         values = (result if as_dataarray else result.tas).values
         np.testing.assert_allclose(values, ds.tas.median("time").values, rtol=1e-6)
+
+
+def test_a_file_variable_the_plan_leaves_out_is_not_made_one_dask_chunk(tmp_path, threaded):
+    path = tmp_path / "tas.nc"
+    ds = synthetic_climate(40, 12, 16)
+    ds["static"] = xr.DataArray(np.ones((12, 16)), dims=("lat", "lon"))  # no time: not reduced
+    ds.to_netcdf(path)
+    with xr.open_dataset(path) as src:
+        result = src.memchunk.apply("median", dim="time", memory_limit="1GB")
+        # as xarray's own median keeps it, not a single Dask chunk of the whole variable
+        assert not isinstance(result.static.data, dask.array.Array)
+        assert isinstance(result.tas.data, dask.array.Array)
+        np.testing.assert_allclose(result.tas.values, src.tas.median("time").values, rtol=1e-6)
 
 
 def test_dataset_variables_without_dims_are_left_out(threaded):

@@ -336,6 +336,27 @@ def test_data_that_fit_beyond_the_workers_limits_are_staged_in_memory(tmp_path):
         assert named.directory == tmp_path and not named.in_memory
         c.adapt(minimum=1)  # no maximum: workers' limits without bound
         assert not staging.staging_site(10**6, client, measure_bandwidth=False).in_memory
+        # a directory dask is told to use for temporary files is used as it is
+        with dask.config.set({"temporary-directory": str(tmp_path)}):
+            assert (
+                staging.staging_site(10**6, client, measure_bandwidth=False).directory == tmp_path
+            )
+        # memory the stores already there take is not given again
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(staging, "staged_bytes", lambda directory: int(0.6 * left))
+            assert staging.memory_directory(10**6, client) is None
+        # a cgroup or rlimit below the machine's memory: the host's free memory is not ours
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("distributed.system.MEMORY_LIMIT", psutil.virtual_memory().total // 2)
+            assert staging.memory_directory(10**6, client) is None
+        # memory that filled since the plan: the data go to the disk instead
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(staging, "memory_directory", lambda nbytes, client: None)
+            patch.setattr(staging, "_disk_directory", lambda: (tmp_path / "disk", "test"))
+            data = xr.DataArray(np.arange(24.0).reshape(4, 6), dims=("t", "x"), name="v")
+            staged = staging.stage(data.chunk({"t": 2}), site)
+            assert list((tmp_path / "disk").glob(f"{staging.STORE_PREFIX}*.zarr"))
+            np.testing.assert_array_equal(staged.values, data.values)
     # no cluster (threads), or workers without a limit: on disk
     assert not staging.staging_site(10**6, None, measure_bandwidth=False).in_memory
     with (

@@ -974,9 +974,27 @@ def plan(
         the choices, a function without a memory model with ``measure="never"``
         (:class:`CalibrationError`), or no chunking that fits.
     """
-    obj = read_through_dask(obj)  # a variable opened without chunks is not read whole
-    prepared = _prepare(obj, op, memory_limit, budget, chunks, op_kwargs, measure)
-    return Plan(obj, prepared, measure)
+    through_dask = read_through_dask(obj)  # a variable opened without chunks is not read whole
+    prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
+    return Plan(_planned_through_dask(obj, through_dask, prepared), prepared, measure)
+
+
+def _planned_through_dask(
+    obj: xr.DataArray | xr.Dataset, through_dask: xr.DataArray | xr.Dataset, prepared: _Prepared
+) -> xr.DataArray | xr.Dataset:
+    """``obj`` with the variables the plan reads as ``through_dask`` holds them.
+
+    The variables it leaves out stay as they were: one read through Dask would be a single
+    chunk of the whole variable, which no plan budgets.
+    """
+    if isinstance(obj, xr.DataArray) or through_dask is obj:
+        return through_dask
+    planned = {
+        name: through_dask[name].variable
+        for name in prepared.costs
+        if through_dask[name].variable is not obj[name].variable
+    }
+    return obj.assign(planned) if planned else obj
 
 
 def apply(

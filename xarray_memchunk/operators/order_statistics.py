@@ -10,7 +10,8 @@ Here each order statistic costs one single-order partition of contiguous rows, i
 maximum of the part below the last partition for the order just below it: the median of those
 rows took 0.10 s against 0.60 s for ``np.median``. The interpolation is NumPy's own
 (``numpy.lib._function_base_impl``: ``_QuantileMethods``, ``_get_indexes``, ``_get_gamma``,
-``_lerp``), so values equal NumPy's bit for bit; where a NumPy lacks them,
+``_lerp``), so values equal NumPy's (``==``; where ties of ``0.0`` and ``-0.0`` meet, the
+sign of a zero may differ); where a NumPy lacks them,
 :func:`quantiles_of_rows` returns None and the caller takes NumPy's function. Rows must hold no
 NaN (callers check), as NumPy's NaN handling is not repeated here.
 

@@ -37,6 +37,7 @@ __all__ = [
     "claim",
     "owner_file",
     "release",
+    "staged_bytes",
     "remove_orphans",
     "remove_staged_stores",
 ]
@@ -93,6 +94,17 @@ def _this_process() -> dict[str, object]:
 #: claimed each: a child forked from this process inherits the table, not the stores.
 _OWN: dict[Path, int] = {}
 _OWN_LOCK = threading.Lock()
+
+
+def staged_bytes(directory: Path) -> int:
+    """Bytes of the staged stores in ``directory`` (every process's), their files summed."""
+    total = 0
+    for store in directory.glob(f"{STORE_PREFIX}*.zarr"):
+        for root, _, files in os.walk(store):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(root, name)).st_size
+    return total
 
 
 def claim(store: Path) -> None:

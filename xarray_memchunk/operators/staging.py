@@ -15,9 +15,9 @@ chunks (one time step each), a block of 3650 steps x 90 x 28 of a (3650, 4, 180,
 would decode the whole 7 GB store, for each of the plan's 26 tasks.
 
 The store lives in the staging directory: the dask config key ``memchunk.staging-dir``, else
-memory (``/dev/shm``) where the data fit beside the limits of a ``LocalCluster``'s workers
-(:func:`memory_directory`), else dask's ``temporary-directory``, else the system's temporary
-directory. Where workers run on
+dask's ``temporary-directory``, else memory (``/dev/shm``) where the data fit beside the limits
+of a ``LocalCluster``'s workers (:func:`memory_directory`, checked again when the data are
+written), else the system's temporary directory. Where workers run on
 other machines (a cluster that is not a ``LocalCluster``), only a configured
 ``memchunk.staging-dir`` is used: the workers must share it. Staging is refused when the
 directory lacks room for the data. The store is removed when the Python process exits, and
@@ -43,10 +43,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..clusters import workers_on_this_machine
+from ..clusters import active_client, workers_on_this_machine
 from ..units import format_seconds, format_size, format_size_up
 from .sources import file_backend, read_chunked
-from .staged_stores import STORE_PREFIX, claim, release, remove_orphans
+from .staged_stores import STORE_PREFIX, claim, release, remove_orphans, staged_bytes
 
 __all__ = [
     "CHUNK_FILE_BYTES",
@@ -230,28 +230,35 @@ def _unnamed_file(directory: str) -> tuple[int, Path | None]:
 def memory_directory(nbytes: int, client: Any) -> Path | None:
     """``/dev/shm``, where ``nbytes`` of staged data fit in memory no worker's limit reserves.
 
-    Only for a ``LocalCluster`` whose workers all have memory limits: ``nbytes`` (and
-    :data:`DISK_MARGIN`) must be at most :data:`MEMORY_SHARE` of this machine's available
-    memory less the limits of all the workers it may run (an adaptive cluster's maximum of
-    them; none without a maximum), and fit the free space of ``/dev/shm``. A worker's memory
-    never holds the files: its tasks read their blocks from them, as from a disk. Staging the
-    2.42 GB cube of ``benchmarks/floors.py`` there took 3.5-4.2 s against 4.3-5.8 s in
-    ``/tmp`` (ext4) on 2 workers x 1 thread, and its median over time 5.3-6.4 s against
-    6.2-8.0 s in all (``benchmarks/staged_phases.py``, 3 runs each).
+    Only for a ``LocalCluster`` whose workers all have memory limits, on a machine whose
+    memory this process may use whole (no cgroup or rlimit below it: ``/dev/shm`` pages are
+    charged to the processes that write them): ``nbytes`` (and :data:`DISK_MARGIN`), with the
+    stores already staged there, must be at most :data:`MEMORY_SHARE` of the available memory
+    (those stores counted back in) less the limits of all the workers the cluster may run (an
+    adaptive cluster's maximum of them; none without a maximum), and fit the free space of
+    ``/dev/shm``. A worker's memory never holds the files: its tasks read their blocks from
+    them, as from a disk. Staging the 2.42 GB cube of ``benchmarks/floors.py`` there took
+    3.5-4.2 s against 4.3-5.8 s in ``/tmp`` (ext4) on 2 workers x 1 thread, and its median
+    over time 5.3-6.4 s against 6.2-8.0 s in all (``benchmarks/staged_phases.py``, 3 runs
+    each).
 
     Returns
     -------
     Path or None
-        None where the data does not fit so, or the system has no ``/dev/shm``.
+        None where the data do not fit so, or the system has no ``/dev/shm``.
     """
     import psutil
     from distributed import LocalCluster
+    from distributed.system import MEMORY_LIMIT
 
     from .._dask_compat import adaptive_bounds
 
     shm = SHARED_MEMORY
     cluster = getattr(client, "cluster", None)
     if not isinstance(cluster, LocalCluster) or not shm.is_dir() or not os.access(shm, os.W_OK):
+        return None
+    memory = psutil.virtual_memory()
+    if MEMORY_LIMIT < memory.total:  # a cgroup or rlimit: the host's free memory is not ours
         return None
     workers = client.scheduler_info(n_workers=-1)["workers"].values()
     limits = [w.get("memory_limit") for w in workers]
@@ -260,20 +267,21 @@ def memory_directory(nbytes: int, client: Any) -> Path | None:
         return None
     count = max(len(limits), int(bounds[1]) if bounds is not None else 0)
     reserved = count * max(int(n) for n in limits)
-    needed = nbytes * (1 + DISK_MARGIN)
-    room = MEMORY_SHARE * (psutil.virtual_memory().available - reserved)
+    staged = staged_bytes(shm)  # stores of this and other processes, in ``available`` no more
+    room = MEMORY_SHARE * (memory.available + staged - reserved)
     try:
         free = shutil.disk_usage(shm).free
     except OSError:
         return None
-    return shm if needed <= min(room, free) else None
+    needed = nbytes * (1 + DISK_MARGIN)
+    return shm if needed + staged <= room and needed <= free else None
 
 
 def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True) -> StagingSite:
     """Where ``nbytes`` of staged data would be written, and whether they fit there.
 
-    Unless ``memchunk.staging-dir`` names a directory: memory (:func:`memory_directory`)
-    where the data fit there, else dask's ``temporary-directory`` or the system's temporary
+    Unless ``memchunk.staging-dir`` or dask's ``temporary-directory`` names a directory:
+    memory (:func:`memory_directory`) where the data fit there, else the system's temporary
     directory. The stores that killed processes of this host left there (and in memory) are
     removed first (:func:`~xarray_memchunk.operators.staged_stores.remove_orphans`): their
     space is free. ``measure_bandwidth=False`` writes nothing to measure the disk
@@ -284,14 +292,15 @@ def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True
     directory, source = _directory(shared_only=not workers_on_this_machine(client))
     if directory is None:
         return StagingSite(Path(), 0, 0.0, source)
+    if SHARED_MEMORY.is_dir():  # killed processes' stores there hold memory
+        with contextlib.suppress(OSError):
+            remove_orphans(SHARED_MEMORY)
     in_memory = False
-    if not dask.config.get(STAGING_DIR_KEY, None):
-        if SHARED_MEMORY.is_dir():
-            with contextlib.suppress(OSError):
-                remove_orphans(SHARED_MEMORY)
-        memory = memory_directory(nbytes, client)
-        if memory is not None:
-            directory, source, in_memory = memory, "memory beyond the workers' limits", True
+    configured = dask.config.get(STAGING_DIR_KEY, None) or dask.config.get(
+        "temporary-directory", None
+    )
+    if not configured and memory_directory(nbytes, client) is not None:
+        directory, source, in_memory = SHARED_MEMORY, "memory beyond the workers' limits", True
     try:
         directory.mkdir(parents=True, exist_ok=True)
         remove_orphans(directory)
@@ -532,7 +541,11 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
 
     from ..errors import MemchunkError
 
-    path = site.directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
+    directory = site.directory
+    if site.in_memory and memory_directory(da.nbytes, active_client()) is None:
+        directory = _disk_directory()[0]  # memory filled since the plan: the disk instead
+        directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable
     if chunks is None:

@@ -184,7 +184,10 @@ def _medians(block: np.ndarray, axis: tuple[int, ...], dtype: np.dtype) -> np.nd
         series = slab.shape[slab.ndim - len(axis) :]  # an index may drop a kept axis
         if xp is np and math.prod(series) > 0:
             rows = contiguous_rows(slab, len(axis))
-            values = np.nanmedian(rows, axis=1) if np.isnan(rows).any() else median_of_rows(rows)
+            if np.isnan(rows).any():  # the copy is nanmedian's own to reorder
+                values = np.nanmedian(rows, axis=1, overwrite_input=True)
+            else:
+                values = median_of_rows(rows)
             out[index] = values.reshape(slab.shape[: slab.ndim - len(axis)])
         else:
             out[index] = (xp.nanmedian if xp.isnan(slab).any() else xp.median)(slab, axis=axis)
