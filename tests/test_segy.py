@@ -226,6 +226,17 @@ def test_storage_chunks_for_an_operator_are_what_its_plan_reads(volume_file, tmp
     assert open_input(default, "amplitude").encoding["chunks"] == (30, 26, 40)  # capped
 
 
+def test_storage_chunks_for_a_built_in_operator_measure_no_reads(volume_file, monkeypatch):
+    from xarray_memchunk.operators import read_once
+
+    def probe(*args, **kwargs):
+        raise AssertionError("the SEG-Y file was timed as if it were the store")
+
+    monkeypatch.setattr(read_once, "storage_read_seconds", probe)
+    _, reason = storage_chunks_for(open_segy(volume_file), "gst3d", memory_limit="500MB")
+    assert "gst3d's planned chunks" in reason
+
+
 def test_write_chunks_are_whole_storage_chunks_within_the_budget():
     sizes = {"inline": 1000, "crossline": 900, "sample": 1500}
     storage = dict.fromkeys(sizes, DEFAULT_CHUNK)
