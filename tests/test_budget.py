@@ -335,3 +335,20 @@ def test_a_larger_baseline_gives_each_task_less_and_says_why():
     assert with_baseline(given, 10**9, "more") is given
     with pytest.raises(BudgetError, match="no room for a task"):
         with_baseline(budget, budget.worker_memory, "all of it")
+
+
+def test_workers_in_this_process_need_room_for_a_run_beside_their_tasks():
+    # 700 MB workers in a process holding 553 MB: a few MiB per task, and the
+    # process passed the pause line once the plan was submitted (a run that hung, paused)
+    from xarray_memchunk.planning.budget import IN_PROCESS_BASELINE, MIN_TASK_BYTES
+
+    args = (700_000_000, 2, 1, "test")
+    with pytest.raises(BudgetError, match=r"leaves 3\.00 MiB per task, under the 16\.00 MiB"):
+        make_budget(*args, worker_baseline=553_000_000, baseline_source=IN_PROCESS_BASELINE)
+    # worker processes of their own hold no graph: the same numbers are planned for
+    assert make_budget(*args, worker_baseline=553_000_000).per_task < MIN_TASK_BYTES
+    # the memory the error asks for leaves the minimum
+    roomy = make_budget(
+        756_000_000, 2, 1, "test", worker_baseline=553_000_000, baseline_source=IN_PROCESS_BASELINE
+    )
+    assert roomy.per_task >= MIN_TASK_BYTES

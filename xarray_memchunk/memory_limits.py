@@ -46,6 +46,7 @@ from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
     IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
+    MIN_TASK_BYTES,
     Budget,
     format_size,
     held_memory_remedy,
@@ -115,7 +116,10 @@ def make_budget(
     try:
         here = baseline_source.startswith(IN_PROCESS_BASELINE)
         holder = "this process, where its workers run," if here else "the worker"
-        per_task = per_task_bytes(worker_memory, threads_per_worker, holder=holder, **terms)
+        least = MIN_TASK_BYTES if here else 1
+        per_task = per_task_bytes(
+            worker_memory, threads_per_worker, holder=holder, least=least, **terms
+        )
     except BudgetError as err:
         remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source)
         if not remedy:

@@ -39,6 +39,7 @@ from ..errors import BudgetError
 from ..units import format_decimal, format_in_unit_of, format_size, format_size_up
 
 __all__ = [
+    "MIN_TASK_BYTES",
     "IN_PROCESS_BASELINE",
     "MEASURED_BASELINE",
     "Budget",
@@ -244,6 +245,14 @@ def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
     return replace(budget, per_task=per_task, worker_baseline=baseline, baseline_source=source)
 
 
+#: The smallest per-task budget a plan is made for where the workers run in this process: the
+#: process also holds the client's graph and the scheduler's state, which grow when the plan is
+#: submitted. Two in-process workers of 700 MB x 2 threads, in a process that held 553 MB, got
+#: 1.4 MiB per task; once the plan was submitted the process held 569 MB, past the pause line
+#: (0.8 x 700 MB), and the run hung with both workers paused.
+MIN_TASK_BYTES = 16 * 2**20
+
+
 def per_task_bytes(
     worker_memory: int,
     threads_per_worker: int,
@@ -252,28 +261,42 @@ def per_task_bytes(
     reserve: float,
     pause_fraction: float,
     holder: str = "the worker",
+    least: int = 1,
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
 
     ``holder`` names what holds the baseline, in the error: a worker, or the process its
-    workers run in.
+    workers run in. ``least``: the smallest per-task budget taken (:data:`MIN_TASK_BYTES`
+    where the workers run in this process).
 
     Raises
     ------
     BudgetError
-        When nothing is left for a task: the baseline is at or above the pause threshold.
-        The message states the smallest worker memory that leaves room for one.
+        When less than ``least`` is left for a task (nothing, by default: the baseline is at
+        or above the pause threshold). The message states the smallest worker memory that
+        leaves room for one.
     """
+    threads = max(1, threads_per_worker)
     usable = pause_fraction * worker_memory - worker_baseline
-    per_task = int(usable * (1.0 - reserve) / max(1, threads_per_worker))
-    if per_task <= 0:
+    per_task = int(usable * (1.0 - reserve) / threads)
+    if per_task < least:
         size = format_size
+        least_memory = (worker_baseline + max(0, least - 1) * threads / (1.0 - reserve)) / (
+            pause_fraction
+        )
+        twice = (2 * least_memory * pause_fraction - worker_baseline) * (1 - reserve) / threads
+        short = (
+            f", which leaves {size(max(per_task, 0))} per task, under the {size(least)} a run "
+            f"there needs beside its tasks"
+            if least > 1
+            else ""
+        )
         raise BudgetError(
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
             f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
-            f"and {holder} already holds {size(worker_baseline)}. Give each worker more than "
-            f"{size(worker_baseline / pause_fraction)} (memory_limit); twice that leaves a task "
-            f"about {size(worker_baseline * (1 - reserve) / max(1, threads_per_worker))} per thread"
+            f"and {holder} already holds {size(worker_baseline)}{short}. Give each worker more "
+            f"than {size(least_memory)} (memory_limit); twice that leaves a task about "
+            f"{size(twice)} per thread"
         )
     return per_task
 
