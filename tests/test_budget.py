@@ -344,11 +344,34 @@ def test_workers_in_this_process_need_room_for_a_run_beside_their_tasks():
 
     args = (700_000_000, 2, 1, "test")
     with pytest.raises(BudgetError, match=r"leaves 3\.00 MiB per task, under the 16\.00 MiB"):
-        make_budget(*args, worker_baseline=553_000_000, baseline_source=IN_PROCESS_BASELINE)
+        make_budget(
+            *args,
+            worker_baseline=553_000_000,
+            baseline_source=IN_PROCESS_BASELINE,
+            in_this_process=True,
+        )
     # worker processes of their own hold no graph: the same numbers are planned for
     assert make_budget(*args, worker_baseline=553_000_000).per_task < MIN_TASK_BYTES
     # the memory the error asks for leaves the minimum
     roomy = make_budget(
-        756_000_000, 2, 1, "test", worker_baseline=553_000_000, baseline_source=IN_PROCESS_BASELINE
+        756_000_000,
+        2,
+        1,
+        "test",
+        worker_baseline=553_000_000,
+        baseline_source=IN_PROCESS_BASELINE,
+        in_this_process=True,
     )
     assert roomy.per_task >= MIN_TASK_BYTES
+
+
+def test_a_larger_baseline_for_workers_in_this_process_keeps_their_minimum():
+    from xarray_memchunk.planning.budget import MIN_TASK_BYTES, with_baseline
+
+    budget = make_budget(1_000_000_000, 2, 1, "test", in_this_process=True)
+    assert budget.per_task >= MIN_TASK_BYTES
+    with pytest.raises(BudgetError, match=r"under the 16\.00 MiB"):
+        with_baseline(budget, 780_000_000, "held after running")
+    # workers in processes of their own: the same baseline leaves a small budget, as before
+    own = make_budget(1_000_000_000, 2, 1, "test")
+    assert 0 < with_baseline(own, 780_000_000, "held after running").per_task < MIN_TASK_BYTES

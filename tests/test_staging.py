@@ -352,7 +352,8 @@ def test_data_that_fit_beyond_the_workers_limits_are_staged_in_memory(tmp_path):
         # memory that filled since the plan: the data go to the disk instead
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(staging, "memory_directory", lambda nbytes, client: None)
-            patch.setattr(staging, "_disk_directory", lambda: (tmp_path / "disk", "test"))
+            (tmp_path / "disk").mkdir()
+            patch.setattr(staging.tempfile, "gettempdir", lambda: str(tmp_path / "disk"))
             data = xr.DataArray(np.arange(24.0).reshape(4, 6), dims=("t", "x"), name="v")
             staged = staging.stage(data.chunk({"t": 2}), site)
             assert list((tmp_path / "disk").glob(f"{staging.STORE_PREFIX}*.zarr"))

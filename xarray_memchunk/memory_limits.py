@@ -46,7 +46,6 @@ from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
     IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
-    MIN_TASK_BYTES,
     Budget,
     format_size,
     held_memory_remedy,
@@ -116,9 +115,12 @@ def make_budget(
     try:
         here = baseline_source.startswith(IN_PROCESS_BASELINE)
         holder = "this process, where its workers run," if here else "the worker"
-        least = MIN_TASK_BYTES if here else 1
         per_task = per_task_bytes(
-            worker_memory, threads_per_worker, holder=holder, least=least, **terms
+            worker_memory,
+            threads_per_worker,
+            holder=holder,
+            in_this_process=in_this_process,
+            **terms,
         )
     except BudgetError as err:
         remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source)

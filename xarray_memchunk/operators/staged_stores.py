@@ -37,9 +37,9 @@ __all__ = [
     "claim",
     "owner_file",
     "release",
-    "staged_bytes",
     "remove_orphans",
     "remove_staged_stores",
+    "staged_bytes",
 ]
 
 #: How staged stores are named in the staging directory: ``<prefix><12 hex digits>.zarr``.

@@ -161,28 +161,33 @@ class StagingSite:
         return 2 * nbytes / self.bytes_per_second if self.bytes_per_second else 0.0
 
 
-def _directory(shared_only: bool) -> tuple[Path | None, str]:
+def _directory(shared_only: bool, nbytes: int, client: Any) -> tuple[Path | None, str, bool]:
+    """The staging directory, where it comes from, and whether it is memory.
+
+    ``memchunk.staging-dir``, else dask's ``temporary-directory``, else memory where
+    ``nbytes`` fit there (:func:`memory_directory`), else the system's temporary directory;
+    where the workers run on other machines (``shared_only``), only the first.
+    """
     import dask
 
     configured = dask.config.get(STAGING_DIR_KEY, None)
     if configured:
-        return Path(configured).expanduser(), f"{STAGING_DIR_KEY}"
+        return Path(configured).expanduser(), f"{STAGING_DIR_KEY}", False
     if shared_only:
-        return None, (
-            f"the workers run on other machines, so staged data needs a directory they all "
-            f"share: set the dask config key {STAGING_DIR_KEY!r}"
+        return (
+            None,
+            (
+                f"the workers run on other machines, so staged data needs a directory they all "
+                f"share: set the dask config key {STAGING_DIR_KEY!r}"
+            ),
+            False,
         )
-    return _disk_directory()
-
-
-def _disk_directory() -> tuple[Path, str]:
-    """Dask's ``temporary-directory``, else the system's temporary directory."""
-    import dask
-
     temporary = dask.config.get("temporary-directory", None)
     if temporary:
-        return Path(temporary).expanduser(), "dask's temporary-directory"
-    return Path(tempfile.gettempdir()), "the system's temporary directory"
+        return Path(temporary).expanduser(), "dask's temporary-directory", False
+    if memory_directory(nbytes, client) is not None:
+        return SHARED_MEMORY, "memory beyond the workers' limits", True
+    return Path(tempfile.gettempdir()), "the system's temporary directory", False
 
 
 @lru_cache(maxsize=8)
@@ -287,20 +292,13 @@ def staging_site(nbytes: int, client: Any = None, measure_bandwidth: bool = True
     space is free. ``measure_bandwidth=False`` writes nothing to measure the disk
     (``plan(measure="never")``): the site's bandwidth is then 0, not measured.
     """
-    import dask
-
-    directory, source = _directory(shared_only=not workers_on_this_machine(client))
-    if directory is None:
-        return StagingSite(Path(), 0, 0.0, source)
     if SHARED_MEMORY.is_dir():  # killed processes' stores there hold memory
         with contextlib.suppress(OSError):
             remove_orphans(SHARED_MEMORY)
-    in_memory = False
-    configured = dask.config.get(STAGING_DIR_KEY, None) or dask.config.get(
-        "temporary-directory", None
-    )
-    if not configured and memory_directory(nbytes, client) is not None:
-        directory, source, in_memory = SHARED_MEMORY, "memory beyond the workers' limits", True
+    shared_only = not workers_on_this_machine(client)
+    directory, source, in_memory = _directory(shared_only, nbytes, client)
+    if directory is None:
+        return StagingSite(Path(), 0, 0.0, source)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         remove_orphans(directory)
@@ -543,8 +541,8 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
 
     directory = site.directory
     if site.in_memory and memory_directory(da.nbytes, active_client()) is None:
-        directory = _disk_directory()[0]  # memory filled since the plan: the disk instead
-        directory.mkdir(parents=True, exist_ok=True)
+        # memory filled since the plan: the disk instead (no temporary-directory was set)
+        directory = Path(tempfile.gettempdir())
     path = directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
     name = da.name if da.name is not None else "staged"
     variable = da.rename(name).reset_coords(drop=True).variable

@@ -39,9 +39,9 @@ from ..errors import BudgetError
 from ..units import format_decimal, format_in_unit_of, format_size, format_size_up
 
 __all__ = [
-    "MIN_TASK_BYTES",
     "IN_PROCESS_BASELINE",
     "MEASURED_BASELINE",
+    "MIN_TASK_BYTES",
     "Budget",
     "format_size",
     "format_size_up",
@@ -239,6 +239,7 @@ def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
         worker_baseline=baseline,
         reserve=budget.reserve,
         pause_fraction=budget.pause_fraction,
+        in_this_process=budget.in_this_process,
     )
     if budget.baseline_source:
         source = f"{budget.baseline_source}, and {source}"
@@ -261,21 +262,22 @@ def per_task_bytes(
     reserve: float,
     pause_fraction: float,
     holder: str = "the worker",
-    least: int = 1,
+    in_this_process: bool = False,
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
 
     ``holder`` names what holds the baseline, in the error: a worker, or the process its
-    workers run in. ``least``: the smallest per-task budget taken (:data:`MIN_TASK_BYTES`
-    where the workers run in this process).
+    workers run in. Workers in this process (``in_this_process``) need at least
+    :data:`MIN_TASK_BYTES` per task.
 
     Raises
     ------
     BudgetError
-        When less than ``least`` is left for a task (nothing, by default: the baseline is at
-        or above the pause threshold). The message states the smallest worker memory that
-        leaves room for one.
+        When nothing is left for a task (the baseline is at or above the pause threshold), or,
+        for workers in this process, less than :data:`MIN_TASK_BYTES`. The message states the
+        smallest worker memory that leaves room for one.
     """
+    least = MIN_TASK_BYTES if in_this_process else 1
     threads = max(1, threads_per_worker)
     usable = pause_fraction * worker_memory - worker_baseline
     per_task = int(usable * (1.0 - reserve) / threads)
