@@ -90,12 +90,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="the cube's days x scale")
     parser.add_argument("--disk", default=tempfile.gettempdir(), help="the disk directory")
+    parser.add_argument("--cube", type=Path, help="a cube written before (peers.make_cube)")
     args = parser.parse_args()
     columns = ("plan", "stage", "compute", "total", "write tasks", "reduce tasks")
     print(f"| {args.op} staged in | " + " | ".join(f"{c} s" for c in columns) + " |")
     print("| --- " * (len(columns) + 1) + "|")
     with tempfile.TemporaryDirectory(prefix="memchunk-phases-") as tmp:
-        cube = make_cube(Path(tmp), args.scale)
+        cube = args.cube or make_cube(Path(tmp), args.scale)
         for repeat in range(args.repeats):
             order = [None, args.disk] if repeat % 2 == 0 else [args.disk, None]
             for directory in order:

@@ -75,3 +75,25 @@ def test_no_more_slots_make_source_chunks_than_the_graph_has(source_time, thread
     terms = footprint(task, cuts, [layout], threads_per_worker=threads, n_workers=1)
     # planned in the source chunks: one slot's larger phase is making its block
     assert float(terms.produce[0]) == pytest.approx(making / threads * (6 * block - 1e3))
+
+
+def _gathered(store: dict[str, int], planned: dict[str, int], raw: bool) -> float:
+    """The gather term of reading the planned blocks from a file in ``store`` chunks."""
+    sizes = {"time": 2920, "lat": 288, "lon": 720}
+    layout = InputLayout("v", tuple(sizes), 4, InputKind.FILE, store, raw_reads=raw)
+    cuts = {d: _cut(sizes[d], planned[d]) for d in sizes}
+    terms = footprint(np.array([1.0]), cuts, [layout], threads_per_worker=1, n_workers=2)
+    return float(terms.gather[0])
+
+
+def test_raw_chunks_read_in_place_hold_nothing_beside_the_block():
+    planned = {"time": 2920, "lat": 288, "lon": 72}
+    block = 2920 * 288 * 72 * 4
+    # one chunk per block, or time slabs of it: each a contiguous run of the block
+    for store in (planned, {"time": 130, "lat": 288, "lon": 72}):
+        assert _gathered(store, planned, raw=True) == pytest.approx(block - 1.0)
+    # chunks of half a block's lat rows are not runs of it: one chunk's buffer beside it
+    half = {"time": 2920, "lat": 144, "lon": 72}
+    assert _gathered(half, planned, raw=True) == pytest.approx(1.5 * block - 1.0)
+    # compressed, each read decodes its group of chunks with copies beside the block
+    assert _gathered(planned, planned, raw=False) > 3 * block

@@ -96,3 +96,24 @@ def test_without_numpys_helpers_quantiles_take_numpys_function(monkeypatch):
     assert quantiles_of_rows(contiguous_rows(view, 1), q, "linear") is None
     got = _quantiles_last(view, np.nanquantile, q, (-1,), "linear", np.dtype("float64"))
     np.testing.assert_array_equal(got, np.moveaxis(np.nanquantile(view, q, axis=-1), 0, -1))
+
+
+def test_has_nan_finds_a_nan_among_infinities_and_nothing_else():
+    from xarray_memchunk.operators.order_statistics import has_nan
+
+    rows = np.array([[np.inf, -np.inf, 1.0], [0.0, -0.0, 2.0]], dtype="float32")
+    assert not has_nan(rows)
+    rows[1, 2] = np.nan
+    assert has_nan(rows)
+    assert not has_nan(np.arange(6).reshape(2, 3))
+    assert not has_nan(np.empty((0, 3)))
+
+
+def test_rows_copied_into_a_buffer_equal_a_fresh_copy():
+    block = np.random.default_rng(3).standard_normal((300, 5, 7)).astype("float32")
+    view = np.moveaxis(block, 0, -1)  # time strided
+    buffer = np.full(view.size + 3, np.nan, "float32")
+    rows = contiguous_rows(view, 1, buffer)
+    np.testing.assert_array_equal(rows, contiguous_rows(view, 1))
+    assert np.shares_memory(rows, buffer)
+    assert not np.shares_memory(contiguous_rows(view, 1, buffer[:10]), buffer)  # too small

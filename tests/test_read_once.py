@@ -153,11 +153,19 @@ def test_staging_a_file_holds_the_larger_of_reading_and_writing():
 
 @pytest.mark.cluster
 def test_at_the_minimum_a_refusal_states_the_file_is_staged_not_read_over(
-    large_chunks, quiet_distributed
+    large_chunks, quiet_distributed, monkeypatch
 ):
     """Trial 93: refused at 0.75 GB, its stated minimum ran past its time limit, re-reading
-    each 127 MiB chunk 181 times, since staging was counted as reading and writing at once."""
+    each 127 MiB chunk 181 times, since staging was counted as reading and writing at once.
+
+    Here the plan in memory would re-read each chunk 16 times, about 2 s at this machine's
+    read speed: staging is weighed from 0.5 s of re-reads on, so the plan at the minimum
+    stages whatever the measured speed."""
     from distributed import Client, LocalCluster
+
+    from xarray_memchunk.operators import read_once
+
+    monkeypatch.setattr(read_once, "MIN_REREAD_SECONDS", 0.5)
 
     from xarray_memchunk.errors import InfeasiblePlanError
     from xarray_memchunk.memory_limits import make_budget

@@ -324,11 +324,12 @@ def test_data_that_fit_beyond_the_workers_limits_are_staged_in_memory(tmp_path):
         site = staging.staging_site(10**6, client, measure_bandwidth=False)
         assert site.in_memory and site.directory == staging.SHARED_MEMORY
         assert "memory beyond the workers' limits" in site.where
-        # more than half of what the workers' limits leave: on disk
+        # more than half of what the workers' limits leave: on disk (0.9 of it, so that the
+        # memory other tests free meanwhile, in parallel, does not make it fit)
         import psutil
 
         left = psutil.virtual_memory().available - 10**9
-        disk = staging.staging_site(int(0.6 * left), client, measure_bandwidth=False)
+        disk = staging.staging_site(int(0.9 * left), client, measure_bandwidth=False)
         assert not disk.in_memory and disk.directory != staging.SHARED_MEMORY
         # a directory the user names is used as it is
         with dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}):
@@ -367,3 +368,33 @@ def test_data_that_fit_beyond_the_workers_limits_are_staged_in_memory(tmp_path):
         Client(c) as client,
     ):
         assert not staging.staging_site(10**6, client, measure_bandwidth=False).in_memory
+
+
+def test_a_first_dim_merged_alone_is_stored_in_planned_chunks_written_in_slabs():
+    source = {"time": 1, "lat": 288, "lon": 720}
+    planned = {"time": 2920, "lat": 288, "lon": 72}
+    sizes = {"time": 2920, "lat": 288, "lon": 720}
+    slabs = staging.staging_chunks(source, planned, 4, 514e6, None, sizes, slabs=True)
+    assert slabs.store == planned  # each block one store chunk
+    assert 1 < slabs.write["time"] < 2920 and slabs.write["lon"] == 720
+    assert "each written in slabs of" in slabs.describe()
+    whole = staging.staging_chunks(source, planned, 4, 514e6, None, sizes, slabs=False)
+    assert whole.store["time"] == whole.write["time"] == slabs.write["time"]
+    # time last: a write task's part of a chunk is not one run of its file
+    last = staging.staging_chunks(
+        {"lat": 288, "lon": 720, "time": 1},
+        {"lat": 288, "lon": 72, "time": 2920},
+        4,
+        514e6,
+        None,
+        {"lat": 288, "lon": 720, "time": 2920},
+        slabs=True,
+    )
+    assert last.store["time"] == last.write["time"] < 2920
+
+
+def test_slab_writes_are_for_the_dtypes_a_staged_store_holds_as_they_are():
+    assert staging.slab_writes(np.dtype("float32")) and staging.slab_writes(np.dtype("int64"))
+    assert not staging.slab_writes(np.dtype("bool"))  # xarray writes booleans as int8
+    assert not staging.slab_writes(np.dtype("datetime64[ns]"))
+    assert not staging.slab_writes(np.dtype(">f8"))

@@ -37,14 +37,14 @@ try:  # NumPy's interpolation, so that values are NumPy's exactly
 except ImportError:  # another NumPy: callers take np.quantile
     _QuantileMethods = None
 
-__all__ = ["contiguous_rows", "median_of_rows", "quantiles_of_rows"]
+__all__ = ["contiguous_rows", "has_nan", "median_of_rows", "quantiles_of_rows"]
 
 #: Elements of the strided last axis copied per step of :func:`contiguous_rows`: a tile of a
 #: slab's series stays in cache while it is gathered (64 measured as fast as 16, 4x 256).
 TILE = 64
 
 
-def contiguous_rows(slab: np.ndarray, reduced: int) -> np.ndarray:
+def contiguous_rows(slab: np.ndarray, reduced: int, buffer: np.ndarray | None = None) -> np.ndarray:
     """A C-contiguous copy of ``slab`` as rows: its last ``reduced`` axes flattened, one per row.
 
     Parameters
@@ -53,13 +53,20 @@ def contiguous_rows(slab: np.ndarray, reduced: int) -> np.ndarray:
         A NumPy array, often a strided view of a block.
     reduced
         How many of its last axes make a row.
+    buffer
+        A 1-d array of ``slab``'s dtype and at least its size that the copy is made in (a
+        caller that goes slab by slab reuses one: in a Dask worker a fresh 8 MB array is
+        mapped and faulted in anew each time, :func:`.zarr_reads.scratch`); None: a new one.
 
     Returns
     -------
     numpy.ndarray
-        Of shape ``(rows, elements per row)``; a new array, so partitions may reorder it.
+        Of shape ``(rows, elements per row)``; a copy, so partitions may reorder it.
     """
-    copy = np.empty(slab.shape, slab.dtype)
+    if buffer is None or buffer.size < slab.size or buffer.dtype != slab.dtype:
+        copy = np.empty(slab.shape, slab.dtype)
+    else:
+        copy = buffer[: slab.size].reshape(slab.shape)
     last = slab.shape[-1] if slab.ndim else 0
     if slab.ndim == 0 or slab.strides[-1] == slab.itemsize or last <= TILE:
         np.copyto(copy, slab)
@@ -68,6 +75,16 @@ def contiguous_rows(slab: np.ndarray, reduced: int) -> np.ndarray:
             copy[..., start : start + TILE] = slab[..., start : start + TILE]
     length = math.prod(slab.shape[slab.ndim - reduced :])
     return copy.reshape(-1, length)
+
+
+def has_nan(rows: np.ndarray) -> bool:
+    """Whether ``rows`` holds a NaN.
+
+    For floats one pass with no array of its size: a NaN propagates to the maximum.
+    """
+    if rows.dtype.kind == "f":
+        return bool(rows.size) and bool(np.isnan(rows.max()))
+    return bool(np.isnan(rows).any())
 
 
 def _select(rows: np.ndarray, orders: Iterable[int]) -> dict[int, np.ndarray]:

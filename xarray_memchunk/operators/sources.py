@@ -395,6 +395,10 @@ class BoundedReads:
             and self.direct is not None
             and (out is None or (out.dtype == self.dtype and out.shape == shape))
         )
+        if direct and out is None:  # a raw chunk of a staged store: its file, mapped
+            mapped = self.direct.mapped(region)
+            if mapped is not None:
+                return mapped
         if direct:  # one storage chunk at a time, into the block itself
             out = np.empty(shape, self.dtype) if out is None else out
             if not out.size or self.direct.read_into(region, out):

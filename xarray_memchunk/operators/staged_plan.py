@@ -5,9 +5,10 @@ reading it from a temporary store instead (:mod:`~xarray_memchunk.operators.stag
 it). :func:`plan_staged` plans once reading from a store in the source's chunks, then chooses
 each variable's store chunks for that plan
 (:func:`~xarray_memchunk.operators.staging.staging_chunks`: pieces of the source chunks no
-larger than the planned ones, thin source chunks merged in memory per write task within the
-budget) and plans again for reading from those (a read decodes whole store chunks); the store's
-chunks are chosen again for that plan, until they stay (at most :data:`STAGING_ROUNDS` times).
+larger than the planned ones, thin source chunks taken several per write task within the
+budget, and along a thin first dim the planned length, written in slabs) and plans again for
+reading from those (a read decodes whole store chunks); the store's chunks are chosen again
+for that plan, until they stay (at most :data:`STAGING_ROUNDS` times).
 Each plan is made for the store it reads from; where one finds nothing, the store chunks of the
 last plan that did stand.
 
@@ -33,7 +34,7 @@ from ..planning.plan import ChunkPlan
 from ..planning.problem import DimSpec, PlanProblem
 from ..planning.search import plan_chunks, plan_for_chunks
 from .cost import TaskCost
-from .staging import StagingChunks, StagingSite, staging_chunks, staging_site
+from .staging import StagingChunks, StagingSite, slab_writes, staging_chunks, staging_site
 
 __all__ = [
     "FILE_STAGING_WHY",
@@ -318,7 +319,12 @@ def _reading(
     """
     problem = staging.problem
     inputs = tuple(
-        replace(c.layout, kind=InputKind.FILE, source_chunks=stores[n])
+        replace(
+            c.layout,
+            kind=InputKind.FILE,
+            source_chunks=stores[n],
+            raw_reads=slab_writes(c.dtype),  # written and read chunk file by chunk file
+        )
         if n in staging.graphs
         else c.layout
         for n, c in staging.costs.items()
@@ -466,6 +472,7 @@ def _store_chunks(
             budget.per_task - c.layout.produce_bytes,
             functools.partial(_reads_fit, staging, n, chunk_plan, current),
             c.sizes,
+            slabs=slab_writes(c.dtype),
         )
         for n, c in staging.graphs.items()
     }

@@ -9,10 +9,15 @@ reads, nothing held for other tasks). rechunker and Cubed stage intermediate dat
 
 The store's chunks are chosen for the plan (:func:`staging_chunks`), as rechunker chooses its
 intermediate chunks: a planned block that cuts a source chunk is stored in pieces no larger
-than the block, and source chunks thinner than the block are first merged in memory, a few per
-write task, so that a block's read decodes little beyond the block. Stored in the source's
-chunks (one time step each), a block of 3650 steps x 90 x 28 of a (3650, 4, 180, 360) cube
-would decode the whole 7 GB store, for each of the plan's 26 tasks.
+than the block, and source chunks thinner than the block are taken a few per write task, so
+that a block's read decodes little beyond the block. Stored in the source's chunks (one time
+step each), a block of 3650 steps x 90 x 28 of a (3650, 4, 180, 360) cube would decode the
+whole 7 GB store, for each of the plan's 26 tasks. Where the thin dim is the first, the
+store's chunk along it is the planned block's, and each write task writes its slab of every
+chunk (:func:`slab_writes`): a block is one chunk file, which its task maps rather than reads
+(:meth:`~xarray_memchunk.operators.zarr_reads.DirectChunkReads.mapped`). The chunk files are
+written straight (:mod:`~xarray_memchunk.operators.zarr_writes`), a file's source chunks
+decoded a few at a time into them.
 
 The store lives in the staging directory: the dask config key ``memchunk.staging-dir``, else
 dask's ``temporary-directory``, else memory (``/dev/shm``) where the data fit beside the limits
@@ -45,7 +50,7 @@ import xarray as xr
 
 from ..clusters import active_client, workers_on_this_machine
 from ..units import format_seconds, format_size, format_size_up
-from .sources import file_backend, read_chunked
+from .sources import bounded_reads, file_backend, file_chunks, read_chunked
 from .staged_stores import STORE_PREFIX, claim, release, remove_orphans, staged_bytes
 
 __all__ = [
@@ -63,6 +68,7 @@ __all__ = [
     "memory_directory",
     "stage",
     "staging_chunks",
+    "slab_writes",
     "staging_site",
 ]
 
@@ -242,10 +248,12 @@ def memory_directory(nbytes: int, client: Any) -> Path | None:
     (those stores counted back in) less the limits of all the workers the cluster may run (an
     adaptive cluster's maximum of them; none without a maximum), and fit the free space of
     ``/dev/shm``. A worker's memory never holds the files: its tasks read their blocks from
-    them, as from a disk. Staging the 2.42 GB cube of ``benchmarks/floors.py`` there took
-    3.5-4.2 s against 4.3-5.8 s in ``/tmp`` (ext4) on 2 workers x 1 thread, and its median
-    over time 5.3-6.4 s against 6.2-8.0 s in all (``benchmarks/staged_phases.py``, 3 runs
-    each).
+    them, as from a disk. Through zarr's writes, staging the 2.42 GB cube of
+    ``benchmarks/floors.py`` there took 3.5-4.2 s against 4.3-5.8 s in ``/tmp`` (ext4) on 2
+    workers x 1 thread; written straight (:mod:`.zarr_writes`), 1.8-2.0 s in both, and the
+    tasks that read it back took 2.1-2.2 s summed against 1.8-1.9 s from ``/tmp``
+    (``benchmarks/staged_phases.py``, 3 runs each): this machine's page cache holds the data
+    as well, where a disk's writes do not wait for it.
 
     Returns
     -------
@@ -352,7 +360,7 @@ class StagingChunks:
         return copies * self.write_bytes(itemsize)
 
     def describe(self) -> str:
-        """The store's chunks, and the source chunks merged per write task where some are."""
+        """The store's chunks, the source chunks per write task, and the slabs it writes."""
         text = "chunks " + ", ".join(f"{d}: {n}" for d, n in self.store.items())
         merged = [
             f"{self.write[d] // self.source[d]} {d} chunks"
@@ -360,7 +368,10 @@ class StagingChunks:
             if self.write[d] > self.source[d]
         ]
         if merged:
-            text += f", {' x '.join(merged)} merged in memory per write task"
+            text += f", {' x '.join(merged)} per write task"
+        slabs = [f"{self.write[d]} {d}" for d in self.write if self.store[d] > self.write[d]]
+        if slabs:
+            text += f", each written in slabs of {' x '.join(slabs)}"
         return text
 
 
@@ -403,6 +414,7 @@ def staging_chunks(
     write_bytes: float,
     reads_fit: Callable[[Mapping[str, int]], bool] | None = None,
     sizes: Mapping[str, int] | None = None,
+    slabs: bool = False,
 ) -> StagingChunks:
     """Store and write chunks for data that comes in ``source`` chunks and is read in ``planned``.
 
@@ -447,6 +459,11 @@ def staging_chunks(
     sizes
         Each dim's length, where known: a dim that one source chunk spans may be stored in
         chunks of any length. None: only divisors of the source chunk are taken.
+    slabs
+        Whether the store's chunks may be written in slabs along the first dim, several
+        write tasks to a chunk (:func:`slab_writes`). Where the first dim is the only one
+        merged, its store chunk is then the planned chunk (a block reads one store chunk along
+        it), and each write task writes its slab of each.
 
     Returns
     -------
@@ -483,6 +500,11 @@ def staging_chunks(
                 )
     store |= {d: longest[d] for d in merged}
     write |= {d: longest[d] for d in merged}
+    first = dims[0] if dims else None
+    if slabs and merged == [first] and planned[first] > store[first]:
+        slab = store | {first: planned[first]}
+        if reads_fit is None or reads_fit(slab):  # each block one store chunk along it
+            return StagingChunks(slab, write, source)
     for d in reversed(merged):
         if reads_fit is None or reads_fit(store):
             break
@@ -500,6 +522,22 @@ def staging_chunks(
     return StagingChunks(store, write, source)
 
 
+def slab_writes(dtype: np.dtype) -> bool:
+    """Whether staged data of ``dtype`` is written chunk file by chunk file, in slabs.
+
+    With zarr 3, for the dtypes a staged store holds as they are (native numbers:
+    :class:`~xarray_memchunk.operators.zarr_writes.DirectChunkWrites`); xarray encodes others
+    (booleans, dates) to another dtype, and zarr writes those whole chunks at a time.
+    """
+    dtype = np.dtype(dtype)
+    return (
+        int(_zarr_version().split(".")[0]) >= 3
+        and dtype.kind in "iufc"
+        and dtype.isnative
+        and np.little_endian
+    )
+
+
 def _read_store(path: Path) -> Any:
     """What a staged result reads ``path`` through: a store that fails once it is removed.
 
@@ -510,6 +548,65 @@ def _read_store(path: Path) -> Any:
     except ImportError:  # zarr 2
         return path
     return StagedStore(path, read_only=True)
+
+
+def _direct_reader(da: xr.DataArray) -> Any:
+    """The direct reads of the Zarr variable ``da`` is read straight from, or None.
+
+    None: another file, several files, or decoding between
+    (:class:`~xarray_memchunk.operators.zarr_reads.DirectChunkReads`).
+    """
+    storage = file_chunks(da)
+    reads = bounded_reads(file_backend(da.data), tuple(storage[str(d)] for d in da.dims))
+    return getattr(reads, "direct", None)  # several files' reads have none
+
+
+def _write(staged: xr.Dataset, name: str, path: Path, source: Any = None) -> None:
+    """Write ``staged`` to a new Zarr store at ``path``; its ``name`` variable chunk file by file.
+
+    xarray writes the metadata and the coordinates. Where the store's layout holds the chunks
+    as they are (:class:`~xarray_memchunk.operators.zarr_writes.DirectChunkWrites`), each write
+    task copies its region from ``source`` (a file's
+    :class:`~xarray_memchunk.operators.zarr_reads.DirectChunkReads`, read chunk by chunk:
+    :func:`~xarray_memchunk.operators.zarr_writes.copy_region`), or writes its Dask chunk; else
+    (zarr 2, a variable encoded to another dtype) xarray writes them.
+    """
+    import dask
+    import dask.array
+    from dask.array.core import slices_from_chunks
+
+    data = staged[name].data
+    store = staged[name].encoding["chunks"]
+    slabs = any(
+        any(c % n for c in chunks[:-1]) for chunks, n in zip(data.chunks, store, strict=True)
+    )  # write chunks that are not whole store chunks: slabs, several tasks to a chunk
+    pending = staged.to_zarr(
+        path, mode="w-", consolidated=False, compute=False, safe_chunks=not slabs
+    )
+    writer = None
+    if int(_zarr_version().split(".")[0]) >= 3:
+        import zarr
+
+        from .zarr_writes import DirectChunkWrites, copies_directly, copy_region
+
+        array = zarr.open_group(path, mode="r+")[name]
+        if np.dtype(array.dtype) == staged[name].dtype:
+            writer = DirectChunkWrites.of(array)
+    if writer is None and slabs:
+        raise RuntimeError(f"zarr cannot write {store} chunks in slabs of {data.chunksize}")
+    if writer is None:
+        pending.compute()
+    elif source is not None and copies_directly(source, writer):
+        token = uuid.uuid4().hex[:12]
+        tasks = [
+            dask.delayed(copy_region, pure=False)(
+                source, writer, region, dask_key_name=f"store-copy-{token}-{i}"
+            )
+            for i, region in enumerate(slices_from_chunks(data.chunks))
+        ]
+        dask.compute(*tasks)
+    else:
+        dask.array.store(data, writer, lock=False)
 
 
 def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = None) -> xr.DataArray:
@@ -552,10 +649,14 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     else:
         write = {d: chunks.write[str(d)] for d in da.dims}
         store = {d: chunks.store[str(d)] for d in da.dims}
+        if not slab_writes(da.dtype):  # slabs of a chunk are written by zarr: whole chunks
+            store = {d: min(store[d], write[d]) for d in da.dims}
+    source = None
     if file_backend(da.data) is not None:  # each write task reads its chunk from the file
         lengths = dask.array.core.normalize_chunks(tuple(write[d] for d in da.dims), da.shape)
         blocks = {str(d): c for d, c in zip(da.dims, lengths, strict=True)}
         variable = variable.copy(data=read_chunked(da, blocks).data)
+        source = _direct_reader(da)
         staged = xr.Dataset({str(name): variable})
     else:
         chunk_bytes = da.dtype.itemsize * math.prod(write.values())
@@ -569,7 +670,7 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     staged.variables[str(name)].encoding |= UNCOMPRESSED
     try:
         claim(path)  # before the store: a process killed while writing it leaves an owner
-        staged.to_zarr(path, mode="w-", consolidated=False)
+        _write(staged, str(name), path, source)
     except Exception as exc:
         release(path)
         raise MemchunkError(

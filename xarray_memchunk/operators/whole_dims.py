@@ -22,7 +22,7 @@ import xarray as xr
 
 from ..errors import MemchunkError
 from .arrays import array_module, to_numpy
-from .order_statistics import contiguous_rows, median_of_rows, quantiles_of_rows
+from .order_statistics import contiguous_rows, has_nan, median_of_rows, quantiles_of_rows
 from .slabs import slabs
 
 __all__ = ["QUANTILE_METHODS", "check_quantile_args", "keeps_attrs", "median", "quantile"]
@@ -179,12 +179,15 @@ def _medians(block: np.ndarray, axis: tuple[int, ...], dtype: np.dtype) -> np.nd
         return xp.asarray(xp.nanmedian(block, axis=axis), dtype=dtype)
     kept = block.ndim - len(axis)
     out = xp.empty(block.shape[:kept], dtype)
+    buffer = None  # each slab's rows, copied into one array
     for index in slabs(block.shape, kept, SLAB_ELEMENTS):
         slab = block[index]  # a view: no copy of the block
         series = slab.shape[slab.ndim - len(axis) :]  # an index may drop a kept axis
         if xp is np and math.prod(series) > 0:
-            rows = contiguous_rows(slab, len(axis))
-            if np.isnan(rows).any():  # the copy is nanmedian's own to reorder
+            if buffer is None:
+                buffer = np.empty(slab.size, slab.dtype)
+            rows = contiguous_rows(slab, len(axis), buffer)
+            if has_nan(rows):  # the copy is nanmedian's own to reorder
                 values = np.nanmedian(rows, axis=1, overwrite_input=True)
             else:
                 values = median_of_rows(rows)
@@ -223,10 +226,13 @@ def _quantiles_last(block: np.ndarray, func, q, axis, method, dtype) -> np.ndarr
         return xp.moveaxis(values, 0, -1).astype(dtype, copy=False)
     kept = block.ndim - len(axis)
     out = xp.empty((*block.shape[:kept], len(q)), dtype)
+    buffer = None  # each slab's rows, copied into one array
     for index in slabs(block.shape, kept, SLAB_ELEMENTS):
         slab = block[index]  # a view: no copy of the block
         if xp is np:
-            out[index] = _quantiles_of_slab(slab, func, q, len(axis), method, dtype)
+            if buffer is None:
+                buffer = np.empty(slab.size, slab.dtype)
+            out[index] = _quantiles_of_slab(slab, func, q, len(axis), method, dtype, buffer)
         elif not xp.isnan(slab).any():
             out[index] = xp.moveaxis(xp.quantile(slab, q, axis=axis, method=method), 0, -1)
         else:
@@ -234,10 +240,13 @@ def _quantiles_last(block: np.ndarray, func, q, axis, method, dtype) -> np.ndarr
     return out
 
 
-def _quantiles_of_slab(slab, func, q, reduced, method, dtype) -> np.ndarray:
-    """NumPy's quantiles of a NumPy ``slab`` over its last ``reduced`` axes, quantiles last."""
-    rows = contiguous_rows(slab, reduced)
-    if np.isnan(rows).any():
+def _quantiles_of_slab(slab, func, q, reduced, method, dtype, buffer=None) -> np.ndarray:
+    """NumPy's quantiles of a NumPy ``slab`` over its last ``reduced`` axes, quantiles last.
+
+    ``buffer``: where its rows are copied (:func:`.order_statistics.contiguous_rows`).
+    """
+    rows = contiguous_rows(slab, reduced, buffer)
+    if has_nan(rows):
         if func is np.nanquantile:
             values = _nanquantile_on_host(rows, q, 1, method, dtype)
         else:

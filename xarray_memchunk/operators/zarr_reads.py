@@ -23,13 +23,27 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
+import mmap
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["DirectChunkReads", "direct_reader", "with_direct_zarr_reads"]
+__all__ = [
+    "SCRATCH_BYTES",
+    "DirectChunkReads",
+    "chunk_directory",
+    "direct_reader",
+    "scratch",
+    "with_direct_zarr_reads",
+]
+
+#: Largest buffer a thread keeps for reuse (:func:`scratch`).
+SCRATCH_BYTES = 16 * 2**20
+_SCRATCH = threading.local()
 
 #: numcodecs' names of the compressors read directly (zarr format 2 metadata holds these).
 NUMCODECS_COMPRESSORS = ("zstd", "blosc", "gzip", "zlib", "lz4")
@@ -51,33 +65,33 @@ class DirectChunkReads:
         The directory its chunk keys are relative to.
     compressor
         numcodecs' configuration of its compressor, or None where chunks are stored raw.
+    mapped
+        Whether a region that is one raw chunk is read by mapping its file (:meth:`mapped`):
+        for a store written once and never changed (a staged store).
     """
 
-    def __init__(self, array: Any, directory: Path, compressor: dict[str, Any] | None):
+    def __init__(
+        self,
+        array: Any,
+        directory: Path,
+        compressor: dict[str, Any] | None,
+        mapped: bool = False,
+    ):
         self.array = array
         self.directory = Path(directory)
         self.compressor = compressor
         self.chunk_shape = tuple(int(c) for c in array.chunks)
+        self.maps = mapped and compressor is None and hasattr(mmap, "MAP_PRIVATE")
         self._codec: Any = None
 
     @classmethod
     def of(cls, array: Any) -> DirectChunkReads | None:
         """``array`` read directly, or None where its layout is not one this reads exactly."""
-        try:
-            from zarr.storage import LocalStore
-        except ImportError:  # zarr 2 has no such store: its own reads stay
-            return None
-        store = getattr(getattr(array, "store_path", None), "store", None)
-        if not isinstance(store, LocalStore) or getattr(array, "shards", None) is not None:
-            return None
-        dtype = np.dtype(array.dtype)
-        if dtype.kind not in "biufc" or not dtype.isnative:
-            return None
-        compressor = _compressor(array.metadata)
+        directory = chunk_directory(array)
+        compressor = _compressor(array.metadata) if directory is not None else False
         if compressor is False:
             return None
-        directory = Path(store.root) / array.store_path.path
-        return cls(array, directory, compressor)
+        return cls(array, directory, compressor, mapped=_staged(array.store_path.store))
 
     def __getattr__(self, name: str) -> Any:
         if name in ("array", "__setstate__"):  # not yet set (unpickling): not the array's
@@ -95,6 +109,42 @@ class DirectChunkReads:
         if out.size and not self.read_into(region, out):
             return self.array[key]
         return out
+
+    def mapped(self, region: tuple[slice, ...]) -> np.ndarray | None:
+        """``region`` as the mapped file of its chunk, or None where it cannot be so read.
+
+        Where :attr:`maps` and the region is one chunk (an edge chunk cut short along its
+        first axis only), its file is mapped copy-on-write: the block is the file's pages,
+        read as the task touches them, with no copy (writes to it stay in the task). None
+        where the region is anything else or the chunk has no file of its size.
+        """
+        if not self.maps:
+            return None
+        index = []
+        for axis, (s, c, n) in enumerate(
+            zip(region, self.chunk_shape, self.array.shape, strict=True)
+        ):
+            stop = min(s.start + c, n) if axis == 0 else s.start + c
+            if s.start % c or s.stop != stop or (axis and s.stop > n):
+                return None
+            index.append(s.start // c)
+        path = self.directory / self.array.metadata.encode_chunk_key(tuple(index))
+        dtype = np.dtype(self.array.dtype)
+        nbytes = dtype.itemsize * math.prod(self.chunk_shape)
+        try:
+            with path.open("rb") as f:
+                if os.fstat(f.fileno()).st_size != nbytes or not nbytes:
+                    return None
+                mapping = mmap.mmap(
+                    f.fileno(),
+                    nbytes,
+                    flags=mmap.MAP_PRIVATE,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                )
+        except FileNotFoundError:
+            return None
+        chunk = np.frombuffer(mapping, dtype=dtype).reshape(self.chunk_shape)
+        return chunk[: region[0].stop - region[0].start]
 
     def read_into(self, region: tuple[slice, ...], out: np.ndarray) -> bool:
         """Fill ``out`` with ``region`` (a ``slice(start, stop)`` per axis).
@@ -150,7 +200,65 @@ class DirectChunkReads:
             import numcodecs
 
             self._codec = numcodecs.get_codec(dict(self.compressor))
-        self._codec.decode(path.read_bytes(), out=into)
+        with path.open("rb", buffering=0) as f:
+            size = os.fstat(f.fileno()).st_size
+            encoded = scratch("encoded", size)
+            raw, done = memoryview(encoded), 0
+            while done < size:
+                read = f.readinto(raw[done:])
+                if not read:
+                    break
+                done += read
+        self._codec.decode(encoded[:done], out=into)
+
+
+def chunk_directory(array: Any) -> Path | None:
+    """The directory of ``array``'s chunk files, where they can be read or written directly.
+
+    That is a ``zarr.Array`` in a local store (``zarr.storage.LocalStore``, zarr 3), not
+    sharded, of a native number dtype; None for anything else.
+    """
+    try:
+        from zarr.storage import LocalStore
+    except ImportError:  # zarr 2 has no such store: its own reads and writes stay
+        return None
+    store = getattr(getattr(array, "store_path", None), "store", None)
+    if not isinstance(store, LocalStore) or getattr(array, "shards", None) is not None:
+        return None
+    dtype = np.dtype(array.dtype)
+    if dtype.kind not in "biufc" or not dtype.isnative:
+        return None
+    return Path(store.root) / array.store_path.path
+
+
+def scratch(name: str, nbytes: int) -> np.ndarray:
+    """A buffer of ``nbytes`` (uint8) this thread reuses under ``name``, where it is small.
+
+    Reads and writes of many storage chunks each need a buffer of about a chunk. A fresh one
+    per chunk costs its pages each time in a Dask worker: the nanny sets
+    ``MALLOC_TRIM_THRESHOLD_``, which keeps glibc's threshold for mapping an allocation at
+    128 kB, so every larger one is mapped and faulted in anew (copying the 2920 one-day
+    chunks of the 2.42 GB climate cube to ``/dev/shm`` on 2 workers took 4.67 task seconds
+    so, 3.56 with buffers reused: ``benchmarks/staging_writes.py``). Buffers up to
+    :data:`SCRATCH_BYTES` are kept, one per name per thread; a larger one is allocated each
+    time.
+    """
+    if nbytes > SCRATCH_BYTES:
+        return np.empty(nbytes, dtype=np.uint8)
+    buffers = _SCRATCH.__dict__
+    buffer = buffers.get(name)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = buffers[name] = np.empty(max(nbytes, 2**16), dtype=np.uint8)
+    return buffer[:nbytes]
+
+
+def _staged(store: Any) -> bool:
+    """Whether ``store`` is a staged store (written once, never changed while it is read)."""
+    try:
+        from .staged_zarr import StagedStore
+    except ImportError:  # pragma: no cover - zarr 2 has no staged store class
+        return False
+    return isinstance(store, StagedStore)
 
 
 def _compressor(metadata: Any) -> dict[str, Any] | bool | None:

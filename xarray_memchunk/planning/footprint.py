@@ -149,6 +149,10 @@ class InputLayout:
     serialized_reads
         A file variable whose reads take a lock shared by a worker's threads (netCDF4 under
         xarray's lock): one read decodes at a time, so its copies are shared among the slots.
+    raw_reads
+        A file variable stored uncompressed and read straight into the block (a staged store:
+        :mod:`~xarray_memchunk.operators.zarr_reads`): a read holds one storage chunk beside
+        the block where the block does not hold its chunks as contiguous runs, else nothing.
     """
 
     name: str
@@ -163,6 +167,7 @@ class InputLayout:
     produce_held_bytes: float = 0.0
     runtime_bytes: float = 0.0
     serialized_reads: bool = False
+    raw_reads: bool = False
 
 
 @dataclass(frozen=True)
@@ -243,6 +248,24 @@ def _read_group(layout: InputLayout, cuts: Mapping[str, DimCut], padded: np.ndar
         touched = touched * _covering(cuts[dim], source, padded=True)[0]
         chunk *= min(source, cuts[dim].size)
     return np.minimum(touched, max(min(READ_GROUP_BYTES, READ_CONCURRENCY * chunk), chunk))
+
+
+def _raw_read_bytes(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarray:
+    """Bytes a read of raw storage chunks holds beside the block, per candidate.
+
+    None where every storage chunk the padded block touches is a contiguous run of the block
+    (read into it in place): the block is whole chunks along every dim, and one chunk along
+    every dim but the first. Else one chunk (read into a buffer, its part copied).
+    """
+    chunk = float(layout.itemsize)
+    in_place = np.ones(next(iter(cuts.values())).lengths.shape, dtype=bool)
+    for i, dim in enumerate(layout.dims):
+        cut = cuts[dim]
+        source = min(layout.source_chunks.get(dim, cut.size), cut.size)
+        chunk *= source
+        whole = _covering(cut, source, padded=True)[0] == np.minimum(cut.padded, cut.size)
+        in_place &= whole if i == 0 else whole & (np.minimum(cut.padded, cut.size) == source)
+    return np.where(in_place, 0.0, chunk)
 
 
 def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
@@ -333,10 +356,13 @@ def footprint(
         # a tree gathers on one worker
         factors = np.maximum(factors, layout.factors_bytes_per_chunk * n_chunks / threads)
         if layout.kind is InputKind.FILE:
-            group = _read_group(layout, cuts, padded)
-            # the read ends before the task's own work starts: it adds only where it is larger;
-            # reads under a worker-wide lock decode one at a time
-            decoding = READ_COPIES * group / (threads if layout.serialized_reads else 1)
+            if layout.raw_reads:
+                decoding = _raw_read_bytes(layout, cuts)
+            else:
+                group = _read_group(layout, cuts, padded)
+                # reads under a worker-wide lock decode one at a time
+                decoding = READ_COPIES * group / (threads if layout.serialized_reads else 1)
+            # the read ends before the task's own work starts: it adds only where it is larger
             read = np.maximum(padded + decoding - task, 0.0)
             extra_held = np.full(task.shape, waiting / threads)
             worst = read + extra_held > gather + held
