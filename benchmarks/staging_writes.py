@@ -91,7 +91,7 @@ def _scratch_limit(nbytes: int) -> None:
 
 def on_a_cluster(client, reader, directory: Path, reuse: bool) -> tuple[float, float]:
     """Wall and summed task seconds to copy the cube on the cluster's workers."""
-    client.run(_scratch_limit, 16 * 2**20 if reuse else 0)
+    client.run(_scratch_limit, zarr_reads.SCRATCH_BYTES if reuse else 0)
     shape = tuple(reader.array.shape)
     writer = DirectChunkWrites.of(_target(directory, shape, (shape[0], shape[1], shape[2] // 10)))
     start = time.perf_counter()

@@ -677,3 +677,13 @@ def test_a_cluster_worker_starts_on_its_imports_while_the_input_is_measured(user
         plan = made_by_a_graph().memchunk.plan(op)
     assert any(n.startswith("memory model calibrated now") for n in plan.notes)
     assert events[:2] == ["sent", "input"]  # the worker's first call went out first
+
+
+def test_a_function_on_float16_data_is_measured_on_float16_blocks(user_dir, threaded):
+    """Review: NumPy's generator makes no float16, and measuring such a function failed."""
+    op = xm.BlockwiseOperator("selfcal-half", lambda block: block * 2)
+    data = field((400, 300), (100, 300)).astype("float16")
+    plan = data.memchunk.plan(op, memory_limit="2GB")
+    assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+    assert load_calibration(op.calibration, "cpu", "float16").profiles
+    np.testing.assert_array_equal(data.memchunk.apply(op).values, (data * 2).values)

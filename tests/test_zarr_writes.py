@@ -66,17 +66,22 @@ def test_a_region_whole_along_all_but_the_first_axis_is_written_directly(tmp_pat
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], expected)
 
 
-def test_a_region_that_cuts_a_chunk_along_another_axis_is_left_to_zarr(tmp_path):
-    values = _values()
-    array = _empty(tmp_path / "a.zarr")
-    array[...] = values
-    writer = DirectChunkWrites.of(array)
+def test_a_region_that_cuts_a_chunk_along_another_axis_is_refused(tmp_path):
+    """zarr would read, change and write whole chunk files, losing other writers' slabs."""
+    writer = DirectChunkWrites.of(_empty(tmp_path / "a.zarr"))
     region = (slice(0, 37), slice(1, 3), slice(0, 13))
     assert not writer.writable(region)
-    writer[region] = -values[region]
-    expected = values.copy()
-    expected[region] = -values[region]
-    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], expected)
+    with pytest.raises(ValueError, match="not slabs of whole chunks"):
+        writer[region] = _values()[region]
+
+
+def test_a_block_of_another_dtype_is_cast_as_zarr_casts_it(tmp_path):
+    values = _values("float64")
+    writer = DirectChunkWrites.of(_empty(tmp_path / "a.zarr"))
+    writer[0:37] = values
+    np.testing.assert_array_equal(
+        zarr.open_array(str(tmp_path / "a.zarr"))[...], values.astype("float32")
+    )
 
 
 def test_layouts_whose_files_are_not_the_chunks_bytes_are_not_written_directly(tmp_path):

@@ -231,8 +231,10 @@ def run_task(
     elif upstream:
         normal = da.random.default_rng(seed).standard_normal(shape, chunks=chunks)
         data = (normal * 2.0 + 1.0).astype(dtype)
-    elif np.dtype(dtype).kind == "f":
+    elif np.dtype(dtype) in (np.float32, np.float64):  # the generator's own dtypes
         data = da.random.default_rng(seed).random(shape, chunks=chunks, dtype=dtype)
+    elif np.dtype(dtype).kind == "f":  # float16 and the like: made in float64, then cast
+        data = da.random.default_rng(seed).random(shape, chunks=chunks).astype(dtype)
     else:  # integers (seismic counts): uniform values within the dtype, made in the graph
         data = (da.random.default_rng(seed).random(shape, chunks=chunks) * 100).astype(dtype)
     own = {

@@ -525,16 +525,18 @@ def staging_chunks(
 def slab_writes(dtype: np.dtype) -> bool:
     """Whether staged data of ``dtype`` is written chunk file by chunk file, in slabs.
 
-    With zarr 3, for the dtypes a staged store holds as they are (native numbers:
-    :class:`~xarray_memchunk.operators.zarr_writes.DirectChunkWrites`); xarray encodes others
-    (booleans, dates) to another dtype, and zarr writes those whole chunks at a time.
+    With zarr 3, for the dtypes a staged store holds as they are (native booleans and
+    numbers: :class:`~xarray_memchunk.operators.zarr_writes.DirectChunkWrites`), where the
+    system has ``os.pwrite`` (not Windows); xarray encodes dates to integers, and zarr writes
+    those whole chunks at a time.
     """
     dtype = np.dtype(dtype)
     return (
         int(_zarr_version().split(".")[0]) >= 3
-        and dtype.kind in "iufc"
+        and dtype.kind in "biufc"
         and dtype.isnative
         and np.little_endian
+        and hasattr(os, "pwrite")
     )
 
 
@@ -580,8 +582,15 @@ def _write(staged: xr.Dataset, name: str, path: Path, source: Any = None) -> Non
     slabs = any(
         any(c % n for c in chunks[:-1]) for chunks, n in zip(data.chunks, store, strict=True)
     )  # write chunks that are not whole store chunks: slabs, several tasks to a chunk
+    # the metadata and coordinates now; every chunk file is written, so a missing one is one
+    # removed (DirectChunkReads raises), not a chunk of fill values
     pending = staged.to_zarr(
-        path, mode="w-", consolidated=False, compute=False, safe_chunks=not slabs
+        path,
+        mode="w-",
+        consolidated=False,
+        compute=False,
+        safe_chunks=not slabs,
+        write_empty_chunks=True,
     )
     writer = None
     if int(_zarr_version().split(".")[0]) >= 3:
@@ -642,15 +651,16 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
         directory = Path(tempfile.gettempdir())
     path = directory / f"{STORE_PREFIX}{uuid.uuid4().hex[:12]}.zarr"
     name = da.name if da.name is not None else "staged"
-    variable = da.rename(name).reset_coords(drop=True).variable
+    # without attrs: CF ones (scale_factor, units of times...) would be decoded on the way
+    # back, where the values are written as they are; the result keeps da's own
+    variable = da.rename(name).reset_coords(drop=True).variable.copy(deep=False)
+    variable.attrs = {}
     if chunks is None:
         write = {d: max(c) for d, c in zip(da.dims, da.chunks, strict=True)}
         store = write
     else:
         write = {d: chunks.write[str(d)] for d in da.dims}
         store = {d: chunks.store[str(d)] for d in da.dims}
-        if not slab_writes(da.dtype):  # slabs of a chunk are written by zarr: whole chunks
-            store = {d: min(store[d], write[d]) for d in da.dims}
     source = None
     if file_backend(da.data) is not None:  # each write task reads its chunk from the file
         lengths = dask.array.core.normalize_chunks(tuple(write[d] for d in da.dims), da.shape)

@@ -41,8 +41,9 @@ __all__ = [
     "with_direct_zarr_reads",
 ]
 
-#: Largest buffer a thread keeps for reuse (:func:`scratch`).
-SCRATCH_BYTES = 16 * 2**20
+#: Largest buffer a thread keeps for reuse (:func:`scratch`): a worker's thread holds up to
+#: this for compressed chunks and :data:`~.zarr_writes.TILE_BYTES` for tiles, beside its tasks.
+SCRATCH_BYTES = 4 * 2**20
 _SCRATCH = threading.local()
 
 #: numcodecs' names of the compressors read directly (zarr format 2 metadata holds these).
@@ -65,9 +66,11 @@ class DirectChunkReads:
         The directory its chunk keys are relative to.
     compressor
         numcodecs' configuration of its compressor, or None where chunks are stored raw.
-    mapped
-        Whether a region that is one raw chunk is read by mapping its file (:meth:`mapped`):
-        for a store written once and never changed (a staged store).
+    staged
+        Whether the store is a staged one: written once, never changed while it is read, with
+        a file for every chunk. A region that is one raw chunk is then read by mapping its
+        file (:meth:`mapped`), and a missing chunk file is an error (the store was removed),
+        not a chunk of fill values.
     """
 
     def __init__(
@@ -75,13 +78,14 @@ class DirectChunkReads:
         array: Any,
         directory: Path,
         compressor: dict[str, Any] | None,
-        mapped: bool = False,
+        staged: bool = False,
     ):
         self.array = array
         self.directory = Path(directory)
         self.compressor = compressor
         self.chunk_shape = tuple(int(c) for c in array.chunks)
-        self.maps = mapped and compressor is None and hasattr(mmap, "MAP_PRIVATE")
+        self.staged = staged
+        self.maps = staged and compressor is None and hasattr(mmap, "MAP_PRIVATE")
         self._codec: Any = None
 
     @classmethod
@@ -91,7 +95,7 @@ class DirectChunkReads:
         compressor = _compressor(array.metadata) if directory is not None else False
         if compressor is False:
             return None
-        return cls(array, directory, compressor, mapped=_staged(array.store_path.store))
+        return cls(array, directory, compressor, staged=_staged(array.store_path.store))
 
     def __getattr__(self, name: str) -> Any:
         if name in ("array", "__setstate__"):  # not yet set (unpickling): not the array's
@@ -173,8 +177,10 @@ class DirectChunkReads:
                 into, part = buffer, into
             try:
                 self._read_chunk(path, into)
-            except FileNotFoundError:  # never written: zarr reads it as the fill value
-                return False
+            except FileNotFoundError:
+                if self.staged:
+                    raise _removed(path) from None
+                return False  # never written: zarr reads it as the fill value
             if not in_place:
                 part[...] = buffer[tuple(source)]
         return True
@@ -210,6 +216,17 @@ class DirectChunkReads:
                     break
                 done += read
         self._codec.decode(encoded[:done], out=into)
+
+
+def _removed(path: Path) -> Exception:
+    """The error for a staged store's chunk file that is gone."""
+    from ..errors import MemchunkError
+
+    return MemchunkError(
+        f"the staged data this result reads lost its chunk file {path} (the staging "
+        f"directory cleaned, or xarray_memchunk.remove_staged_stores()): apply the operator "
+        f"again to stage it again"
+    )
 
 
 def chunk_directory(array: Any) -> Path | None:

@@ -10,8 +10,10 @@ a store in ``/dev/shm`` took 6.1 s in one thread through zarr, 3.4 s written str
 the chunk's bytes as they are: a local store, no sharding, no compressor or filter, native
 little-endian byte order, C order. A block may be any range along the first axis, in whole
 chunks along the others: each chunk gets its slab, one range of its file's bytes, so several
-tasks may write one chunk. An edge chunk is padded to the chunk's shape with the fill value,
-as zarr stores it. Any other region is written by zarr itself. :func:`copy_region` copies a
+tasks may write one chunk; any other region is refused, as zarr's read, change and write of
+whole chunk files would lose what other tasks write. An edge chunk is stored at the chunk's
+shape, as zarr stores it: the fill value past the array's end along the other axes, zeros
+along the first (nothing reads either). :func:`copy_region` copies a
 region from a :class:`~xarray_memchunk.operators.zarr_reads.DirectChunkReads` source a few
 storage chunks at a time, with no block of the region held.
 """
@@ -70,21 +72,29 @@ class DirectChunkWrites:
     def of(cls, array: Any) -> DirectChunkWrites | None:
         """``array`` written directly, or None where its layout is not one this writes exactly."""
         directory = chunk_directory(array)
-        if directory is None or not np.little_endian:
-            return None
+        if directory is None or not np.little_endian or not hasattr(os, "pwrite"):
+            return None  # no os.pwrite on Windows
         if _compressor(array.metadata) is not None:  # compressed, or not read exactly
             return None
         return cls(array, directory)
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Write ``value`` (cast to the array's dtype, as zarr casts it) to the region ``key``.
+
+        Raises
+        ------
+        ValueError
+            Where ``key`` is not a :meth:`writable` region: zarr would read, change and write
+            whole chunk files, and lose what other tasks write to them at the same time.
+        """
         region = _ranges(key, self.shape)
-        block = np.asarray(value)
-        if region is None or not self.writable(region) or block.dtype != self.dtype:
-            self.array[key] = value
-            return
-        if block.shape != tuple(s.stop - s.start for s in region):
-            block = np.broadcast_to(block, tuple(s.stop - s.start for s in region))
-        self.write(region, block)
+        if region is None or not self.writable(region):
+            raise ValueError(
+                f"{key!r} is not slabs of whole chunks of {self.chunk_shape}: it cannot be "
+                f"written beside other writers"
+            )
+        shape = tuple(s.stop - s.start for s in region)
+        self.write(region, np.broadcast_to(np.asarray(value, dtype=self.dtype), shape))
 
     def writable(self, region: tuple[slice, ...]) -> bool:
         """Whether ``region`` is slabs of whole chunks.
@@ -189,8 +199,8 @@ def _write_slab(fd: int, slab: np.ndarray, offset: int) -> None:
     :data:`TILE_BYTES` along its first axis, each written at once: no copy of the whole slab
     is held, and each tile is still in the cache when it is written.
     """
-    if slab.flags.c_contiguous or slab.ndim == 0:
-        _write_all(fd, np.ascontiguousarray(slab), offset)
+    if slab.flags.c_contiguous:
+        _write_all(fd, slab, offset)
         return
     step = max(1, TILE_BYTES // max(slab[0].nbytes, 1))
     for start in range(0, slab.shape[0], step):
@@ -253,6 +263,8 @@ def copy_region(
                 buffer = np.empty(shape, dtype=writer.dtype)
             if not reader.read_into(piece, buffer):
                 buffer[...] = reader.array[piece]
+            if not writer.writable(piece):
+                raise ValueError(f"{piece} is not slabs of whole chunks of {writer.chunk_shape}")
             writer.write(piece, buffer, files)
     return math.prod(s.stop - s.start for s in region) * writer.dtype.itemsize
 

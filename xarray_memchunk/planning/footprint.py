@@ -253,9 +253,9 @@ def _read_group(layout: InputLayout, cuts: Mapping[str, DimCut], padded: np.ndar
 def _raw_read_bytes(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarray:
     """Bytes a read of raw storage chunks holds beside the block, per candidate.
 
-    None where every storage chunk the padded block touches is a contiguous run of the block
-    (read into it in place): the block is whole chunks along every dim, and one chunk along
-    every dim but the first. Else one chunk (read into a buffer, its part copied).
+    Nothing (0) where every storage chunk the padded block touches is a contiguous run of the
+    block (read into it in place): the block is whole chunks along every dim, and one chunk
+    along every dim but the first. Else one chunk (read into a buffer, its part copied).
     """
     chunk = float(layout.itemsize)
     in_place = np.ones(next(iter(cuts.values())).lengths.shape, dtype=bool)
