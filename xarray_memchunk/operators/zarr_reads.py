@@ -67,10 +67,10 @@ class DirectChunkReads:
     compressor
         numcodecs' configuration of its compressor, or None where chunks are stored raw.
     staged
-        Whether the store is a staged one: written once, never changed while it is read, with
-        a file for every chunk. A region that is one raw chunk is then read by mapping its
-        file (:meth:`mapped`), and a missing chunk file is an error (the store was removed),
-        not a chunk of fill values.
+        Whether the store is a staged one, written once and never changed while it is read:
+        a region that is one raw chunk is then read by mapping its file (:meth:`mapped`). A
+        missing chunk file is read through zarr, whose staged store raises for it
+        (:class:`~xarray_memchunk.operators.staged_zarr.StagedStore`).
     """
 
     def __init__(
@@ -84,7 +84,6 @@ class DirectChunkReads:
         self.directory = Path(directory)
         self.compressor = compressor
         self.chunk_shape = tuple(int(c) for c in array.chunks)
-        self.staged = staged
         self.maps = staged and compressor is None and hasattr(mmap, "MAP_PRIVATE")
         self._codec: Any = None
 
@@ -129,7 +128,7 @@ class DirectChunkReads:
             zip(region, self.chunk_shape, self.array.shape, strict=True)
         ):
             stop = min(s.start + c, n) if axis == 0 else s.start + c
-            if s.start % c or s.stop != stop or (axis and s.stop > n):
+            if s.start % c or s.stop != stop:
                 return None
             index.append(s.start // c)
         path = self.directory / self.array.metadata.encode_chunk_key(tuple(index))
@@ -177,10 +176,8 @@ class DirectChunkReads:
                 into, part = buffer, into
             try:
                 self._read_chunk(path, into)
-            except FileNotFoundError:
-                if self.staged:
-                    raise _removed(path) from None
-                return False  # never written: zarr reads it as the fill value
+            except FileNotFoundError:  # never written: zarr reads it as the fill value
+                return False
             if not in_place:
                 part[...] = buffer[tuple(source)]
         return True
@@ -216,17 +213,6 @@ class DirectChunkReads:
                     break
                 done += read
         self._codec.decode(encoded[:done], out=into)
-
-
-def _removed(path: Path) -> Exception:
-    """The error for a staged store's chunk file that is gone."""
-    from ..errors import MemchunkError
-
-    return MemchunkError(
-        f"the staged data this result reads lost its chunk file {path} (the staging "
-        f"directory cleaned, or xarray_memchunk.remove_staged_stores()): apply the operator "
-        f"again to stage it again"
-    )
 
 
 def chunk_directory(array: Any) -> Path | None:
