@@ -388,3 +388,21 @@ def test_plan_shows_the_plan_that_run_runs(tmp_path, capsys):
     for row in ("chunks", "peak", "budget"):
         assert lines(planned, row) == lines(ran, row)[:1], row
     assert "the LocalCluster to start" in lines(planned, "budget")[0]
+
+
+@pytest.mark.parametrize(("config", "expected"), [({}, 1.0), ({"worker-saturation": 1.5}, 1.5)])
+def test_run_cluster_sends_each_worker_its_next_task_when_it_asks(config, expected):
+    """``run``'s own LocalCluster queues one task per thread, unless the user set the depth."""
+    import argparse
+
+    import dask
+
+    from xarray_memchunk import cli
+
+    args = argparse.Namespace(scheduler=None, nworkers=1, nthreads=1, memory_limit="500MB")
+    settings = {f"distributed.scheduler.{k}": v for k, v in config.items()}
+    with dask.config.set(settings), cli._client(args) as client:
+        saturation = client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.WORKER_SATURATION
+        )
+    assert saturation == expected

@@ -112,6 +112,9 @@ MEMORY_SHARE = 0.5
 SHARED_MEMORY = Path("/dev/shm")
 #: Bytes written to measure the staging disk's bandwidth.
 PROBE_BYTES = 64 * 2**20
+#: The random block written over and over to make :data:`PROBE_BYTES`: incompressible in any
+#: file system's records, and made in 6 ms where 64 MiB of random bytes took 93 ms.
+PROBE_BLOCK_BYTES = 4 * 2**20
 #: Smallest store chunk worth cutting a source chunk into where the planned chunk has no near
 #: divisor (measured: writing a Zarr chunk to a local disk costs about 0.65 ms beside its bytes,
 #: as much as writing 0.7 MB; 2700 chunks of 49 kB took 1.9 s, 30 of 4.4 MB 0.28 s).
@@ -200,22 +203,24 @@ def _directory(shared_only: bool, nbytes: int, client: Any) -> tuple[Path | None
 def disk_bandwidth(directory: str) -> float:
     """Write bandwidth of ``directory`` in bytes per second, measured once per process.
 
-    Writes :data:`PROBE_BYTES` to a temporary file there with ``fsync``, then closes and
-    removes it, twice, and keeps the faster. Just after 2.4 GB were written there (the kernel
+    Writes :data:`PROBE_BYTES` (one random block of :data:`PROBE_BLOCK_BYTES`, over and over)
+    to a temporary file there with ``fsync``, then closes and removes it, twice, and keeps the
+    faster. Just after 2.4 GB were written there (the kernel
     still writing them back), five single probes measured 110-557 MiB/s, and five of the
     faster of two 422-520 MiB/s in one round, 93-528 MiB/s in another (``/tmp`` of this
     project's machine): fewer outliers, not none. Whether a plan stages turns on this figure.
     The file has no name where the file system allows it (:func:`_unnamed_file`): a process
     killed while it writes leaves nothing behind.
     """
-    block = np.random.default_rng(0).bytes(PROBE_BYTES)
+    block = np.random.default_rng(0).bytes(PROBE_BLOCK_BYTES)
     seconds = []
     for _ in range(2):
         fd, path = _unnamed_file(directory)
         try:
             start = time.perf_counter()
             with os.fdopen(fd, "wb") as f:
-                f.write(block)
+                for _ in range(PROBE_BYTES // PROBE_BLOCK_BYTES):
+                    f.write(block)
                 f.flush()
                 os.fsync(f.fileno())
             seconds.append(time.perf_counter() - start)

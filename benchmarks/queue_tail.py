@@ -1,0 +1,132 @@
+"""Long tasks on single-thread workers: the scheduler's queue depth against the last wave.
+
+    python benchmarks/queue_tail.py                 # 3 repeats, about 2 minutes on 2 cores
+    python benchmarks/queue_tail.py --repeats 5 --out /tmp/queue_tail.md
+
+With ``distributed.scheduler.worker-saturation`` at its default of 1.1, the scheduler sends a
+1-thread worker ``ceil(1.1 x 1) = 2`` root tasks: one runs and one waits behind it. The
+waiting one is committed a task's duration ahead, before it is known which worker frees first:
+where tasks take a second and their durations differ (the first task of a fresh worker loads
+its kernels; edge blocks are smaller), one worker may end with two tasks to run while the other
+idles. At 1.0 a worker gets its next task when it asks for it.
+
+Three cases on fresh ``LocalCluster``s of 2 workers x 1 thread x 1 GB, at 1.1 and at 1.0 in
+alternating order:
+
+- ``sleeps``: 8 blocks whose task sleeps 0.8-1.35 s (the first two longest), then a sum: Dask
+  alone, no memchunk;
+- ``memchunk gst3d``: ``memchunk.apply("gst3d")`` of a 384^3 float32 volume in 128^3 Zarr
+  chunks (the volume of ``benchmarks/floors.py``), summed;
+- ``dask map_overlap``: the same kernel by ``map_overlap`` on the store's chunks, summed.
+
+Prints a Markdown table: the median wall seconds per case and setting, and how many of each
+run's long tasks each worker ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import dask
+import dask.array as da
+import xarray as xr
+from distributed import get_task_stream
+from floors import _import_libraries, make_volume
+from harness.fresh import fresh_client
+from peers import GST3D_HALO
+
+import xarray_memchunk  # noqa: F401  (the accessor)
+from xarray_memchunk.operators.gst3d.kernels import gst3d_block
+
+SATURATION_KEY = "distributed.scheduler.worker-saturation"
+CASES = ("sleeps", "memchunk gst3d", "dask map_overlap")
+#: Tasks at least this long count as a block's task in the per-worker counts.
+LONG_TASK_S = 0.3
+
+
+def _sleep_block(block, block_info=None):
+    """Sleep 0.8 s, 0.45 s more for the first two blocks, 0-0.2 s more by position."""
+    index = block_info[0]["chunk-location"][0]
+    time.sleep(0.8 + (0.45 if index < 2 else 0.0) + 0.1 * (index % 3))
+    return block
+
+
+def _work(case: str, volume: Path):
+    """The lazy sum that ``case`` computes."""
+    if case == "sleeps":
+        blocks = da.ones((8 * 100, 100), chunks=(100, 100))
+        return blocks.map_blocks(_sleep_block, dtype=blocks.dtype).sum()
+    amplitude = xr.open_zarr(volume)["amplitude"]
+    if case == "memchunk gst3d":
+        return amplitude.memchunk.apply("gst3d").data.astype("float64").sum()
+    dip = amplitude.data.map_overlap(gst3d_block, depth=GST3D_HALO, boundary="none", dtype="f4")
+    return dip.astype("float64").sum()
+
+
+def run(case: str, saturation: float, volume: Path) -> tuple[float, list[int]]:
+    """Wall seconds of one run on a fresh cluster, and the long tasks per worker (most first)."""
+    with dask.config.set({SATURATION_KEY: saturation}), fresh_client(2, 1, "1GB") as client:
+        client.run(_import_libraries)
+        with get_task_stream(client) as stream:
+            start = time.perf_counter()
+            _work(case, volume).compute()
+            seconds = time.perf_counter() - start
+    per_worker = collections.Counter(
+        task["worker"]
+        for task in stream.data
+        if any(
+            s["action"] == "compute" and s["stop"] - s["start"] >= LONG_TASK_S
+            for s in task["startstops"]
+        )
+    )
+    return seconds, sorted(per_worker.values(), reverse=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "queue_tail.md"))
+    args = parser.parse_args()
+    settings = (1.1, 1.0)
+    seconds: dict[tuple[str, float], list[float]] = collections.defaultdict(list)
+    splits: dict[tuple[str, float], list[str]] = collections.defaultdict(list)
+    with tempfile.TemporaryDirectory() as tmp:
+        volume = make_volume(Path(tmp), 1.0)
+        for repeat in range(args.repeats):
+            order = settings if repeat % 2 == 0 else settings[::-1]
+            for case in CASES:
+                for saturation in order:
+                    wall, per_worker = run(case, saturation, volume)
+                    seconds[case, saturation].append(wall)
+                    splits[case, saturation].append("/".join(map(str, per_worker)))
+                    print(
+                        f"[{repeat + 1}/{args.repeats}] {case:17s} {saturation:.1f} "
+                        f"{wall:.2f} s  tasks per worker {splits[case, saturation][-1]}",
+                        flush=True,
+                    )
+    lines = [
+        f"`python benchmarks/queue_tail.py --repeats {args.repeats}`: 2 workers x 1 thread x "
+        f"1 GB, a fresh cluster per run; median of {args.repeats}; dask {dask.__version__}.",
+        "",
+        "| case | worker-saturation | wall s (median) | every run s | long tasks per worker |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for case in CASES:
+        for saturation in settings:
+            runs = seconds[case, saturation]
+            lines.append(
+                f"| {case} | {saturation:.1f} | {statistics.median(runs):.2f} | "
+                f"{', '.join(f'{s:.2f}' for s in runs)} | {', '.join(splits[case, saturation])} |"
+            )
+    table = "\n".join(lines) + "\n"
+    print(table)
+    Path(args.out).write_text(table)
+
+
+if __name__ == "__main__":
+    main()
