@@ -390,9 +390,19 @@ def test_plan_shows_the_plan_that_run_runs(tmp_path, capsys):
     assert "the LocalCluster to start" in lines(planned, "budget")[0]
 
 
-@pytest.mark.parametrize(("config", "expected"), [({}, 1.0), ({"worker-saturation": 1.5}, 1.5)])
-def test_run_cluster_sends_each_worker_its_next_task_when_it_asks(config, expected):
-    """``run``'s own LocalCluster queues one task per thread, unless the user set the depth."""
+@pytest.mark.parametrize(
+    ("config", "environment", "expected"),
+    [({}, None, 1.0), ({"worker-saturation": 1.5}, None, 1.5), ({}, "1.1", 1.1)],
+)
+def test_run_cluster_sends_each_worker_its_next_task_when_it_asks(
+    config, environment, expected, monkeypatch
+):
+    """``run``'s own LocalCluster queues one root task per thread, unless the user set the depth.
+
+    A depth set in the environment is the user's, even at distributed's default.
+    """
+    if environment is not None:
+        monkeypatch.setenv("DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION", environment)
     import argparse
 
     import dask

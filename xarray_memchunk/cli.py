@@ -37,12 +37,12 @@ SCHEDULER_TIMEOUT_S = 10
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 #: The dask config key of the scheduler's queue depth: root tasks sent per worker thread.
 WORKER_SATURATION_KEY = "distributed.scheduler.worker-saturation"
-#: The queue depth of the LocalCluster ``run`` starts, where the user's config keeps
-#: distributed's default: each worker gets its next task when it asks for it. At the default
+#: The queue depth of the LocalCluster ``run`` starts, where the user did not choose one: a
+#: worker is sent its next root task when it reports one finished. At the default
 #: of 1.1 a 1-thread worker holds a second task behind the running one, committed a task's
 #: duration ahead; with tasks of a second, one worker may end with two to run while the other
-#: idles (GST3D of a 384^3 volume on 2 x 1 thread: 4.44 s at 1.1, 3.85 s at 1.0, median of
-#: 3; ``python benchmarks/queue_tail.py``).
+#: idles (GST3D of a 384^3 volume on 2 x 1 thread: 4.14 s at 1.1, 3.88 s at 1.0, median of
+#: 5; the runs split 5/3 took 4.50-4.52 s; ``python benchmarks/queue_tail.py``).
 OWN_CLUSTER_SATURATION = 1.0
 
 
@@ -322,16 +322,20 @@ def _first_line(exc: BaseException) -> str:
 def _own_cluster_config() -> dict[str, Any]:
     """Dask config for the LocalCluster a command starts: :data:`OWN_CLUSTER_SATURATION`.
 
-    Empty where the user's config sets the queue depth to other than distributed's default.
+    Empty where the user chose the queue depth: in a config file or the environment
+    (``DASK_DISTRIBUTED__SCHEDULER__WORKER_SATURATION``), even at distributed's default, or
+    with ``dask.config.set`` to another value.
     """
     import dask
+    import distributed  # noqa: F401  (registers distributed's defaults)
 
     defaults = [
         d["distributed"]["scheduler"]["worker-saturation"]
         for d in dask.config.defaults
         if "worker-saturation" in d.get("distributed", {}).get("scheduler", {})
     ]
-    if dask.config.get(WORKER_SATURATION_KEY, None) not in defaults[-1:]:
+    from_files = dask.config.get(WORKER_SATURATION_KEY, None, config=dask.config.collect())
+    if from_files is not None or dask.config.get(WORKER_SATURATION_KEY, None) not in defaults[-1:]:
         return {}  # the user's own choice
     return {WORKER_SATURATION_KEY: OWN_CLUSTER_SATURATION}
 

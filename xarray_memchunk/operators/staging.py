@@ -112,8 +112,9 @@ MEMORY_SHARE = 0.5
 SHARED_MEMORY = Path("/dev/shm")
 #: Bytes written to measure the staging disk's bandwidth.
 PROBE_BYTES = 64 * 2**20
-#: The random block written over and over to make :data:`PROBE_BYTES`: incompressible in any
-#: file system's records, and made in 6 ms where 64 MiB of random bytes took 93 ms.
+#: The random block written over and over to make :data:`PROBE_BYTES`: a compressing file
+#: system cannot shrink its records (one that deduplicates blocks would store it once), and it
+#: is made in 6 ms where 64 MiB of random bytes took 93 ms.
 PROBE_BLOCK_BYTES = 4 * 2**20
 #: Smallest store chunk worth cutting a source chunk into where the planned chunk has no near
 #: divisor (measured: writing a Zarr chunk to a local disk costs about 0.65 ms beside its bytes,
@@ -213,13 +214,14 @@ def disk_bandwidth(directory: str) -> float:
     killed while it writes leaves nothing behind.
     """
     block = np.random.default_rng(0).bytes(PROBE_BLOCK_BYTES)
+    blocks = max(1, PROBE_BYTES // PROBE_BLOCK_BYTES)
     seconds = []
     for _ in range(2):
         fd, path = _unnamed_file(directory)
         try:
             start = time.perf_counter()
             with os.fdopen(fd, "wb") as f:
-                for _ in range(PROBE_BYTES // PROBE_BLOCK_BYTES):
+                for _ in range(blocks):
                     f.write(block)
                 f.flush()
                 os.fsync(f.fileno())
@@ -227,7 +229,7 @@ def disk_bandwidth(directory: str) -> float:
         finally:
             if path is not None:
                 path.unlink(missing_ok=True)
-    return PROBE_BYTES / max(min(seconds), 1e-6)
+    return blocks * len(block) / max(min(seconds), 1e-6)
 
 
 def _unnamed_file(directory: str) -> tuple[int, Path | None]:
