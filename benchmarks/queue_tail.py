@@ -43,9 +43,9 @@ from harness.fresh import fresh_client
 from peers import GST3D_HALO
 
 import xarray_memchunk  # noqa: F401  (the accessor)
+from xarray_memchunk.cli import WORKER_SATURATION_KEY
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block
 
-SATURATION_KEY = "distributed.scheduler.worker-saturation"
 CASES = ("sleeps", "memchunk gst3d", "dask map_overlap")
 #: Tasks at least this long count as a block's task in the per-worker counts.
 LONG_TASK_S = 0.3
@@ -72,15 +72,15 @@ def _work(case: str, volume: Path):
 
 def run(case: str, saturation: float, volume: Path) -> tuple[float, list[int]]:
     """Wall seconds of one run on a fresh cluster, and the long tasks per worker (most first)."""
-    with dask.config.set({SATURATION_KEY: saturation}), fresh_client(2, 1, "1GB") as client:
+    with dask.config.set({WORKER_SATURATION_KEY: saturation}), fresh_client(2, 1, "1GB") as client:
         client.run(_import_libraries)
         work = _work(case, volume)  # planned and built before the timer
-        workers = dict.fromkeys(client.scheduler_info()["workers"], 0)
+        workers = client.scheduler_info()["workers"]  # a worker that ran none counts 0
         with get_task_stream(client) as stream:
             start = time.perf_counter()
             work.compute()
             seconds = time.perf_counter() - start
-    per_worker = collections.Counter(workers) + collections.Counter(
+    long_tasks = collections.Counter(
         task["worker"]
         for task in stream.data
         if any(
@@ -88,7 +88,7 @@ def run(case: str, saturation: float, volume: Path) -> tuple[float, list[int]]:
             for s in task["startstops"]
         )
     )
-    return seconds, sorted((per_worker.get(w, 0) for w in workers), reverse=True)
+    return seconds, sorted((long_tasks[w] for w in workers), reverse=True)
 
 
 def main() -> None:

@@ -122,7 +122,9 @@ def test_a_file_is_staged_by_write_tasks_that_read_their_chunks(tmp_path, thread
     tas = xr.open_zarr(tmp_path / "daily.zarr")["tas"]
     read = []
     monkeypatch.setattr(
-        staging, "read_chunked", lambda da, chunks: read.append(chunks) or read_chunked(da, chunks)
+        staging,
+        "read_chunked",
+        lambda da, chunks, *rest: read.append(chunks) or read_chunked(da, chunks, *rest),
     )
     chunks = staging.StagingChunks(
         store={"time": 40, "lat": 12, "lon": 5},

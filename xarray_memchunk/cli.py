@@ -329,13 +329,11 @@ def _own_cluster_config() -> dict[str, Any]:
     import dask
     import distributed  # noqa: F401  (registers distributed's defaults)
 
-    defaults = [
-        d["distributed"]["scheduler"]["worker-saturation"]
-        for d in dask.config.defaults
-        if "worker-saturation" in d.get("distributed", {}).get("scheduler", {})
-    ]
+    default = dask.config.get(
+        WORKER_SATURATION_KEY, None, config=dask.config.merge(*dask.config.defaults)
+    )
     from_files = dask.config.get(WORKER_SATURATION_KEY, None, config=dask.config.collect())
-    if from_files is not None or dask.config.get(WORKER_SATURATION_KEY, None) not in defaults[-1:]:
+    if from_files is not None or dask.config.get(WORKER_SATURATION_KEY, None) != default:
         return {}  # the user's own choice
     return {WORKER_SATURATION_KEY: OWN_CLUSTER_SATURATION}
 

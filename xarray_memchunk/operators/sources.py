@@ -60,6 +60,7 @@ __all__ = [
     "input_kind",
     "lazy_file_variable",
     "map_blocks_with_halo",
+    "file_reads",
     "read_chunked",
     "read_through_dask",
     "reads_own_range",
@@ -517,19 +518,29 @@ def bounded_reads(backend: Any, storage: tuple[int, ...]) -> BoundedReads | Conc
     return BoundedReads(backend, storage)
 
 
-def read_chunked(da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]]) -> xr.DataArray:
+def file_reads(da: xr.DataArray) -> BoundedReads | ConcatenatedReads:
+    """The bounded reads of ``da``'s file (each file's, if several), in its storage chunks."""
+    backend = file_backend(da.data)
+    if backend is None:
+        raise ValueError("file_reads needs a variable read straight from a file")
+    storage = file_chunks(da)
+    return bounded_reads(backend, tuple(storage[str(d)] for d in da.dims))
+
+
+def read_chunked(
+    da: xr.DataArray,
+    chunks: Mapping[str, tuple[int, ...]],
+    reads: BoundedReads | ConcatenatedReads | None = None,
+) -> xr.DataArray:
     """``da`` (read from a file) as a Dask array whose tasks read the given chunks from the file.
 
-    Reads are bounded (:class:`BoundedReads`).
+    Reads are bounded (:class:`BoundedReads`): ``reads``, the caller's :func:`file_reads` of
+    ``da``, else made here.
     """
     import dask.array
     from dask.base import tokenize
 
-    backend = file_backend(da.data)
-    if backend is None:
-        raise ValueError("read_chunked needs a variable read straight from a file")
-    storage = file_chunks(da)
-    backend = bounded_reads(backend, tuple(storage[str(d)] for d in da.dims))
+    backend = file_reads(da) if reads is None else reads
     dask_chunks = tuple(tuple(chunks[str(d)]) for d in da.dims)
     name = f"{READ_PREFIX}{tokenize(da.data.name, dask_chunks)}"
     # inlined, each read is a root task of its own, which Dask fuses into the task that uses

@@ -50,7 +50,7 @@ import xarray as xr
 
 from ..clusters import active_client, workers_on_this_machine
 from ..units import format_seconds, format_size, format_size_up
-from .sources import bounded_reads, file_backend, file_chunks, read_chunked
+from .sources import file_backend, file_reads, read_chunked
 from .staged_stores import STORE_PREFIX, claim, release, remove_orphans, staged_bytes
 
 __all__ = [
@@ -559,17 +559,6 @@ def _read_store(path: Path) -> Any:
     return StagedStore(path, read_only=True)
 
 
-def _direct_reader(da: xr.DataArray) -> Any:
-    """The direct reads of the Zarr variable ``da`` is read straight from, or None.
-
-    None: another file, several files, or decoding between
-    (:class:`~xarray_memchunk.operators.zarr_reads.DirectChunkReads`).
-    """
-    storage = file_chunks(da)
-    reads = bounded_reads(file_backend(da.data), tuple(storage[str(d)] for d in da.dims))
-    return getattr(reads, "direct", None)  # several files' reads have none
-
-
 def _write(staged: xr.Dataset, name: str, path: Path, source: Any = None) -> None:
     """Write ``staged`` to a new Zarr store at ``path``; its ``name`` variable chunk file by file.
 
@@ -672,8 +661,10 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     if file_backend(da.data) is not None:  # each write task reads its chunk from the file
         lengths = dask.array.core.normalize_chunks(tuple(write[d] for d in da.dims), da.shape)
         blocks = {str(d): c for d, c in zip(da.dims, lengths, strict=True)}
-        variable = variable.copy(data=read_chunked(da, blocks).data)
-        source = _direct_reader(da)
+        reads = file_reads(da)
+        variable = variable.copy(data=read_chunked(da, blocks, reads).data)
+        # the Zarr variable's direct reads, where it has them (not several files' reads)
+        source = getattr(reads, "direct", None)
         staged = xr.Dataset({str(name): variable})
     else:
         chunk_bytes = da.dtype.itemsize * math.prod(write.values())
