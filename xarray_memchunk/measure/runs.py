@@ -10,8 +10,9 @@ why), and compares them with the plan's prediction.
 
 - Tasks of the input's layers (a random generator, preprocessing, decoding a file, the
   rechunk) are not the operator's and are not counted, nor is the task that gathers a computed
-  result into one array (``finalize-``). Where Dask fuses producing a block into
-  the operator's first task, it is part of that task, as it is in calibration; and a task that
+  result into one array (``finalize-``) or closes a written store (``_finalize_store-``).
+  Where Dask fuses producing a block into the operator's first task, it is part of that task,
+  as it is in calibration; and a task that
   fuses the operator's last step with what follows (``apply(...).sum()``) is named after what
   follows and counted: it is what the worker ran. The tasks of another run that is still held
   (its plan or its result), input and result layers alike, are not counted; other
@@ -19,6 +20,9 @@ why), and compares them with the plan's prediction.
   starting another.
 - On a worker with several threads, tasks overlap: the worker's growth while its threads were
   busy is compared with the plan's prediction for that many tasks at once.
+- A single-threaded worker's first operator task, where it ran no more, loads the operator's
+  compiled code (Numba's runtime), which the plan counts apart (``plan.runtime_bytes``): that
+  task's prediction includes it. A worker that ran more is measured without its first tasks.
 - A worker death counts against the plan only where memory caused it (the nanny's
   ``worker-restart-memory`` event) and the worker was running one of the operator's tasks.
 
@@ -40,7 +44,7 @@ from __future__ import annotations
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -64,9 +68,10 @@ __all__ = ["Run", "RunReport", "input_layers", "record_run", "report"]
 #: A measured task peak counts as above the prediction past this fraction (and
 #: :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK` bytes: allocator noise).
 TOLERANCE = 0.05
-#: Dask's task that gathers a computed collection into one result (``finalize-...``): the
-#: caller's, not the operator's.
-FINALIZE_PREFIX = "finalize-"
+#: Dask's task that gathers a computed collection into one result (``finalize-...``) and
+#: xarray's that closes a store it wrote (``_finalize_store-...``): the caller's, not the
+#: operator's.
+FINALIZE_PREFIXES = ("finalize-", "_finalize_store-")
 
 
 def _worker_records(moment: float, dask_worker: Any = None) -> list[TaskRecord]:
@@ -181,6 +186,9 @@ class RunReport:
         Seen by the scheduler since the graph was built.
     memory_deaths
         Of the deaths, those memory caused while the worker ran an operator task.
+    runtime_bytes
+        The compiled code the measured task loaded as its worker's first (counted apart in the
+        plan's slot), included in ``predicted_task_bytes``; 0 when it was not a first task.
     learned
         What the run taught (and where it is kept), or why it taught nothing.
     """
@@ -194,6 +202,7 @@ class RunReport:
     pauses: int
     worker_deaths: int
     memory_deaths: int = 0
+    runtime_bytes: int = 0
     learned: str = ""
     format: Any = field(default=str, repr=False)
 
@@ -225,7 +234,16 @@ class RunReport:
         rows = [
             ("operator", self.operator),
             ("tasks measured", str(self.n_tasks)),
-            ("predicted task peak", size(self.predicted_task_bytes)),
+            (
+                "predicted task peak",
+                size(self.predicted_task_bytes)
+                + (
+                    f" (with {size(self.runtime_bytes)} of compiled code its worker loaded with "
+                    f"this, its first task)"
+                    if self.runtime_bytes
+                    else ""
+                ),
+            ),
             ("measured task peak", measured),
             (
                 "task slot",
@@ -272,16 +290,26 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
     return _Events(len(pauses), len(deaths), len(memory))
 
 
-def _warm(records: list[TaskRecord]) -> list[TaskRecord]:
+class _Measured(NamedTuple):
+    """An operator task's record, and whether it was its worker's first (per thread)."""
+
+    record: TaskRecord
+    first: bool
+
+
+def _warm(records: list[TaskRecord]) -> list[_Measured]:
     """A worker's operator records without its first task per thread, where it ran more.
 
     The first task a worker runs pays for what it imports and sets up once (a random
     generator, BLAS threads, an import inside the function: 30 MB measured for a task of
-    0.8 MB); it says nothing of the operator's model.
+    0.8 MB); it says nothing of the operator's model. A worker that ran no more keeps them,
+    marked as first: they loaded the operator's compiled code, which the plan counts apart.
     """
     ordered = sorted(records, key=lambda r: r.ended)
     threads = ordered[0].threads if ordered else 1
-    return ordered[threads:] if len(ordered) > threads else ordered
+    if len(ordered) > threads:
+        return [_Measured(r, first=False) for r in ordered[threads:]]
+    return [_Measured(r, first=True) for r in ordered]
 
 
 def _in_task(plan: ChunkPlan) -> int:
@@ -294,18 +322,24 @@ def _in_task(plan: ChunkPlan) -> int:
     return plan.predicted_task_bytes + plan.gather_bytes + plan.produce_bytes
 
 
-def _measured_task(records: list[TaskRecord], plan: ChunkPlan) -> int | None:
-    """The largest peak of one operator task, from single- and multi-threaded workers.
+def _measured_task(measured: list[_Measured], plan: ChunkPlan) -> tuple[int, int] | None:
+    """The largest peak of one operator task beyond its prediction, and the runtime it loaded.
 
     A multi-threaded worker's record is its growth while its threads were busy: shared among
-    the threads, less the held and gathered chunks the plan counts beside each task, it is what
-    one task needed at least, on average.
+    the threads, less the held and gathered chunks and the runtime the plan counts beside each
+    task, it is what one task needed at least, on average. A single-threaded worker's first
+    task loads the operator's compiled code (``plan.runtime_bytes``, counted apart in its slot),
+    which is its allowance: the task is the one whose peak exceeds its prediction and
+    allowance the most. ``None`` when nothing was measured.
     """
-    single = [r.peak_bytes for r in records if r.threads == 1]
     slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
-    shared = [max(0, r.peak_bytes / r.overlap - slot_extra) for r in records if r.threads > 1]
-    values = [*single, *shared]
-    return int(max(values)) if values else None
+    values = [
+        (r.peak_bytes, plan.runtime_bytes if first else 0)
+        if r.threads == 1
+        else (int(max(0, r.peak_bytes / r.overlap - slot_extra)), 0)
+        for r, first in measured
+    ]
+    return max(values, key=lambda v: v[0] - v[1]) if values else None
 
 
 def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
@@ -340,18 +374,19 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
                 r
                 for r in worker
                 if r.name not in run.input_layers
-                and not r.name.startswith(FINALIZE_PREFIX)
+                and not r.name.startswith(FINALIZE_PREFIXES)
                 and _token(r.name) not in others
             ]
         )
     ]
     events = _events(client, run.started, run.input_layers)
-    measured = _measured_task(records, plan)
+    measured, runtime = _measured_task(records, plan) or (None, 0)
     result = RunReport(
         operator=plan.operator,
         n_tasks=len(records),
         measured_task_bytes=measured,
-        predicted_task_bytes=_in_task(plan),
+        predicted_task_bytes=_in_task(plan) + runtime,
+        runtime_bytes=runtime,
         predicted_peak_bytes=plan.predicted_peak_bytes,
         per_task=plan.budget.per_task,
         pauses=events.pauses,
@@ -366,8 +401,8 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         worker = terminate * plan.budget.worker_memory - plan.budget.worker_baseline
         killed = int(worker / max(1, plan.budget.threads_per_worker))
         floor = killed > (measured or 0)
-        measured = max(measured or 0, killed)
-    limit = _in_task(plan) * (1 + TOLERANCE) + ABSOLUTE_SLACK
+        measured, runtime = max(measured or 0, killed), 0 if floor else runtime
+    limit = (_in_task(plan) + runtime) * (1 + TOLERANCE) + ABSOLUTE_SLACK
     over = measured is not None and measured > limit
     if not over:
         result.learned = (
@@ -381,7 +416,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(prepared, measured, floor)
+        result.learned = _learn(prepared, measured - runtime, floor)
     return result
 
 

@@ -35,8 +35,9 @@ the plan's). Per task slot:
   stage of the whole array), plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
   wait for a later step, whatever the input); at most the whole array. Per worker, divided
-  among its threads. Plus the operator's ``runtime_bytes`` (compiled code a worker keeps
-  after its first task), divided likewise.
+  among its threads.
+- ``runtime``: the operator's ``runtime_bytes`` (compiled code a worker loads with its first
+  task and keeps), per worker, divided among its threads.
 - ``produce``: producing a graph's input (measured on one block of the real graph:
   :mod:`~xarray_memchunk.operators.production`). A slot makes a source chunk, then runs the
   operator; its peak is the larger phase. Making the chunk holds it and what producing it needs
@@ -207,14 +208,15 @@ class Footprint:
     held: np.ndarray
     factors: np.ndarray
     produce: np.ndarray
+    runtime: np.ndarray
 
     #: The terms, in the order plans state them.
-    TERMS = ("task", "gather", "held", "factors", "produce")
+    TERMS = ("task", "gather", "held", "factors", "produce", "runtime")
 
     @property
     def total(self) -> np.ndarray:
         """What is checked against the per-task budget."""
-        return self.task + self.gather + self.held + self.factors + self.produce
+        return self.task + self.gather + self.held + self.factors + self.produce + self.runtime
 
 
 def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -399,5 +401,11 @@ def footprint(
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
     runtime = max((layout.runtime_bytes for layout in layouts), default=0.0)
-    held = held + runtime / threads
-    return Footprint(task=task, gather=gather, held=held, factors=factors, produce=produce)
+    return Footprint(
+        task=task,
+        gather=gather,
+        held=held,
+        factors=factors,
+        produce=produce,
+        runtime=np.full(task.shape, runtime / threads),
+    )

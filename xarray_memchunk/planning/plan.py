@@ -69,6 +69,7 @@ _HELD = (
 )
 _FACTORS = "what the operator keeps from every chunk until a later step, per thread"
 _PRODUCING = "what making a block of the input's Dask graph adds to the task's own peak"
+_RUNTIME = "compiled code a worker loads with its first task and keeps, per thread"
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,10 @@ class ChunkPlan:
     predicted_peak_bytes
         Predicted memory of one task slot while the operator runs: its task
         (``predicted_task_bytes``), getting its input (``gather_bytes``: concatenated from
-        pieces, or read from a file), the input chunks a worker holds for it (``held_bytes``)
-        and the operator's factors held beside it (``factors_bytes``); this is what must fit
-        ``budget.per_task``.
+        pieces, or read from a file), the input chunks a worker holds for it (``held_bytes``),
+        the operator's factors held beside it (``factors_bytes``), making a graph's block
+        (``produce_bytes``) and the compiled code a worker loads (``runtime_bytes``); this is
+        what must fit ``budget.per_task``.
     budget
         The per-task memory budget planned against.
     n_chunks
@@ -122,6 +124,9 @@ class ChunkPlan:
         ``n x n`` factors), all on one worker, per thread.
     produce_bytes
         What making a block of a graph's input adds to the task's own peak (measured).
+    runtime_bytes
+        Compiled code (Numba's runtime) a worker loads with its first task of the operator and
+        keeps, per thread.
     estimated_seconds
         Estimated wall time of the blockwise step, from the calibrated time per element and a
         1 ms per-task overhead; used to rank plans, not a promise.
@@ -148,6 +153,7 @@ class ChunkPlan:
     held_bytes: int = 0
     factors_bytes: int = 0
     produce_bytes: int = 0
+    runtime_bytes: int = 0
 
     @property
     def fits(self) -> bool:
@@ -172,6 +178,7 @@ class ChunkPlan:
                 ("held", self.held_bytes, _HELD),
                 ("factors", self.factors_bytes, _FACTORS),
                 ("producing", self.produce_bytes, _PRODUCING),
+                ("runtime", self.runtime_bytes, _RUNTIME),
             )
             if nbytes or name == "task"
         ]

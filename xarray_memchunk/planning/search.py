@@ -126,6 +126,8 @@ def _infeasible(
         terms += f" + factors the operator holds {size(least['factors'])}"
     if least["produce"]:
         terms += f" + producing its input {size(least['produce'])}"
+    if least["runtime"]:
+        terms += f" + compiled code a worker keeps {size(least['runtime'])}"
     advice = []
     if least["held"] > least["task"]:
         sources = "; ".join(
@@ -333,6 +335,7 @@ def _make_plan(
         held_bytes=terms["held"],
         factors_bytes=terms["factors"],
         produce_bytes=terms["produce"],
+        runtime_bytes=terms["runtime"],
         budget=budget,
         n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
         binding=binding,
