@@ -375,3 +375,29 @@ def test_a_larger_baseline_for_workers_in_this_process_keeps_their_minimum():
     # workers in processes of their own: the same baseline leaves a small budget, as before
     own = make_budget(1_000_000_000, 2, 1, "test")
     assert 0 < with_baseline(own, 780_000_000, "held after running").per_task < MIN_TASK_BYTES
+
+
+def test_a_worker_memory_reported_before_its_tasks_freed_it_is_asked_again():
+    """A heartbeat just after a median said 361 MiB of a worker that held 137 MiB again."""
+    workers = {
+        "tcp://a": {"memory_limit": 10**9, "nthreads": 1, "metrics": {"memory": 379_000_000}},
+        "tcp://b": {"memory_limit": 10**9, "nthreads": 1, "metrics": {"memory": 150_000_000}},
+    }
+    asked = []
+
+    def run(function, workers, on_error):
+        asked.append(workers)
+        return {address: 144_000_000 for address in workers}
+
+    def info(n_workers):
+        return {"address": "tcp://scheduler", "workers": workers}
+
+    client = SimpleNamespace(scheduler_info=info, run=run)
+    assert cluster_facts(client).largest_process_memory == 150_000_000
+    assert asked == [["tcp://a"]]  # only the worker above the configured baseline (200 MB)
+
+    def cannot_run(function, workers, on_error):
+        raise OSError("no connection")
+
+    stale = SimpleNamespace(scheduler_info=info, run=cannot_run)
+    assert cluster_facts(stale).largest_process_memory == 379_000_000

@@ -108,8 +108,9 @@ class ClusterFacts:
     address
         The scheduler's address.
     largest_process_memory
-        The largest worker process memory at the scheduler's last heartbeat; before any
-        worker runs, this process's memory where the workers will run in it, else 0.
+        The largest worker process memory (asked again where the scheduler's last heartbeat
+        said more than the configured baseline); before any worker runs, this process's
+        memory where the workers will run in it, else 0.
     workers
         Every worker's :class:`WorkerLayout`, from which the budget takes the tightest; empty
         where not known.
@@ -167,13 +168,36 @@ def cluster_facts(client) -> ClusterFacts:
             (WorkerLayout(w.get("memory_limit") or None, int(w.get("nthreads", 1))), a in here)
             for a, w in workers.items()
         ]
-        rss = max(int(w.get("metrics", {}).get("memory") or 0) for w in workers.values())
+        reported = {a: int(w.get("metrics", {}).get("memory") or 0) for a, w in workers.items()}
+        rss = max(_memory_now(client, reported).values())
         return _facts(layouts, address, rss, f"distributed client {address}")
     planned = _planned_workers(getattr(client, "cluster", None))
     if planned is None:
         raise no_workers_error(address)
     layouts, how = planned
     return _facts(layouts, address, 0, f"distributed client {address}: {how}")
+
+
+def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:
+    """Each worker's process memory, asked again where its heartbeat said more than a baseline.
+
+    A heartbeat's figure may be a second old: just after a computation, the memory its tasks
+    held (361 MiB reported by a worker that held 137 MiB again, after the median of
+    ``benchmarks/floors.py``), which a plan would take for its baseline. Workers that
+    reported more than the configured baseline are asked (``client.run``: their resident
+    memory now, as distributed measures it); one that does not answer keeps its figure, as
+    does every worker of an asynchronous client.
+    """
+    from .memory_limits import configured_baseline
+
+    above = [a for a, rss in reported.items() if rss > configured_baseline()]
+    if not above or getattr(client, "asynchronous", False):
+        return reported
+    try:
+        now = client.run(_this_process_memory, workers=above, on_error="ignore")
+    except Exception:  # a client that cannot run functions on workers: the heartbeats
+        return reported
+    return reported | {a: int(v) for a, v in now.items() if isinstance(v, int | float)}
 
 
 def _facts(
@@ -188,7 +212,7 @@ def _facts(
     address
         The scheduler's address.
     rss
-        The largest worker process memory the scheduler knows of (0 before any worker runs).
+        The largest worker process memory now (0 before any worker runs).
     source
         Where the workers were found, as :attr:`~xarray_memchunk.Budget.source` states it.
 

@@ -56,6 +56,7 @@ from .units import to_bytes
 
 __all__ = [
     "Budget",
+    "configured_baseline",
     "device_budget",
     "machine_cores",
     "make_budget",
@@ -78,13 +79,20 @@ def is_decimal(value: int | float | str) -> bool:
     return int(value) % 10**6 == 0 and int(value) % 2**20 != 0
 
 
+def configured_baseline() -> int:
+    """``memchunk.worker-baseline`` in bytes (:data:`DEFAULT_WORKER_BASELINE` where unset)."""
+    return int(
+        to_bytes(
+            dask.config.get("memchunk.worker-baseline", DEFAULT_WORKER_BASELINE),
+            what="memchunk.worker-baseline",
+        )
+    )
+
+
 def _formula_terms() -> dict[str, float | int]:
     # pausing disabled: the terminate threshold is the only wall left
     pause = memory_threshold("pause", "terminate", otherwise=0.95)
-    baseline = to_bytes(
-        dask.config.get("memchunk.worker-baseline", DEFAULT_WORKER_BASELINE),
-        what="memchunk.worker-baseline",
-    )
+    baseline = configured_baseline()
     reserve = float(dask.config.get("memchunk.reserve", DEFAULT_RESERVE))
     if not 0.0 <= reserve < 1.0:
         raise BudgetError(f"memchunk.reserve must be within [0, 1), got {reserve!r}")
