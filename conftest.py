@@ -3,9 +3,10 @@
 - The notebooks run at their small size.
 - User calibrations (self-calibration, learning from runs) go to a temporary directory, never
   to the user's own: set in the environment, so that the notebook kernels and the command
-  line's subprocesses inherit it. It is removed when the test run ends. Each test module gets
-  a directory of its own: what one module's runs teach (a model raised x2) would change the
-  plans of another that happens to run after it in the same process.
+  line's subprocesses inherit it. Each test module gets a directory of its own (pytest's
+  temporary directories, which it prunes itself): what one module's runs teach (a model raised
+  x2) would change the plans of another that happens to run after it in the same process.
+  The run's own directory, for what runs outside a module, is removed when the run ends.
 """
 
 import atexit

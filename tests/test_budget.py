@@ -393,11 +393,19 @@ def test_a_worker_memory_reported_before_its_tasks_freed_it_is_asked_again():
         return {"address": "tcp://scheduler", "workers": workers}
 
     client = SimpleNamespace(scheduler_info=info, run=run)
-    assert cluster_facts(client).largest_process_memory == 150_000_000
-    assert asked == [["tcp://a"]]  # only the worker above the configured baseline (200 MB)
+    assert cluster_facts(client, 200_000_000).largest_process_memory == 144_000_000
+    assert asked == [["tcp://a", "tcp://b"]]  # all of them, once one reported more
+    assert cluster_facts(client, 400_000_000).largest_process_memory == 379_000_000
+    assert cluster_facts(client).largest_process_memory == 379_000_000
+    assert len(asked) == 1  # under the threshold, or none given: the heartbeats' figures
 
     def cannot_run(function, workers, on_error):
         raise OSError("no connection")
 
     stale = SimpleNamespace(scheduler_info=info, run=cannot_run)
-    assert cluster_facts(stale).largest_process_memory == 379_000_000
+    assert cluster_facts(stale, 200_000_000).largest_process_memory == 379_000_000
+    from xarray_memchunk import memory_limits
+
+    # planning asks above memchunk.worker-baseline
+    budget = memory_limits._cpu_budget(None, client)
+    assert budget.worker_baseline == to_bytes("200MB") and len(asked) == 2

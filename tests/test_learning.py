@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
 import dask
 import dask.array as da
@@ -387,3 +388,57 @@ def test_a_command_line_run_on_a_small_netcdf_file_teaches_nothing(user_dir, tmp
         assert done.returncode == 0, done.stderr[-2000:]
         assert "learned                nothing" in done.stdout, done.stdout
     assert not list(user_dir.glob("*.learned.json"))
+
+
+def _plan_for_peaks(threads=1, runtime=0, per_task=600 * MB):
+    budget = SimpleNamespace(per_task=per_task, threads_per_worker=threads)
+    task = 100 * MB
+    return SimpleNamespace(
+        predicted_task_bytes=task,
+        gather_bytes=0,
+        produce_bytes=0,
+        runtime_bytes=runtime // threads,
+        predicted_peak_bytes=task + runtime // threads,
+        budget=budget,
+    )
+
+
+def _record(peak, threads=1, overlap=1, ended=0.0):
+    from xarray_memchunk.measure.task_peaks import TaskRecord
+
+    return TaskRecord("gst3d-ab12", int(peak), 1.0, ended, threads, overlap)
+
+
+def test_a_first_task_is_allowed_its_runtime_and_setup_and_no_more():
+    from xarray_memchunk.measure.runs import _limit, _Measured, _measured_task, _warm
+
+    runtime = 128 * 2**20
+    plan = _plan_for_peaks(runtime=runtime)
+    first = _warm([_record(100 * MB + runtime + 20 * 2**20)])  # a worker's only task
+    assert first[0].first
+    peak = _measured_task(first, plan)
+    assert peak.runtime == runtime and peak.peak_bytes <= _limit(plan, peak)
+    # setup beyond 32 MiB, or a later task over its prediction, is evidence
+    beyond = _measured_task([_Measured(_record(100 * MB + runtime + 60 * 2**20), True)], plan)
+    assert beyond.peak_bytes > _limit(plan, beyond)
+    later = _measured_task(
+        [*first, _Measured(_record(120 * MB), False)], plan
+    )  # 20 MB over: less than the first task's excess, but over its own limit
+    assert later.peak_bytes == 120 * MB and later.peak_bytes > _limit(plan, later)
+    # no room in the slot: no setup allowed
+    full = _plan_for_peaks(runtime=runtime, per_task=100 * MB + runtime)
+    tight = _measured_task([_Measured(_record(100 * MB + runtime + 20 * 2**20), True)], full)
+    assert tight.allowance == 0 and tight.peak_bytes > _limit(full, tight)
+
+
+def test_a_multithreaded_workers_first_tasks_share_the_runtime_it_loaded_once():
+    from xarray_memchunk.measure.runs import _limit, _Measured, _measured_task
+
+    runtime = 128 * 2**20
+    plan = _plan_for_peaks(threads=4, runtime=runtime)
+    # one task ran alone on a fresh 4-thread worker: its growth holds the whole runtime
+    alone = _measured_task([_Measured(_record(100 * MB + runtime, 4, 1), True)], plan)
+    assert alone.peak_bytes <= _limit(plan, alone)
+    # the same growth on a worker that had run the operator before is evidence
+    again = _measured_task([_Measured(_record(100 * MB + runtime, 4, 1), False)], plan)
+    assert again.peak_bytes > _limit(plan, again)

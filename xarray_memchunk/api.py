@@ -930,7 +930,7 @@ def plan(
     tells it what it needs, each stated in the plan's notes when it happens: a user function
     without a memory model is measured on a few blocks of its own (in a worker of the active
     cluster, or a child process); one block of a Dask graph's input is computed in this
-    process to measure what producing it holds (once per graph; the dask config key
+    process, twice, to measure what producing it holds (once per graph; the dask config key
     ``memchunk.measure-input: False`` turns this one off); and where the data must be staged
     on disk, the staging directory's write speed is measured (64 MiB written once per
     process). ``measure="never"`` runs none of them and the notes say so: a function without

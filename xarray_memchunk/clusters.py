@@ -146,12 +146,14 @@ def no_workers_error(address: str) -> MemchunkError:
     )
 
 
-def cluster_facts(client) -> ClusterFacts:
+def cluster_facts(client, ask_above: int | None = None) -> ClusterFacts:
     """The workers of ``client``'s cluster: running ones, else those its worker spec starts.
 
     Running workers are read from the scheduler. Before any runs (an adaptive cluster scaled
     to zero, a job queue still waiting), a ``SpecCluster`` (``LocalCluster``,
-    dask-jobqueue's clusters) says what it starts: see :func:`spec_workers`.
+    dask-jobqueue's clusters) says what it starts: see :func:`spec_workers`. Where a worker's
+    last heartbeat reported more memory than ``ask_above`` bytes, the workers are asked what
+    they hold now (:func:`_memory_now`); None: the heartbeats' figures.
 
     Raises
     ------
@@ -169,7 +171,9 @@ def cluster_facts(client) -> ClusterFacts:
             for a, w in workers.items()
         ]
         reported = {a: int(w.get("metrics", {}).get("memory") or 0) for a, w in workers.items()}
-        rss = max(_memory_now(client, reported).values())
+        if ask_above is not None and max(reported.values()) > ask_above:
+            reported = _memory_now(client, reported)
+        rss = max(reported.values())
         return _facts(layouts, address, rss, f"distributed client {address}")
     planned = _planned_workers(getattr(client, "cluster", None))
     if planned is None:
@@ -179,22 +183,19 @@ def cluster_facts(client) -> ClusterFacts:
 
 
 def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:
-    """Each worker's process memory, asked again where its heartbeat said more than a baseline.
+    """Each worker's process memory now, asked with ``client.run``; else as ``reported``.
 
     A heartbeat's figure may be a second old: just after a computation, the memory its tasks
     held (361 MiB reported by a worker that held 137 MiB again, after the median of
-    ``benchmarks/floors.py``), which a plan would take for its baseline. Workers that
-    reported more than the configured baseline are asked (``client.run``: their resident
-    memory now, as distributed measures it); one that does not answer keeps its figure, as
-    does every worker of an asynchronous client.
+    ``benchmarks/floors.py``), which a plan would take for its baseline. Every worker is asked
+    (one broadcast), as distributed measures it (resident memory); one that does not answer
+    keeps its heartbeat's figure, as does every worker of an asynchronous client or of a
+    client that cannot run functions on its workers.
     """
-    from .memory_limits import configured_baseline
-
-    above = [a for a, rss in reported.items() if rss > configured_baseline()]
-    if not above or getattr(client, "asynchronous", False):
+    if getattr(client, "asynchronous", False):
         return reported
     try:
-        now = client.run(_this_process_memory, workers=above, on_error="ignore")
+        now = client.run(_this_process_memory, workers=list(reported), on_error="ignore")
     except Exception:  # a client that cannot run functions on workers: the heartbeats
         return reported
     return reported | {a: int(v) for a, v in now.items() if isinstance(v, int | float)}

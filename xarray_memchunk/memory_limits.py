@@ -288,7 +288,7 @@ def machine_cores() -> int:
 
 def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
     """The CPU budget :func:`resolve_budget` finds, before the cores its workers share."""
-    facts = cluster_facts(client) if client is not None else None
+    facts = cluster_facts(client, configured_baseline()) if client is not None else None
     if memory_limit is not None:
         return _given_budget(memory_limit, facts)
     if facts is not None and facts.memory_limit:

@@ -22,9 +22,13 @@ why), and compares them with the plan's prediction.
   busy is compared with the plan's prediction for that many tasks at once.
 - A single-threaded worker's first operator task, where it ran no more, loads the operator's
   compiled code (Numba's runtime), which the plan counts apart (``plan.runtime_bytes``): that
-  task's prediction includes it. And a worker's first tasks may take
-  :data:`FIRST_TASK_BYTES` more (imports, setup) before they count as above their prediction.
-  A worker that ran more is measured without its first tasks.
+  task's prediction includes it. And a worker's first tasks may take up to
+  :data:`FIRST_TASK_BYTES` more (imports, setup), where their slot has that room, before they
+  count as above their prediction. A worker that ran more is measured without its first
+  tasks. "First" is first in the run: a worker that ran the operator before (a second
+  ``apply`` on the same cluster) has loaded it already, and an excess up to its runtime and
+  setup goes unlearned there; the plan's slot counts the runtime, and a plan's baseline is
+  what the workers hold.
 - A worker death counts against the plan only where memory caused it (the nanny's
   ``worker-restart-memory`` event) and the worker was running one of the operator's tasks.
 
@@ -182,8 +186,9 @@ class RunReport:
     n_tasks
         The operator's tasks measured since ``apply`` built the graph.
     measured_task_bytes
-        Largest measured peak of one operator task (on workers with several threads, the
-        worker's growth shared among its busy threads); None when nothing was measured.
+        The measured peak of the operator task furthest above what it was allowed (on workers
+        with several threads, the worker's growth shared among its busy threads); None when
+        nothing was measured.
     predicted_task_bytes, predicted_peak_bytes, per_task
         What the plan predicted one task runs with (the operator's work and getting its input:
         a read from a file, a halo concatenated, a graph's block produced, where these run
@@ -329,36 +334,51 @@ def _in_task(plan: ChunkPlan) -> int:
 
 
 class _Peak(NamedTuple):
-    """The measured task that exceeds its prediction the most: its peak, what it was allowed."""
+    """One operator task's measured peak, and what it may take beside its prediction.
+
+    ``runtime``: the compiled code a single-threaded worker's first task loads, which the plan
+    counts apart in its slot (``plan.runtime_bytes``); ``allowance``: once-only setup (imports)
+    of a worker's first task, and on a worker with several threads its share of the runtime
+    beyond what the slot counts per thread.
+    """
 
     peak_bytes: int
-    runtime: int
-    first: bool
+    runtime: int = 0
+    allowance: int = 0
+    first: bool = False
 
-    @property
-    def allowance(self) -> int:
-        """What the task may take beside its prediction: its runtime, once-only setup."""
-        return self.runtime + (FIRST_TASK_BYTES if self.first else 0)
+
+def _limit(plan: ChunkPlan, peak: _Peak) -> float:
+    """What ``peak`` may reach before it counts as above its prediction."""
+    predicted = _in_task(plan) + peak.runtime
+    return predicted * (1 + TOLERANCE) + ABSOLUTE_SLACK + peak.allowance
+
+
+def _peak_of(record: TaskRecord, first: bool, plan: ChunkPlan) -> _Peak:
+    """A record's :class:`_Peak` under ``plan``.
+
+    A first task's once-only setup is allowed up to :data:`FIRST_TASK_BYTES`, and no more
+    than the slot leaves unused: setup the slot has no room for is evidence like any excess.
+    A multi-threaded worker's record is its growth while its threads were busy, shared among
+    the ``overlap`` tasks, less the held and gathered chunks and the runtime the plan counts
+    beside each task (``runtime / threads``); where it was a worker's first, the runtime and
+    setup were loaded once for all the tasks that overlapped.
+    """
+    room = max(0, plan.budget.per_task - plan.predicted_peak_bytes)
+    setup = min(FIRST_TASK_BYTES, room) if first else 0
+    if record.threads == 1:
+        return _Peak(record.peak_bytes, plan.runtime_bytes if first else 0, setup, first)
+    slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
+    runtime = plan.runtime_bytes * plan.budget.threads_per_worker  # per worker, loaded once
+    share = int(max(0, record.peak_bytes / record.overlap - slot_extra))
+    loaded = (runtime + setup) / record.overlap - plan.runtime_bytes if first else 0
+    return _Peak(share, 0, int(max(0, loaded)), first)
 
 
 def _measured_task(measured: list[_Measured], plan: ChunkPlan) -> _Peak | None:
-    """The largest peak of one operator task beyond its prediction and allowance.
-
-    A multi-threaded worker's record is its growth while its threads were busy: shared among
-    the threads, less the held and gathered chunks and the runtime the plan counts beside each
-    task, it is what one task needed at least, on average. A single-threaded worker's first
-    task loads the operator's compiled code (``plan.runtime_bytes``, counted apart in its
-    slot); any worker's first tasks may take :data:`FIRST_TASK_BYTES` more once. ``None`` when
-    nothing was measured.
-    """
-    slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
-    peaks = [
-        _Peak(r.peak_bytes, plan.runtime_bytes if first else 0, first)
-        if r.threads == 1
-        else _Peak(int(max(0, r.peak_bytes / r.overlap - slot_extra)), 0, first)
-        for r, first in measured
-    ]
-    return max(peaks, key=lambda p: p.peak_bytes - p.allowance) if peaks else None
+    """The operator task whose peak exceeds its :func:`_limit` the most; None: none measured."""
+    peaks = [_peak_of(r, first, plan) for r, first in measured]
+    return max(peaks, key=lambda p: p.peak_bytes - _limit(plan, p)) if peaks else None
 
 
 def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
@@ -399,15 +419,23 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         )
     ]
     events = _events(client, run.started, run.input_layers)
-    peak = _measured_task(records, plan) or _Peak(0, 0, False)
-    measured = peak.peak_bytes if records else None
-    runtime, first = peak.runtime, peak.first
+    peak = _measured_task(records, plan)
+    floor = False
+    if events.memory_deaths:  # the task that killed a worker left no record: at least that
+        terminate = memory_threshold("terminate", otherwise=0.95)
+        # what killed the worker, shared among the tasks its threads ran
+        worker = terminate * plan.budget.worker_memory - plan.budget.worker_baseline
+        killed = int(worker / max(1, plan.budget.threads_per_worker))
+        floor = peak is None or killed > peak.peak_bytes
+        if floor:
+            peak = _Peak(killed)
+    measured = peak.peak_bytes if peak is not None else None
     result = RunReport(
         operator=plan.operator,
         n_tasks=len(records),
         measured_task_bytes=measured,
-        predicted_task_bytes=_in_task(plan) + runtime,
-        runtime_bytes=runtime,
+        predicted_task_bytes=_in_task(plan) + (peak.runtime if peak else 0),
+        runtime_bytes=peak.runtime if peak else 0,
         predicted_peak_bytes=plan.predicted_peak_bytes,
         per_task=plan.budget.per_task,
         pauses=events.pauses,
@@ -415,23 +443,16 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         memory_deaths=events.memory_deaths,
         format=plan.budget.format,
     )
-    floor = False
-    if events.memory_deaths:  # the task that killed a worker left no record: at least that
-        terminate = memory_threshold("terminate", otherwise=0.95)
-        # what killed the worker, shared among the tasks its threads ran
-        worker = terminate * plan.budget.worker_memory - plan.budget.worker_baseline
-        killed = int(worker / max(1, plan.budget.threads_per_worker))
-        floor = killed > (measured or 0)
-        if floor:
-            measured, runtime, first = killed, 0, False
-    slack = ABSOLUTE_SLACK + (FIRST_TASK_BYTES if first else 0)
-    limit = (_in_task(plan) + runtime) * (1 + TOLERANCE) + slack
-    over = measured is not None and measured > limit
+    over = peak is not None and peak.peak_bytes > _limit(plan, peak)
     if not over:
-        once = " (a worker's first task: once-only setup included)" if first else ""
+        once = (
+            f", and {plan.budget.format(peak.allowance)} once in a worker's first task"
+            if peak is not None and peak.allowance
+            else ""
+        )
         result.learned = (
             f"nothing: every operator task within its prediction and the measurement's "
-            f"tolerance ({TOLERANCE:.0%} + {plan.budget.format(slack)}{once})"
+            f"tolerance ({TOLERANCE:.0%} + {plan.budget.format(ABSOLUTE_SLACK)}{once})"
             if measured is not None
             else "nothing: no operator task measured"
         )
@@ -440,7 +461,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(prepared, measured - runtime, floor)
+        result.learned = _learn(prepared, peak.peak_bytes - peak.runtime, floor)
     return result
 
 

@@ -47,6 +47,7 @@ ROW_HELP = {
     "held": "input chunks a worker keeps in memory while the task runs",
     "factors": "what the operator keeps from every chunk until a later step",
     "producing": "what making the input's block in a Dask graph adds",
+    "runtime": "compiled code a worker loads with its first task and keeps",
     "budget": "the most one task slot may hold, and the arithmetic behind it",
     "binding": "the constraint that decided the chunks",
     "whole": "dims the operator needs in one chunk",
