@@ -334,3 +334,32 @@ def test_a_staged_plan_applied_twice_writes_its_store_once(tmp_path, monkeypatch
         first, second = plan.apply(), plan.apply()
     assert written == ["t"]  # a second full store, with no new check of free space, before
     assert first.data.name == second.data.name
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("saturation", [1.1, 1.0])
+def test_a_plan_of_a_few_tasks_per_thread_says_when_the_scheduler_queues_ahead(
+    saturation, quiet_distributed
+):
+    """At distributed's default a worker is sent a task beyond its thread; 6 tasks split 4/2."""
+    from distributed import Client, LocalCluster
+
+    setting = {"distributed.scheduler.worker-saturation": saturation}
+    with (
+        dask.config.set(setting),
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster),
+    ):
+        few = random_field(7).memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 75})
+        many = random_field(7).memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 30})
+    assert few.n_chunks == 4 and many.n_chunks == 10
+    queued = [n for n in few.notes if "worker-saturation" in n]
+    if saturation > 1:
+        assert (
+            queued and "worker-saturation 1.1" in queued[0] and "4.0 tasks per thread" in queued[0]
+        )
+    else:
+        assert not queued
+    assert not any("worker-saturation" in n for n in many.notes)  # 10 per thread: no note

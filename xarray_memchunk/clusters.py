@@ -251,6 +251,24 @@ def _facts(
     )
 
 
+def _scheduler_saturation(dask_scheduler: Any) -> float:
+    return float(dask_scheduler.WORKER_SATURATION)
+
+
+def scheduler_saturation(client: Any) -> float | None:
+    """The scheduler's ``worker-saturation`` (root tasks sent per thread), or None.
+
+    None where it cannot be asked: an asynchronous client, or a scheduler that does not
+    answer.
+    """
+    if client is None or getattr(client, "asynchronous", False):
+        return None
+    try:
+        return float(client.run_on_scheduler(_scheduler_saturation))
+    except Exception:  # an older or foreign scheduler: nothing to say
+        return None
+
+
 def _this_process_memory() -> int:
     """Resident memory of this process, bytes, as a worker running in it measures its own."""
     import psutil
