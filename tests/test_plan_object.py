@@ -341,7 +341,9 @@ def test_a_staged_plan_applied_twice_writes_its_store_once(tmp_path, monkeypatch
 def test_a_plan_of_a_few_tasks_per_thread_says_when_the_scheduler_queues_ahead(
     saturation, quiet_distributed
 ):
-    """At distributed's default a worker is sent a task beyond its thread; 6 tasks split 4/2."""
+    """At distributed's default a worker is sent a task beyond its thread (the median's 6
+    tasks on 2 single-thread workers split 4/2); the scheduler queues only groups of more than
+    twice its threads."""
     from distributed import Client, LocalCluster
 
     setting = {"distributed.scheduler.worker-saturation": saturation}
@@ -352,9 +354,11 @@ def test_a_plan_of_a_few_tasks_per_thread_says_when_the_scheduler_queues_ahead(
         ) as cluster,
         Client(cluster),
     ):
-        few = random_field(7).memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 75})
-        many = random_field(7).memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 30})
-    assert few.n_chunks == 4 and many.n_chunks == 10
+        field = random_field(7)
+        few = field.memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 75})
+        two = field.memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 150})
+        many = field.memchunk.plan("mean", dim="time", chunks={"time": 400, "x": 30})
+    assert (few.n_chunks, two.n_chunks, many.n_chunks) == (4, 2, 10)
     queued = [n for n in few.notes if "worker-saturation" in n]
     if saturation > 1:
         assert (
@@ -362,4 +366,35 @@ def test_a_plan_of_a_few_tasks_per_thread_says_when_the_scheduler_queues_ahead(
         )
     else:
         assert not queued
-    assert not any("worker-saturation" in n for n in many.notes)  # 10 per thread: no note
+    assert not any("worker-saturation" in n for n in (*two.notes, *many.notes))
+
+
+def test_the_scheduler_is_asked_with_a_function_it_needs_no_package_for():
+    """A remote scheduler without xarray_memchunk installed runs it (sent by value)."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from distributed.protocol.pickle import dumps
+
+    from xarray_memchunk.clusters import scheduler_queueing
+
+    sent = []
+
+    def run_on_scheduler(function):
+        sent.append(dumps(function))
+        return function(SimpleNamespace(WORKER_SATURATION=1.1, total_nthreads=4))
+
+    assert scheduler_queueing(SimpleNamespace(run_on_scheduler=run_on_scheduler)) == (1.1, 4)
+    elsewhere = (
+        "import sys; sys.modules['xarray_memchunk'] = None\n"
+        "from types import SimpleNamespace\n"
+        "from distributed.protocol.pickle import loads\n"
+        "ask = loads(sys.stdin.buffer.read())\n"
+        "print(ask(SimpleNamespace(WORKER_SATURATION=1.25, total_nthreads=8)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", elsewhere], input=sent[0], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-1000:]
+    assert done.stdout.decode().strip() == "(1.25, 8)"

@@ -15,7 +15,7 @@ import dask
 import numpy as np
 import xarray as xr
 
-from .clusters import active_client, scheduler_saturation, task_overhead_seconds
+from .clusters import active_client, scheduler_queueing, task_overhead_seconds
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -635,34 +635,39 @@ def _prepare(
         notes = (*notes, "; ".join(why))
     if measure == "never":
         notes = (*notes, _nothing_measured(prepared))
-    notes = (*notes, *_queue_depth_note(prepared.plan))
+    notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes))
 
 
-def _queue_depth_note(plan: ChunkPlan) -> tuple[str, ...]:
+def _queue_depth_note(plan: ChunkPlan, n_variables: int) -> tuple[str, ...]:
     """A note where the cluster's scheduler commits tasks to workers before they ask.
 
     At ``worker-saturation`` above 1 (distributed's default, 1.1), a worker is sent a root task
     beyond its threads, queued behind one that runs. Where a plan is a few tasks per thread,
-    the last may wait there while another worker idles: the median's 6 tasks of 0.5 s split
-    4/2 on 2 workers of 1 thread in 2 of 2 runs (1.95 s, against 1.48-1.64 s at 1.0).
+    the last may wait there while another worker idles: the median's 6 tasks of 0.45-0.53 s
+    split 4/2 on 2 workers of 1 thread in 2 of 2 runs (1.95 s, against 1.48-1.64 s at 1.0).
+    The scheduler queues a task group only where it has more than twice the cluster's threads
+    (``Scheduler.is_rootish``), so plans of at most 2 tasks per thread get no note, nor do
+    plans of more than :data:`QUEUE_NOTE_WAVES`. At ``inf`` nothing is queued: every task is
+    sent at once, as before distributed 2022.11, and the note is not this one.
     """
     client = active_client()
     if client is None:
         return ()
-    budget = plan.budget
-    threads = budget.threads_per_worker * budget.n_workers
-    waves = plan.n_chunks / max(1, threads)
-    if not 1 < waves <= QUEUE_NOTE_WAVES:
+    asked = scheduler_queueing(client)
+    if asked is None:
         return ()
-    saturation = scheduler_saturation(client)
-    if saturation is None or saturation <= 1.0 or math.isinf(saturation):
+    saturation, threads = asked
+    if threads < 1 or saturation <= 1.0 or math.isinf(saturation):
+        return ()
+    waves = plan.n_chunks * n_variables / threads
+    if not 2 < waves <= QUEUE_NOTE_WAVES:
         return ()
     return (
         f"the scheduler sends a worker tasks beyond its threads (worker-saturation "
         f"{saturation:g}): with {waves:.1f} tasks per thread, the last may wait behind another "
-        f"while a worker idles; distributed.scheduler.worker-saturation: 1.0 sends each its "
-        f"next task when it asks",
+        f"while a worker idles; distributed.scheduler.worker-saturation: 1.0, set before the "
+        f"cluster starts, sends each its next task when it asks",
     )
 
 

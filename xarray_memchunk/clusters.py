@@ -251,22 +251,24 @@ def _facts(
     )
 
 
-def _scheduler_saturation(dask_scheduler: Any) -> float:
-    return float(dask_scheduler.WORKER_SATURATION)
-
-
-def scheduler_saturation(client: Any) -> float | None:
-    """The scheduler's ``worker-saturation`` (root tasks sent per thread), or None.
+def scheduler_queueing(client: Any) -> tuple[float, int] | None:
+    """The scheduler's ``worker-saturation`` (root tasks sent per thread) and its threads.
 
     None where it cannot be asked: an asynchronous client, or a scheduler that does not
-    answer.
+    answer. The function run there is sent by value (cloudpickle), so a scheduler without
+    this package answers too.
     """
     if client is None or getattr(client, "asynchronous", False):
         return None
+
+    def ask(dask_scheduler: Any) -> tuple[float, int]:
+        return float(dask_scheduler.WORKER_SATURATION), int(dask_scheduler.total_nthreads)
+
     try:
-        return float(client.run_on_scheduler(_scheduler_saturation))
+        saturation, threads = client.run_on_scheduler(ask)
     except Exception:  # an older or foreign scheduler: nothing to say
         return None
+    return float(saturation), int(threads)
 
 
 def _this_process_memory() -> int:
