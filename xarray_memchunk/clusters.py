@@ -265,10 +265,9 @@ def scheduler_queueing(client: Any) -> tuple[float, int] | None:
         return float(dask_scheduler.WORKER_SATURATION), int(dask_scheduler.total_nthreads)
 
     try:
-        saturation, threads = client.run_on_scheduler(ask)
+        return client.run_on_scheduler(ask)
     except Exception:  # an older or foreign scheduler: nothing to say
         return None
-    return float(saturation), int(threads)
 
 
 def _this_process_memory() -> int:

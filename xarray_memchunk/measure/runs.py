@@ -345,7 +345,6 @@ class _Peak(NamedTuple):
     peak_bytes: int
     runtime: int = 0
     allowance: int = 0
-    first: bool = False
 
 
 def _limit(plan: ChunkPlan, peak: _Peak) -> float:
@@ -367,12 +366,12 @@ def _peak_of(record: TaskRecord, first: bool, plan: ChunkPlan) -> _Peak:
     room = max(0, plan.budget.per_task - plan.predicted_peak_bytes)
     setup = min(FIRST_TASK_BYTES, room) if first else 0
     if record.threads == 1:
-        return _Peak(record.peak_bytes, plan.runtime_bytes if first else 0, setup, first)
+        return _Peak(record.peak_bytes, plan.runtime_bytes if first else 0, setup)
     slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
     runtime = plan.runtime_bytes * plan.budget.threads_per_worker  # per worker, loaded once
     share = int(max(0, record.peak_bytes / record.overlap - slot_extra))
     loaded = (runtime + setup) / record.overlap - plan.runtime_bytes if first else 0
-    return _Peak(share, 0, int(max(0, loaded)), first)
+    return _Peak(share, 0, int(max(0, loaded)))
 
 
 def _measured_task(measured: list[_Measured], plan: ChunkPlan) -> _Peak | None:
