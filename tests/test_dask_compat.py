@@ -279,6 +279,29 @@ def test_worker_threads_stored_bytes_and_device_limit(local):
 
 
 @pytest.mark.cluster
+def test_bounded_runs_answer_and_give_up_on_a_silent_worker_or_scheduler(local):
+    import asyncio
+    import time
+
+    _, client = local
+    (address,) = client.scheduler_info()["workers"]
+    assert compat.bounded_run(client, lambda: 7, [address], 5.0) == {address: 7}
+
+    async def silent(**_):  # a worker or scheduler that accepts the call and never answers
+        await asyncio.sleep(30)
+
+    for ask in (
+        lambda: compat.bounded_run(client, silent, [address], 0.5),
+        lambda: compat.bounded_run_on_scheduler(client, silent, 0.5),
+    ):
+        start = time.perf_counter()
+        with pytest.raises(TimeoutError):
+            ask()
+        assert time.perf_counter() - start < 5  # not the 30 s the call would wait
+    assert compat.bounded_run_on_scheduler(client, lambda dask_scheduler: 3, 5.0) == 3
+
+
+@pytest.mark.cluster
 def test_worker_plugin_finds_a_registered_plugin(local):
     from distributed.diagnostics.plugin import WorkerPlugin
 

@@ -113,6 +113,37 @@ def test_adaptive_cluster_at_zero_plans_from_its_worker_spec():
     np.testing.assert_allclose(mean.values, tas.values.mean(axis=0), rtol=1e-5)
 
 
+def _smooth(block):
+    from scipy import ndimage
+
+    return ndimage.uniform_filter(block, size=3, mode="reflect")
+
+
+def test_an_adaptive_cluster_at_zero_measures_a_function_in_a_child_process(tmp_path, monkeypatch):
+    """A new user's report: an adaptive cluster at zero waited 60 s, then the plan raised.
+
+    Self-calibration waited for a worker to measure in (``WorkerStartTimeoutError: Only 0/1
+    workers arrived after 60.0``): adapt starts one only for tasks. The blocks are measured in
+    a child process instead, and no worker starts for them.
+    """
+    import xarray_memchunk as xm
+
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    tas = synthetic_climate(120, 40, 60, chunks={"time": 10}).tas
+    op = xm.BlockwiseOperator("adaptive-smooth", _smooth, depth={"lat": 1, "lon": 1})
+    limit = _this_process_memory() + 1_000_000_000
+    with _adaptive_in_this_process(limit, threads_per_worker=1, maximum=1) as cluster:
+        began = time.perf_counter()
+        plan = tas.memchunk.plan(op)
+        seconds = time.perf_counter() - began
+        assert not cluster.workers  # none started for the measurement
+        smoothed = plan.apply().compute()  # adapt starts the worker
+    assert seconds < 30  # not the 60 s wait for a worker
+    note = next(n for n in plan.notes if n.startswith("memory model calibrated now"))
+    assert "measured in a child process of this one" in note
+    np.testing.assert_array_equal(smoothed.values, _smooth(tas.values))
+
+
 def test_workers_in_this_process_count_what_it_holds_before_they_start():
     """A worker started in this process pauses on all it holds: the plan is refused first.
 

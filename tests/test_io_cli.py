@@ -124,7 +124,7 @@ def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threa
     np.testing.assert_array_equal(back.dip.values, ds.load().memchunk.apply("gst3d").dip.values)
     nc = dip.memchunk.to_netcdf(tmp_path / "dip.nc")
     assert xr.open_dataset(nc).dip.encoding["chunksizes"] == back.dip.encoding["chunks"]
-    with pytest.raises(xm.MemchunkError, match="exists"):
+    with pytest.raises(xm.MemchunkError, match="exists; pass overwrite=True to"):
         dip.memchunk.to_zarr(tmp_path / "dip.zarr")
     assert [p.name for p in tmp_path.iterdir() if "memchunk-" in p.name] == []
 
@@ -188,7 +188,7 @@ def test_cli_run_writes_netcdf_and_refuses_to_overwrite(files, tmp_path):
             ["plan", "gst3d", "{root}/volume.zarr", "--memory-limit", "lots"],
             "cannot parse --memory-limit",
         ),
-        (["run", "gst3d", "{root}/volume.zarr", "{root}/tas.nc"], "exists"),
+        (["run", "gst3d", "{root}/volume.zarr", "{root}/tas.nc"], "exists; pass --overwrite to"),
         (["plan", "gst3d", "{root}/volume.zarr", "-o", "sigma"], "KEY=VALUE"),
         (["run", "mean", "{root}/tas.nc", "{root}/tas.nc", "--overwrite"], "is the input"),
         (["run", "mean", "{root}/tas.nc", "{root}", "--overwrite"], "holds the input"),

@@ -442,3 +442,24 @@ def test_a_multithreaded_workers_first_tasks_share_the_runtime_it_loaded_once():
     # the same growth on a worker that had run the operator before is evidence
     again = _measured_task([_Measured(_record(100 * MB + runtime, 4, 1), False)], plan)
     assert again.peak_bytes > _limit(plan, again)
+
+
+def test_a_report_after_an_adaptive_cluster_retired_its_workers_says_so():
+    """A new user's report: after the result was computed and the adaptive cluster scaled
+    down, the report said no task had ended yet ("compute the result first")."""
+    from xarray_memchunk.measure.runs import RunReport, _events
+
+    removal = {"action": "remove-worker", "worker": "tcp://a", "expected": True}
+    died = {"action": "remove-worker", "worker": "tcp://b", "expected": False}
+    client = SimpleNamespace(get_events=lambda: {"all": [(10.0, removal), (11.0, died)]})
+    events = _events(client, 5.0, frozenset())
+    assert (events.retired, events.deaths) == (1, 1)
+    assert _events(client, 12.0, frozenset()).retired == 0  # before the run: not its workers
+
+    def report(retired: int) -> str:
+        return RunReport(
+            "median", 0, None, 10, 10, 100, 0, 0, retired_workers=retired, format=str
+        ).explain()
+
+    assert "1 worker(s) retired" in report(1) and "compute the result first" not in report(1)
+    assert "no task of this run has ended yet" in report(0)

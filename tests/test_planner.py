@@ -293,3 +293,15 @@ def test_a_range_below_every_chunking_is_refused_for_the_range_with_no_minimum()
     with pytest.raises(InfeasiblePlanError, match="every chunking it allows has tasks") as err:
         plan_chunks(problem, make_budget(400 * 10**6, 1, 2, "test"))
     assert err.value.minimum_memory_limit is None  # no memory lets it run: calibrate instead
+
+
+def test_memory_binds_where_no_chunking_of_fewer_tasks_fits():
+    """A new user's median of 2 fields of 600 MB, lat and lon whole, on 1 thread: 2 tasks at
+    100% of the budget read "parallelism: ... memory is not the limit"."""
+    specs = (DimSpec("time", 2), DimSpec("y", 1000, DimRole.WHOLE))
+    problem = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-8)
+    plan = plan_chunks(problem, budget(4 * 1000, threads=2))  # one field per task, no more
+    assert plan.n_chunks == 2
+    assert plan.binding == Binding.MEMORY
+    roomy = plan_chunks(problem, budget(4 * 2000, threads=2))  # both fields in one task fit
+    assert roomy.n_chunks == 2 and roomy.binding == Binding.PARALLELISM

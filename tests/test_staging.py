@@ -449,3 +449,32 @@ def test_a_staged_chunk_file_that_is_gone_is_an_error_not_fill_values(tmp_path, 
     with pytest.raises(MemchunkError, match="lost its chunk file"):
         staged.compute()
     xm.remove_staged_stores()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_refusal_whose_writes_are_over_the_budget_states_the_staged_minimum(threads):
+    """A new user's median of six yearly netCDF files (one chunk a year, converted to
+    Celsius) on 1 GB workers was refused with 2.20 GiB, the in-memory route's minimum; staged,
+    it ran from 1.31 GB. The refusal now states the least limit either way, and at it the plan
+    stages the data."""
+    from xarray_memchunk.datasets import synthetic_climate
+    from xarray_memchunk.errors import InfeasiblePlanError
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.units import format_size_up
+
+    celsius = synthetic_climate(730, 90, 180, chunks={"time": 365}).tas - 273.15
+
+    def plan(limit: int):
+        return celsius.memchunk.plan(
+            "median", dim="time", budget=make_budget(limit, threads, 2, "test")
+        )
+
+    with pytest.raises(InfeasiblePlanError, match="writing one of the data's chunks") as refused:
+        plan(400_000_000)
+    minimum = refused.value.minimum_memory_limit
+    assert f"at least {format_size_up(minimum)} (memory_limit)" in str(refused.value)
+    staged = plan(minimum)
+    assert any("temporary Zarr store" in n for n in staged.notes)
+    assert staged.staging_task_bytes <= staged.budget.per_task
+    with pytest.raises(InfeasiblePlanError):
+        plan(int(0.98 * minimum))

@@ -30,6 +30,8 @@ __all__ = [
     "adaptive_bounds",
     "alias_target",
     "array_meta",
+    "bounded_run",
+    "bounded_run_on_scheduler",
     "check_scheduler_address",
     "ensure_minimum_chunksize",
     "first_task_arguments",
@@ -391,6 +393,62 @@ def neighbour_gathering_layers(collection: Any, inputs: Iterable[str]) -> list[s
 #: Event topic of the nanny when it restarts a worker for its memory (its message's
 #: ``"worker"`` is the worker's address): ``distributed.worker_memory``.
 MEMORY_RESTART_TOPIC = "worker-restart-memory"
+
+
+def bounded_run(
+    client: Any, function: Callable[[], Any], workers: list[str], timeout: float
+) -> dict[str, Any]:
+    """``client.run(function, workers=workers, on_error="ignore")``, given up after ``timeout``.
+
+    ``Client.run`` waits for every worker it asks, with no limit: a worker whose process is
+    stopped (or wedged) accepts the connection and never answers, and the call waits for
+    ever. Relies on ``Client.sync``'s ``callback_timeout`` and on ``Client._run``, the
+    coroutine ``Client.run`` runs (internal); a client without them (another implementation)
+    is asked with ``client.run``, unbounded. Checked with distributed 2026.8.0.
+
+    Parameters
+    ----------
+    client
+        A synchronous ``distributed.Client``.
+    function
+        What each worker runs, with no arguments.
+    workers
+        The workers' addresses.
+    timeout
+        Seconds.
+
+    Returns
+    -------
+    dict
+        Each answering worker's address and result; a worker whose call failed is left out.
+
+    Raises
+    ------
+    TimeoutError
+        When not every worker answered within ``timeout``.
+    """
+    run = getattr(client, "_run", None)
+    if run is None or not hasattr(client, "sync"):
+        return client.run(function, workers=workers, on_error="ignore")
+    return client.sync(run, function, workers=workers, on_error="ignore", callback_timeout=timeout)
+
+
+def bounded_run_on_scheduler(client: Any, function: Callable[..., Any], timeout: float) -> Any:
+    """``client.run_on_scheduler(function)``, given up after ``timeout`` seconds.
+
+    Relies on ``Client.sync``'s ``callback_timeout`` and on ``Client._run_on_scheduler``
+    (internal), as :func:`bounded_run`; unbounded ``run_on_scheduler`` where the client lacks
+    them. Checked with distributed 2026.8.0.
+
+    Raises
+    ------
+    TimeoutError
+        When the scheduler did not answer within ``timeout``.
+    """
+    run = getattr(client, "_run_on_scheduler", None)
+    if run is None or not hasattr(client, "sync"):
+        return client.run_on_scheduler(function)
+    return client.sync(run, function, callback_timeout=timeout)
 
 
 def worker_threads(worker: Any) -> int:

@@ -386,7 +386,7 @@ def _prepare_output(args: argparse.Namespace) -> None:
 
     for message in recover(args.output):
         print(f"memchunk: {message}", flush=True)
-    check_target(args.output, args.overwrite, sources=[args.input])
+    check_target(args.output, args.overwrite, sources=[args.input], option="--overwrite")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

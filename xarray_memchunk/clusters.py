@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 from ._dask_compat import (
     adaptive_bounds,
+    bounded_run,
+    bounded_run_on_scheduler,
     worker_device_memory_limit,
     worker_memory_limit,
     worker_threads,
@@ -18,6 +20,7 @@ from ._dask_compat import (
 from .errors import MemchunkError
 
 __all__ = [
+    "ASK_TIMEOUT",
     "DISTRIBUTED_MEMORY_DEFAULTS",
     "ClusterFacts",
     "DeviceFacts",
@@ -34,6 +37,12 @@ __all__ = [
 
 _logger = logging.getLogger(__name__)
 
+
+#: Seconds a plan waits for the workers (their memory now) or the scheduler (its queueing) to
+#: answer before it plans with what it knows: a stopped or wedged worker accepts the
+#: connection and never answers (:func:`~._dask_compat.bounded_run`). Answers take 5-10 ms on
+#: a LocalCluster.
+ASK_TIMEOUT = 5.0
 
 #: ``distributed.worker.memory`` thresholds (fractions of a worker's memory limit) where
 #: distributed's own configuration is not loaded (it is not imported).
@@ -190,13 +199,14 @@ def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:
     ``benchmarks/floors.py``), which a plan would take for its baseline. Every worker is asked
     (one broadcast), as distributed measures it (resident memory); one that does not answer
     keeps its heartbeat's figure, as does every worker of an asynchronous client or of a
-    client that cannot run functions on its workers.
+    client that cannot run functions on its workers, and all of them where not every worker
+    answered within :data:`ASK_TIMEOUT`.
     """
     if getattr(client, "asynchronous", False):
         return reported
     try:
-        now = client.run(_this_process_memory, workers=list(reported), on_error="ignore")
-    except Exception:  # a client that cannot run functions on workers: the heartbeats
+        now = bounded_run(client, _this_process_memory, list(reported), ASK_TIMEOUT)
+    except Exception:  # no answer in time, or a client that cannot run functions: heartbeats
         return reported
     return reported | {a: int(v) for a, v in now.items() if isinstance(v, int | float)}
 
@@ -255,8 +265,8 @@ def scheduler_queueing(client: Any) -> tuple[float, int] | None:
     """The scheduler's ``worker-saturation`` (root tasks sent per thread) and its threads.
 
     None where it cannot be asked: an asynchronous client, or a scheduler that does not
-    answer. The function run there is sent by value (cloudpickle), so a scheduler without
-    this package answers too.
+    answer (within :data:`ASK_TIMEOUT`). The function run there is sent by value
+    (cloudpickle), so a scheduler without this package answers too.
     """
     if client is None or getattr(client, "asynchronous", False):
         return None
@@ -265,7 +275,7 @@ def scheduler_queueing(client: Any) -> tuple[float, int] | None:
         return float(dask_scheduler.WORKER_SATURATION), int(dask_scheduler.total_nthreads)
 
     try:
-        return client.run_on_scheduler(ask)
+        return bounded_run_on_scheduler(client, ask, ASK_TIMEOUT)
     except Exception:  # an older or foreign scheduler: nothing to say
         return None
 

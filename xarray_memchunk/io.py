@@ -199,6 +199,7 @@ def check_target(
     target: str | os.PathLike,
     overwrite: bool,
     sources: Iterable[str | os.PathLike] = (),
+    option: str = "overwrite=True",
 ) -> Path:
     """Fail before any computation unless writing ``target`` loses nothing the user has.
 
@@ -212,6 +213,9 @@ def check_target(
     sources
         Paths of the inputs: the target may not be one, hold one, or lie inside one (compared
         with symlinks resolved).
+    option
+        How the caller's user allows the replacement, in the messages: the argument, or the
+        command line's ``--overwrite``.
 
     Returns
     -------
@@ -233,13 +237,11 @@ def check_target(
     if not (target.exists() or target.is_symlink()):
         return target
     if not overwrite:
-        raise MemchunkError(
-            f"output {str(target)!r} exists; pass overwrite=True (--overwrite) to replace it"
-        )
+        raise MemchunkError(f"output {str(target)!r} exists; pass {option} to replace it")
     if not is_dataset(target):
         raise MemchunkError(
             f"output {str(target)!r} exists and is not a Zarr store or a netCDF/HDF5 file: "
-            f"overwrite=True (--overwrite) replaces only a dataset, never other files or "
+            f"{option} replaces only a dataset, never other files or "
             f"directories; choose another output path, or move {str(target)!r} away yourself"
         )
     return target

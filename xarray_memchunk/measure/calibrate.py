@@ -598,6 +598,9 @@ class SelfCalibration:
         The fit's errors on the measured blocks, percent.
     squared_dims
         Dims along which memory grew faster than the block (see :func:`superlinear_dims`).
+    measured_in
+        The process the blocks ran in: a cluster's worker, or a child process of this one
+        (no cluster, or an adaptive one with no worker running).
     """
 
     path: Path
@@ -608,12 +611,13 @@ class SelfCalibration:
     median_abs_pct_error: float
     worst_under_pct: float
     squared_dims: tuple[str, ...] = ()
+    measured_in: str = "a worker process"
 
     def explain(self) -> str:
         """One sentence for the plan's notes."""
         text = (
             f"memory model calibrated now (the plan ran the operator): {self.n_profiles} "
-            f"blocks measured in a worker process, up to {self.largest_elements:,} elements, in "
+            f"blocks measured in {self.measured_in}, up to {self.largest_elements:,} elements, in "
             f"{self.seconds:.1f} s; median |error| {self.median_abs_pct_error:.1f}%, worst "
             f"under-prediction {self.worst_under_pct:.1f}%; trusted up to "
             f"{self.trusted_elements:,} elements; saved as {self.path.name}"
@@ -775,6 +779,7 @@ def self_calibrate(
         ThreadPoolExecutor(1, thread_name_prefix="memchunk-meanwhile") as thread,
     ):
         here = measures_here(profiler)
+        measured_in = _measured_in(profiler, here)
         # a cluster's worker process starts on its imports with the first call it is sent (a
         # probe process started on them already); not a worker in this process
         first = None if here or not hasattr(profiler, "ncores") else _readiness(profiler)
@@ -880,7 +885,17 @@ def self_calibrate(
         median_abs_pct_error=stats["median_abs_pct_error"],
         worst_under_pct=stats["worst_under_pct"],
         squared_dims=tuple(squared),
+        measured_in=measured_in,
     )
+
+
+def _measured_in(profiler, here: bool) -> str:
+    """Where ``profiler`` runs the blocks, as the plan's note says it."""
+    if here:
+        return "this process (a worker of the cluster's threads)"
+    if hasattr(profiler, "ncores"):
+        return "a worker process of the cluster"
+    return "a child process of this one"
 
 
 #: Elements of the block run once, unmeasured, before the first measured one: a process's first
@@ -1134,9 +1149,22 @@ def _then_import_fitting(meanwhile: Callable[[], object] | None) -> None:
     import_fitting_in_background()
 
 
+def _scaled_to_zero(client) -> bool:
+    """Whether ``client``'s cluster adapts (``cluster.adapt``) and runs no worker now."""
+    from .._dask_compat import adaptive_bounds
+
+    if adaptive_bounds(getattr(client, "cluster", None)) is None:
+        return False
+    return not client.ncores()
+
+
 @contextlib.contextmanager
 def _profiling_client(client, keep: bool = False):
     """Use ``client``, or a child process for the profiles (one task at a time).
+
+    A child is used too where ``client``'s cluster adapts and runs no worker now: it starts
+    one only for tasks, which a measurement pinned to a worker cannot send, so waiting for one
+    would fail after :data:`~xarray_memchunk.models.profiling.WORKER_WAIT_SECONDS`.
 
     The child (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`) does not import
     the caller's ``__main__`` again, as the workers of a process-based ``LocalCluster`` would:
@@ -1145,7 +1173,7 @@ def _profiling_client(client, keep: bool = False):
     (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only the first pays
     for its start.
     """
-    if client is not None:
+    if client is not None and not _scaled_to_zero(client):
         yield client
         return
     from ..models.probe_process import ProbeProcess, kept_probe_process

@@ -197,6 +197,9 @@ class RunReport:
         Seen by the scheduler since the graph was built.
     memory_deaths
         Of the deaths, those memory caused while the worker ran an operator task.
+    retired_workers
+        Workers retired on purpose since the graph was built (an adaptive cluster scaling
+        down): their tasks' records left with them.
     runtime_bytes
         The compiled code the measured task loaded as its worker's first (counted apart in the
         plan's slot), included in ``predicted_task_bytes``; 0 when it was not a first task.
@@ -213,6 +216,7 @@ class RunReport:
     pauses: int
     worker_deaths: int
     memory_deaths: int = 0
+    retired_workers: int = 0
     runtime_bytes: int = 0
     learned: str = ""
     format: Any = field(default=str, repr=False)
@@ -227,7 +231,13 @@ class RunReport:
     def explain(self) -> str:
         """A few lines: predicted and measured, what the cluster went through, what was learned."""
         size = self.format
-        if self.measured_task_bytes is None:  # no record at all: nothing has run yet
+        if self.measured_task_bytes is None and self.retired_workers:  # records left with them
+            measured = (
+                f"not measured: {self.retired_workers} worker(s) retired since the run started "
+                f"(an adaptive cluster scaling down) took their tasks' records with them; call "
+                f"report() right after computing the result"
+            )
+        elif self.measured_task_bytes is None:  # no record at all: nothing has run yet
             measured = "not measured: no task of this run has ended yet (compute the result first)"
         elif self.measured_task_bytes == 0:  # e.g. a multi-threaded worker's shared growth
             measured = (
@@ -275,13 +285,18 @@ class _Events:
     pauses: int
     deaths: int
     memory_deaths: int
+    retired: int = 0
 
 
 def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
-    """Pauses and worker removals since ``moment``; the removals memory caused in our tasks."""
+    """Pauses and worker removals since ``moment``.
+
+    The removals: deaths, those memory caused in our tasks, and workers retired on purpose
+    (an adaptive cluster scaling down).
+    """
     from .task_peaks import key_name
 
-    pauses, deaths, memory_killed, in_operator = set(), set(), set(), set()
+    pauses, deaths, memory_killed, in_operator, retired = set(), set(), set(), set(), set()
     for topic, entries in client.get_events().items():
         for stamp, msg in entries:
             if stamp < moment:
@@ -292,13 +307,16 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
             if restarted:
                 memory_killed.add(restarted)
             removal = worker_removal(topic, msg)
-            if removal is None or removal.expected:  # retired on purpose: no death
+            if removal is None:
+                continue
+            if removal.expected:  # retired on purpose: no death
+                retired.add(removal.worker)
                 continue
             deaths.add((removal.worker, stamp))
             if any(key_name(k) not in inputs for k in removal.processing):
                 in_operator.add(removal.worker)
     memory = {(w, s) for w, s in deaths if w in memory_killed and w in in_operator}
-    return _Events(len(pauses), len(deaths), len(memory))
+    return _Events(len(pauses), len(deaths), len(memory), len(retired))
 
 
 class _Measured(NamedTuple):
@@ -440,6 +458,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         pauses=events.pauses,
         worker_deaths=events.deaths,
         memory_deaths=events.memory_deaths,
+        retired_workers=events.retired,
         format=plan.budget.format,
     )
     over = peak is not None and peak.peak_bytes > _limit(plan, peak)

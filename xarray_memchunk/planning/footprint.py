@@ -34,8 +34,8 @@ the plan's). Per task slot:
   source chunk: each waits for the last task, and Dask's rechunk goes through an intermediate
   stage of the whole array), plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
   split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
-  wait for a later step, whatever the input); at most the whole array. Per worker, divided
-  among its threads.
+  wait for a later step, whatever the input); at most the whole array (twice it where every
+  task reads every source chunk). Per worker, divided among its threads.
 - ``runtime``: the operator's ``runtime_bytes`` (compiled code a worker loads with its first
   task and keeps), per worker, divided among its threads.
 - ``produce``: producing a graph's input (measured on one block of the real graph:

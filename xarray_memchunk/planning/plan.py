@@ -70,7 +70,10 @@ _HELD = (
 )
 _FACTORS = "what the operator keeps from every chunk until a later step, per thread"
 _PRODUCING = "what making a block of the input's Dask graph adds to the task's own peak"
-_RUNTIME = "compiled code a worker loads with its first task and keeps, per thread"
+_RUNTIME = (
+    "compiled code a worker loads with its first task and keeps: each thread's share of it "
+    "(the worker loads it once)"
+)
 
 
 @dataclass(frozen=True)

@@ -258,6 +258,11 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     if len(faster):  # the range binds where one of them fits the budget but not the range
         in_budget = (peak[faster] <= budget.per_task).any()
         binding = Binding.MODEL_RANGE if in_budget else Binding.MEMORY
+    elif binding == Binding.PARALLELISM:  # where no chunking of fewer tasks fits, both bind
+        fewer = n_chunks < n_chunks[fastest]
+        if fewer.any() and not fits[fewer].any():
+            in_budget = (peak[fewer] <= budget.per_task).any()
+            binding = Binding.MODEL_RANGE if in_budget else Binding.MEMORY
     if not aligned[fastest]:
         aligned_fits = ranked[aligned[ranked]]
         limit = seconds[fastest] * (1 + ALIGNMENT_TOLERANCE)
