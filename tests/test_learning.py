@@ -463,3 +463,24 @@ def test_a_report_after_an_adaptive_cluster_retired_its_workers_says_so():
 
     assert "1 worker(s) retired" in report(1) and "compute the result first" not in report(1)
     assert "no task of this run has ended yet" in report(0)
+
+
+def test_a_report_relates_the_tasks_it_measured_to_those_the_graph_ran():
+    """A new user's report: a median planned in 30 tasks reported 56 measured (2 layers per
+    chunk, each worker's first task per thread left out), with nothing to reconcile them."""
+    from xarray_memchunk.measure.runs import RunReport
+
+    def tasks(**counts) -> str:
+        text = RunReport(
+            "median", counts.pop("n_tasks"), 1, 10, 10, 100, 0, 0, format=str, **counts
+        ).explain()
+        return next(line for line in text.splitlines() if line.startswith("tasks measured"))
+
+    assert tasks(n_tasks=56, n_ran=60, n_layers=2).endswith(
+        "56 (of 60 the graph ran after its input, in 2 layers; each worker's first task per "
+        "thread left out)"
+    )
+    assert tasks(n_tasks=4, n_ran=4, n_layers=2).endswith(
+        "4 (of 4 the graph ran after its input, in 2 layers)"
+    )
+    assert tasks(n_tasks=8, n_ran=8, n_layers=1).split()[-1] == "8"

@@ -52,6 +52,7 @@ from .planning.plan import ChunkPlan
 from .planning.problem import PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
+from .units import format_seconds
 
 __all__ = ["MEASURE_CHOICES", "Plan", "apply", "plan", "report", "storage_chunks"]
 
@@ -752,8 +753,12 @@ def _choose(
 
 def _slower(label: str, prepared: _Prepared, chosen: _Prepared) -> tuple[str, str]:
     """Why a fitting alternative was not taken: its estimated time against the chosen one's."""
-    ratio = prepared.plan.estimated_seconds / max(chosen.plan.estimated_seconds, 1e-12)
-    return label, f"fits too, but is estimated {ratio:.1f}x as long"
+    mine, theirs = prepared.plan.estimated_seconds, chosen.plan.estimated_seconds
+    ratio = mine / max(theirs, 1e-12)
+    return label, (
+        f"fits too, but is estimated {ratio:.2f}x as long ({format_seconds(mine)} against "
+        f"{format_seconds(theirs)}: estimates that rank chunkings, not forecasts)"
+    )
 
 
 def _check_measure(measure: Any) -> None:

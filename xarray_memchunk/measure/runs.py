@@ -184,7 +184,11 @@ class RunReport:
     operator
         The operator.
     n_tasks
-        The operator's tasks measured since ``apply`` built the graph.
+        The operator's tasks measured since ``apply`` built the graph: those it ran, each
+        worker's first per thread left out where the worker ran more.
+    n_ran, n_layers
+        The tasks the graph ran after its input, and the layers they belong to (a reduction
+        may run two per planned chunk: its chunk function, and a step that reshapes it).
     measured_task_bytes
         The measured peak of the operator task furthest above what it was allowed (on workers
         with several threads, the worker's growth shared among its busy threads); None when
@@ -216,6 +220,8 @@ class RunReport:
     pauses: int
     worker_deaths: int
     memory_deaths: int = 0
+    n_ran: int = 0
+    n_layers: int = 0
     retired_workers: int = 0
     runtime_bytes: int = 0
     learned: str = ""
@@ -227,6 +233,14 @@ class RunReport:
         if not self.measured_task_bytes or not self.predicted_task_bytes:
             return None
         return self.measured_task_bytes / self.predicted_task_bytes
+
+    def _tasks(self) -> str:
+        """The tasks measured, and how they relate to those the graph ran."""
+        if self.n_ran <= self.n_tasks and self.n_layers <= 1:
+            return str(self.n_tasks)
+        layers = f"{self.n_layers} layer{'' if self.n_layers == 1 else 's'}"
+        first = "; each worker's first task per thread left out" * (self.n_ran > self.n_tasks)
+        return f"{self.n_tasks} (of {self.n_ran} the graph ran after its input, in {layers}{first})"
 
     def explain(self) -> str:
         """A few lines: predicted and measured, what the cluster went through, what was learned."""
@@ -254,7 +268,7 @@ class RunReport:
             deaths += f" ({self.memory_deaths} from memory in an operator task)"
         rows = [
             ("operator", self.operator),
-            ("tasks measured", str(self.n_tasks)),
+            ("tasks measured", self._tasks()),
             (
                 "predicted task peak",
                 size(self.predicted_task_bytes)
@@ -422,19 +436,17 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     # a worker killed or restarting as the report asks is left out: its records died with it,
     # and the scheduler's events say it was killed
     answers = client.run(_worker_records, run.started, on_error="ignore")
-    records = [
-        r
-        for worker in answers.values()
-        for r in _warm(
-            [
-                r
-                for r in worker
-                if r.name not in run.input_layers
-                and not r.name.startswith(FINALIZE_PREFIXES)
-                and _token(r.name) not in others
-            ]
-        )
-    ]
+    ran = {
+        worker: [
+            r
+            for r in records
+            if r.name not in run.input_layers
+            and not r.name.startswith(FINALIZE_PREFIXES)
+            and _token(r.name) not in others
+        ]
+        for worker, records in answers.items()
+    }
+    records = [r for worker in ran.values() for r in _warm(worker)]
     events = _events(client, run.started, run.input_layers)
     peak = _measured_task(records, plan)
     floor = False
@@ -450,6 +462,8 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     result = RunReport(
         operator=plan.operator,
         n_tasks=len(records),
+        n_ran=sum(len(r) for r in ran.values()),
+        n_layers=len({r.name for worker in ran.values() for r in worker}),
         measured_task_bytes=measured,
         predicted_task_bytes=_in_task(plan) + (peak.runtime if peak else 0),
         runtime_bytes=peak.runtime if peak else 0,
