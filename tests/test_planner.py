@@ -305,3 +305,16 @@ def test_memory_binds_where_no_chunking_of_fewer_tasks_fits():
     assert plan.binding == Binding.MEMORY
     roomy = plan_chunks(problem, budget(4 * 2000, threads=2))  # both fields in one task fit
     assert roomy.n_chunks == 2 and roomy.binding == Binding.PARALLELISM
+
+
+def test_planned_chunks_are_regular_where_the_count_and_the_longest_stay():
+    from xarray_memchunk.planning.search import _chunks_of
+
+    assert _chunks_of(DimSpec("time", 2192), 36, 1) == (61,) * 35 + (57,)
+    assert _chunks_of(DimSpec("x", 200), 2, 1) == (100, 100)
+    assert _chunks_of(DimSpec("x", 1000), 3, 100) == (400, 400, 200)  # whole storage chunks
+    # 11 chunks of at most 10 cannot be regular (ten make 100): balanced
+    assert _chunks_of(DimSpec("x", 100), 11, 1) == (10,) + (9,) * 10
+    # a last chunk shorter than a halo's depth is not allowed: balanced
+    halo = DimSpec("x", 10, DimRole.HALO, depth=2)
+    assert halo.shortest_chunk == 2 and _chunks_of(halo, 4, 1) == (3, 3, 2, 2)
