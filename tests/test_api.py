@@ -182,7 +182,7 @@ def test_dataset_variables_without_dims_are_left_out(threaded):
     ds = synthetic_seismic((30, 30, 30), chunks=30)
     ds["note"] = xr.DataArray(np.arange(3.0), dims="other")
     plan = ds.memchunk.plan("gst3d")
-    assert any("left out: note" in n for n in plan.notes)
+    assert any("not planned: note" in n for n in plan.notes)
     assert "note" not in ds.memchunk.apply("gst3d")
 
 
@@ -241,3 +241,15 @@ def test_user_operator_missing_dim():
     )
     with pytest.raises(xm.DimensionError, match="needs dims"):
         xr.DataArray(np.zeros((3, 3)), dims=("x", "y")).memchunk.plan(op)
+
+
+def test_a_whole_dim_split_by_the_input_not_the_user_is_rechunked_without_a_caution():
+    """A new user's trial: chunks={"lon": 20} warned "'time' must be one chunk ...; the given
+    chunks split it in 20", though the split was the input's own, which any plan rechunks."""
+    tas = synthetic_climate(200, 40, 60, chunks={"time": 10}).tas
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", xm.MemoryBudgetWarning)
+        plan = tas.memchunk.plan("median", dim="time", chunks={"lon": 20})
+    assert plan.dask_chunks["time"] == (200,) and plan.dask_chunks["lon"] == (20, 20, 20)
+    with pytest.warns(xm.MemoryBudgetWarning, match="'time' must be one chunk"):
+        tas.memchunk.plan("median", dim="time", chunks={"time": 10, "lon": 20})

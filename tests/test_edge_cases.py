@@ -73,6 +73,12 @@ REFUSED = [
         "'sample' has length 0",
     ),
     (
+        "svd of an empty matrix",
+        lambda: field(0).memchunk.plan("svd", sample_dims="time", k=2),
+        xm.DimensionError,
+        "'time' has length 0",
+    ),
+    (
         "reduction over an empty dim",
         lambda: field(0).memchunk.plan("mean", dim="time"),
         xm.DimensionError,
@@ -413,7 +419,7 @@ def mixed():
 def test_dataset_reductions_keep_and_drop_as_xarray(mixed, op, threaded):
     kwargs = {"q": 0.5} if op == "quantile" else {}
     plan = mixed.memchunk.plan(op, dim="time", memory_limit="1GB", **kwargs)
-    assert any(n.startswith("left out: label") for n in plan.notes)
+    assert any(n.startswith("not planned: label") for n in plan.notes)
     result = mixed.memchunk.apply(op, dim="time", memory_limit="1GB", **kwargs).compute()
     numeric = mixed[["tas", "area"]]
     expected = (
@@ -433,7 +439,7 @@ def test_gst3d_dataset_plans_the_volume_and_says_what_it_left_out(threaded):
     ds = synthetic_seismic((30, 30, 30))
     ds["note"] = ("inline", np.array(["x"] * 30))
     plan = ds.memchunk.plan("gst3d", memory_limit="1GB")
-    assert any(n.startswith("left out: note") for n in plan.notes)
+    assert any(n.startswith("not planned: note") for n in plan.notes)
     assert list(ds.memchunk.apply("gst3d", memory_limit="1GB").data_vars) == ["dip"]
 
 
@@ -697,3 +703,22 @@ def test_the_command_line_reports_what_it_recovered(cli_files, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "memchunk: removed .m.zarr.memchunk-partial-0000beef" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.zarr"]
+
+
+def test_an_empty_dim_is_refused_before_any_block_is_computed():
+    """A new user's trial: a median over an empty dim computed 2 blocks of the input (to
+    measure producing them) before it was refused."""
+    import dask.array as da
+
+    computed = []
+
+    def counted(block):
+        computed.append(block.shape)
+        return block + 1
+
+    data = da.zeros((0, 40, 60), chunks=(10, 40, 60), dtype="float32").map_blocks(counted)
+    empty = xr.DataArray(data, dims=("time", "lat", "lon"), name="tas")
+    computed.clear()  # map_blocks called it on tiny arrays to infer its result's type
+    with pytest.raises(xm.DimensionError, match="'time' has length 0"):
+        empty.memchunk.plan("median", dim="time")
+    assert computed == []

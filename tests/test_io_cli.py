@@ -154,6 +154,27 @@ def test_planned_chunks_are_regular_and_irregular_ones_are_said_and_written_by_t
     np.testing.assert_allclose(written.tas.values, median, rtol=1e-6)
 
 
+def test_the_accessor_writes_a_dataset_whose_variables_are_chunked_apart(tmp_path, threaded):
+    """A new user's report: a median kept a variable without time as it came (lon whole), and
+    ``result.memchunk.to_zarr`` raised "inconsistent chunks along dimension lon"."""
+    rng = np.random.default_rng(0)
+    ds = xr.Dataset(
+        {
+            "tas": (("time", "lat", "lon"), rng.random((200, 40, 60)).astype("float32")),
+            "orog": (("lat", "lon"), rng.random((40, 60))),
+        }
+    ).chunk({"time": 10})
+    result = ds.memchunk.apply("median", dim="time", chunks={"time": 200, "lon": 20})
+    assert result.tas.chunks[1] == (20, 20, 20) and result.orog.chunks[1] == (60,)
+    expected = ds.load().median("time")
+    zarr_store = xr.open_zarr(result.memchunk.to_zarr(tmp_path / "median.zarr"))
+    assert zarr_store.tas.encoding["chunks"] == (40, 20)  # each variable in its own chunks
+    assert zarr_store.orog.encoding["chunks"] == (40, 60)
+    xr.testing.assert_allclose(zarr_store.load(), expected)
+    netcdf = xr.open_dataset(result.memchunk.to_netcdf(tmp_path / "median.nc"))
+    xr.testing.assert_allclose(netcdf.load(), expected)
+
+
 def test_cli_plan_prints_the_plan(files):
     result = memchunk("plan", "gst3d", files / "volume.zarr", "--memory-limit", "1.5GB")
     assert result.returncode == 0, result.stderr

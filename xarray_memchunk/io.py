@@ -31,7 +31,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -253,9 +253,24 @@ def _encoded_sources(ds: xr.Dataset) -> set[str]:
     return {str(e["source"]) for e in encodings if e.get("source")}
 
 
-def uniform_chunks(obj: xr.Dataset | xr.DataArray) -> dict[str, int]:
-    """Longest chunk per dim: storage formats want equal chunks except the last."""
-    return {str(d): max(c) for d, c in (obj.chunksizes or {}).items()}
+def uniform_chunks(var: xr.Variable | xr.DataArray) -> dict[str, int]:
+    """A variable's longest chunk per dim: storage formats want equal chunks but the last.
+
+    Per variable: those of a Dataset may be chunked apart along a dim (a median keeps a
+    variable without the reduced dim as it came), and each is stored in its own chunks.
+    """
+    return {str(d): max(c) for d, c in zip(var.dims, var.chunks or (), strict=False)}
+
+
+def _storage_chunks(
+    ds: xr.Dataset, given: Mapping[str, int] | None
+) -> dict[Hashable, dict[str, int]]:
+    """Each Dask-backed variable's chunk per dim in the file: ``given``, else its longest."""
+    return {
+        name: uniform_chunks(var) | {d: int(given[d]) for d in var.dims if given and d in given}
+        for name, var in ds.variables.items()
+        if var.chunks is not None
+    }
 
 
 def safe_write(
@@ -313,27 +328,24 @@ def safe_write(
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
     target = check_target(target, overwrite, {*map(str, sources), *_encoded_sources(ds)})
-    if storage_chunks is None:
-        chunks = uniform_chunks(ds)
-        if chunks:
-            ds = ds.chunk(chunks)
-    else:
-        chunks = {str(d): int(storage_chunks.get(d, max(c))) for d, c in ds.chunksizes.items()}
+    chunks = _storage_chunks(ds, storage_chunks)
+    if storage_chunks is None:  # each variable's chunks made uniform, on its own
+        ds = ds.assign({n: ds[n].chunk(c) for n, c in chunks.items() if n in ds.data_vars and c})
     write_id = uuid.uuid4().hex[:8]
     tmp = _piece(target, "partial", write_id)
     try:
         if (fmt or output_format(target)) == "netcdf":
             encoding = {
-                name: {"chunksizes": tuple(chunks[d] for d in var.dims)}
+                name: {"chunksizes": tuple(chunks[name][d] for d in var.dims)}
                 for name, var in ds.data_vars.items()
-                if chunks and all(d in chunks for d in var.dims)
+                if name in chunks
             }
             delayed = ds.to_netcdf(tmp, engine="netcdf4", encoding=encoding, compute=False)
         else:
-            for var in ds.variables.values():
+            for name, var in ds.variables.items():
                 var.encoding.pop("preferred_chunks", None)
-                if storage_chunks is not None and var.chunks is not None:
-                    var.encoding["chunks"] = tuple(chunks[d] for d in var.dims)
+                if storage_chunks is not None and name in chunks:
+                    var.encoding["chunks"] = tuple(chunks[name][d] for d in var.dims)
                 else:
                     var.encoding.pop("chunks", None)
             delayed = ds.to_zarr(tmp, mode="w-", compute=False, consolidated=True)

@@ -69,7 +69,9 @@ def normalize_user_chunks(
     given = _by_dim(chunks, specs)
     result = _normalized(given, _current_chunks(targets), specs, dtype)
     for spec in specs:
-        result[spec.name] = _whole_where_needed(spec, result[spec.name], cautions)
+        # the input's own chunks along a dim not given are rechunked whole as a plan would
+        cautioned = cautions if spec.name in given else []
+        result[spec.name] = _whole_where_needed(spec, result[spec.name], cautioned)
         if spec.boundaries:
             result[spec.name] = _at_boundaries(spec, result[spec.name], notes)
         else:

@@ -192,6 +192,12 @@ class SVD(Operator):
         samples, _ = _sides(da, kwargs["sample_dims"])
         rows, cols = matrix_shape(da.sizes, samples)
         n = min(rows, cols)
+        if n == 0:
+            empty = next(str(d) for d, size in da.sizes.items() if size == 0)
+            raise DimensionError(
+                f"dim {empty!r} has length 0: there is nothing to compute; select a non-empty "
+                f"range first"
+            )
         if kwargs["k"] is not None and kwargs["k"] > n:
             raise MemchunkError(
                 f"svd k={kwargs['k']} asks for more components than the {n} a {rows}x{cols} "
