@@ -409,3 +409,14 @@ def test_a_worker_memory_reported_before_its_tasks_freed_it_is_asked_again():
     # planning asks above memchunk.worker-baseline
     budget = memory_limits._cpu_budget(None, client)
     assert budget.worker_baseline == to_bytes("200MB") and len(asked) == 2
+
+
+def test_a_memory_limit_in_bytes_too_small_for_a_worker_says_a_bare_number_is_bytes():
+    """A new user's trial: memory_limit=1.5 (meant as gigabytes) was read as 1.5 bytes."""
+    with pytest.raises(
+        BudgetError, match=r"a number without a unit is bytes: write e\.g\. '1\.5GB'"
+    ):
+        make_budget(1.5, 1, 2, "argument")
+    with pytest.raises(BudgetError) as err:
+        make_budget(100_000_000, 1, 2, "argument")  # 100 MB: too small, but meant as bytes
+    assert "without a unit" not in str(err.value)

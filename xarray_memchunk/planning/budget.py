@@ -299,8 +299,18 @@ def per_task_bytes(
             f"and {holder} already holds {size(worker_baseline)}{short}. Give each worker more "
             f"than {size(least_memory)} (memory_limit); twice that leaves a task about "
             f"{size(twice)} per thread"
+            + (
+                " (a number without a unit is bytes: write e.g. '1.5GB')"
+                if worker_memory < UNIT_SLIP_BYTES
+                else ""
+            )
         )
     return per_task
+
+
+#: Worker memory below which a budget's refusal says a bare number is bytes: ``memory_limit=1.5``
+#: meant gigabytes (a new user's trial), and no worker runs in under a mebibyte.
+UNIT_SLIP_BYTES = 2**20
 
 
 def tightest_worker(
