@@ -722,3 +722,8 @@ def test_an_empty_dim_is_refused_before_any_block_is_computed():
     with pytest.raises(xm.DimensionError, match="'time' has length 0"):
         empty.memchunk.plan("median", dim="time")
     assert computed == []
+    # an empty variable the operator does not plan is passed through, as before
+    full = xr.DataArray(da.ones((20, 4, 5), chunks=(10, 4, 5)), dims=("time", "lat", "lon"))
+    stations = xr.DataArray(np.zeros(0), dims="station")
+    plan = xr.Dataset({"tas": full, "stations": stations}).memchunk.plan("median", dim="time")
+    assert any(n.startswith("not planned: stations") for n in plan.notes)

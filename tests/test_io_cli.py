@@ -145,6 +145,8 @@ def test_planned_chunks_are_regular_and_irregular_ones_are_said_and_written_by_t
     result.to_zarr(tmp_path / "plain.zarr")  # as xarray writes it: no rechunk needed
     np.testing.assert_allclose(xr.open_zarr(tmp_path / "plain.zarr").tas.values, median, rtol=1e-6)
     given = {"time": 400, "lon": (35, 34, 34)}
+    area = xr.DataArray(np.ones((100, 103)), dims=("lat", "lon")).chunk({"lon": (35, 34, 34)})
+    climate = climate.assign_coords(area=area)  # a Dask-backed coordinate, made uniform too
     irregular = climate.memchunk.plan("median", dim="time", memory_limit="400MB", chunks=given)
     assert "result.memchunk.to_zarr(path)" in irregular.explain()
     result = irregular.apply()

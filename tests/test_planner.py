@@ -318,3 +318,25 @@ def test_planned_chunks_are_regular_where_the_count_and_the_longest_stay():
     # a last chunk shorter than a halo's depth is not allowed: balanced
     halo = DimSpec("x", 10, DimRole.HALO, depth=2)
     assert halo.shortest_chunk == 2 and _chunks_of(halo, 4, 1) == (3, 3, 2, 2)
+
+
+def test_a_plan_with_every_dim_whole_says_so():
+    """A new user's trial: a median over every dim, planned at exactly its minimum (100% of
+    the budget), read "per-task overhead: fewer, larger chunks are faster and fit"."""
+    specs = (DimSpec("y", 100, DimRole.WHOLE), DimSpec("x", 100, DimRole.WHOLE))
+    problem = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-8)
+    assert plan_chunks(problem, budget(4 * 100 * 100, threads=2)).binding == Binding.WHOLE_DIMS
+    free = PlanProblem("op", (DimSpec("x", 10),), linear_peak(4.0))
+    assert plan_chunks(free, budget(10**9, threads=4)).binding == Binding.TASK_OVERHEAD
+
+
+def test_a_regular_layout_that_would_be_the_source_chunks_unpriced_stays_balanced():
+    """Review: an element-wise candidate is priced as cutting the source chunks; laid out as
+    those very chunks, Dask would skip the rechunk and fuse the operator into the task that
+    makes each chunk, which that candidate's footprint does not count."""
+    from xarray_memchunk.planning.search import _chunks_of
+
+    source = DimSpec("time", 2192, storage_chunk=61)
+    assert _chunks_of(source, 36, 1) == (61,) * 32 + (60,) * 4  # priced as a rechunk: balanced
+    assert _chunks_of(source, 36, 61) == (61,) * 35 + (57,)  # whole source chunks: as priced
+    assert _chunks_of(DimSpec("time", 2192, storage_chunk=100), 36, 1) == (61,) * 35 + (57,)

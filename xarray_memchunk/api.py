@@ -826,24 +826,6 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
         raise InfeasiblePlanError(f"{operator.name!r}: {exc} (its baseline: {source})") from None
 
 
-def _check_not_empty(obj: xr.DataArray | xr.Dataset, empty: list[Any] | None = None) -> None:
-    """Refuse a planned dim of length 0: those of ``empty``, else any of the data's variables.
-
-    Raises
-    ------
-    DimensionError
-        Naming the first such dim.
-    """
-    if empty is None:
-        variables = obj.data_vars.values() if isinstance(obj, xr.Dataset) else [obj]
-        empty = [d for v in variables for d in v.dims if v.sizes[d] == 0]
-    if empty:
-        raise DimensionError(
-            f"dim {empty[0]!r} has length 0: there is nothing to compute; select a non-empty "
-            f"range first"
-        )
-
-
 def _alternative(
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
@@ -854,7 +836,6 @@ def _alternative(
 ) -> _Alternative:
     """Resolve one alternative's variables and costs (measuring what must be) and its problem."""
     fresh: list[str] = []
-    _check_not_empty(obj)  # before any block of the input is computed to measure it
     with _measuring(measure):
         targets, costs, skipped, kwargs = _resolve(
             obj, operator, kwargs, device, resolved, fresh, measure
@@ -862,7 +843,12 @@ def _alternative(
     specs = merge_dims(
         [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
     )
-    _check_not_empty(obj, [s.name for s in specs if s.size == 0])
+    empty = [s.name for s in specs if s.size == 0]  # no block of it was computed to measure
+    if empty:
+        raise DimensionError(
+            f"dim {empty[0]!r} has length 0: there is nothing to compute; select a non-empty "
+            f"range first"
+        )
     problem = PlanProblem(
         operator=operator.name,
         dims=specs,

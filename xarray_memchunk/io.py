@@ -330,7 +330,14 @@ def safe_write(
     target = check_target(target, overwrite, {*map(str, sources), *_encoded_sources(ds)})
     chunks = _storage_chunks(ds, storage_chunks)
     if storage_chunks is None:  # each variable's chunks made uniform, on its own
-        ds = ds.assign({n: ds[n].chunk(c) for n, c in chunks.items() if n in ds.data_vars and c})
+        ds = ds.assign({n: ds[n].chunk(c) for n, c in chunks.items() if n in ds.data_vars})
+        ds = ds.assign_coords(
+            {
+                n: ds.variables[n].chunk(c)
+                for n, c in chunks.items()
+                if n in ds.coords and n not in ds.indexes
+            }
+        )
     write_id = uuid.uuid4().hex[:8]
     tmp = _piece(target, "partial", write_id)
     try:

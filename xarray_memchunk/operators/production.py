@@ -177,6 +177,8 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
         return None
     if not (hasattr(data, "dask") and hasattr(data, "numblocks")) or data.ndim == 0:
         return None
+    if data.size == 0:  # nothing to produce: planning refuses an empty dim it uses
+        return None
     if _layers(data) <= 1:
         return None
     name = str(data.name)

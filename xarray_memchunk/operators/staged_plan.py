@@ -161,7 +161,8 @@ def plan_staged(
     as_source = {n: as_stored(c) for n, c in graphs.items()}
     writes = _largest_write(graphs, as_source)
     nbytes = sum(c.dtype.itemsize * int(np.prod(list(c.sizes.values()))) for c in graphs.values())
-    site = _site(nbytes, measure, in_memory)
+    # the disk's speed only ranks plans: not measured for a refusal
+    site = _site(nbytes, "never" if writes > budget.per_task else measure, in_memory)
     staging = _Staging(costs, graphs, problem, budget, site, nbytes, why or GRAPH_STAGING_WHY)
     try:
         first = plan_chunks(_noted(staging, as_source, chosen=False), budget)

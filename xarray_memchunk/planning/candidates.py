@@ -1,4 +1,8 @@
-"""Candidate chunkings of one dimension: counts of balanced chunks, not free sizes."""
+"""Candidate chunkings of one dimension: counts of balanced chunks, not free sizes.
+
+A count's longest and shortest chunks are the balanced ones'; the plan lays the chosen count
+out as Zarr's regular chunks where that keeps both (:func:`.search._chunks_of`).
+"""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ class Binding:
     STORAGE_ALIGNMENT = "storage alignment"
     USER_CHUNKS = "user chunks"
     MODEL_RANGE = "measured range"
+    WHOLE_DIMS = "whole dims"
 
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
         MEMORY: "the per-task memory budget: larger chunks would not fit",
@@ -32,6 +33,7 @@ class Binding:
         USER_CHUNKS: "the chunks were given by the user",
         MODEL_RANGE: "the memory model's measured range: larger chunks would go beyond the "
         "largest task it was measured on (calibrating it on larger blocks widens it)",
+        WHOLE_DIMS: "the operator needs every planned dim whole: one chunk is the only chunking",
     }
 
 

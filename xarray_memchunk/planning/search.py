@@ -190,7 +190,10 @@ def _measured_range(problem: PlanProblem) -> str:
 
 
 def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
-    """Choose balanced chunks whose predicted peak per task fits ``budget.per_task``.
+    """Choose chunks whose predicted peak per task fits ``budget.per_task``.
+
+    Candidates are counts of balanced chunks per dim; the chosen count is laid out as Zarr's
+    regular chunks where that keeps it (:func:`_chunks_of`).
 
     Parameters
     ----------
@@ -254,6 +257,8 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
     chosen, notes = fastest, list(problem.notes)
     binding = Binding.PARALLELISM if n_chunks[fastest] > 1 else Binding.TASK_OVERHEAD
+    if n_chunks.max() == 1:  # nothing was chosen: the operator allows one chunk only
+        binding = Binding.WHOLE_DIMS
     faster = order[: int(np.flatnonzero(order == fastest)[0])]  # ranked ahead, none fits
     if len(faster):  # the range binds where one of them fits the budget but not the range
         in_budget = (peak[faster] <= budget.per_task).any()
@@ -296,26 +301,34 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
 
 
 def _chunks_of(dim: DimSpec, n_chunks: int, unit: int) -> tuple[int, ...]:
-    """The chunk lengths of a candidate: balanced, or packed between the dim's boundaries.
+    """The chunk lengths of a candidate: regular, else balanced, or packed at boundaries.
+
+    Regular where :func:`_regular` allows; packed between the dim's boundaries where it has them.
 
     Packed chunks are no longer than the balanced candidate's longest, which the plan priced.
     """
     balanced = balanced_chunks(dim.size, n_chunks, unit)
     if dim.boundaries:
         return packed_chunks(dim.boundaries, max(balanced))
-    return _regular(dim, balanced) or balanced
+    return _regular(dim, balanced, unit) or balanced
 
 
-def _regular(dim: DimSpec, balanced: tuple[int, ...]) -> tuple[int, ...] | None:
+def _regular(dim: DimSpec, balanced: tuple[int, ...], unit: int) -> tuple[int, ...] | None:
     """``balanced``'s count of chunks as Zarr stores them: all of its longest but the last.
 
     The same tasks, the same longest chunk (the plan's peak): a result written to Zarr keeps
     them (``result.memchunk.to_zarr`` merged balanced ones, 61 and 60 steps, into regular ones,
     and each task held a neighbour's piece beside the operator: 105.25 MiB measured against
     90.62 MiB predicted). None where the last would be empty, or shorter than the dim allows
-    (a halo's depth).
+    (a halo's depth), and where it would be the source's own chunks though the candidate was
+    priced as cutting them (element-wise, ``unit`` not a multiple of the source chunk): Dask
+    would then skip the rechunk and fuse the operator into the task that makes each chunk,
+    which the candidate's footprint does not count.
     """
     longest, n_chunks = max(balanced), len(balanced)
+    source = min(dim.storage_chunk, dim.size) if dim.storage_chunk else 0
+    if source and longest == source and unit % source:
+        return None
     last = dim.size - (n_chunks - 1) * longest
     if n_chunks == 1 or last == longest:
         return balanced if last == longest else None
