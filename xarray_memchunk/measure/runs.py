@@ -436,17 +436,17 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     # a worker killed or restarting as the report asks is left out: its records died with it,
     # and the scheduler's events say it was killed
     answers = client.run(_worker_records, run.started, on_error="ignore")
-    ran = {
-        worker: [
+    ran = [  # each worker's operator tasks
+        [
             r
             for r in records
             if r.name not in run.input_layers
             and not r.name.startswith(FINALIZE_PREFIXES)
             and _token(r.name) not in others
         ]
-        for worker, records in answers.items()
-    }
-    records = [r for worker in ran.values() for r in _warm(worker)]
+        for records in answers.values()
+    ]
+    records = [r for worker in ran for r in _warm(worker)]
     events = _events(client, run.started, run.input_layers)
     peak = _measured_task(records, plan)
     floor = False
@@ -462,8 +462,8 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     result = RunReport(
         operator=plan.operator,
         n_tasks=len(records),
-        n_ran=sum(len(r) for r in ran.values()),
-        n_layers=len({r.name for worker in ran.values() for r in worker}),
+        n_ran=sum(map(len, ran)),
+        n_layers=len({r.name for worker in ran for r in worker}),
         measured_task_bytes=measured,
         predicted_task_bytes=_in_task(plan) + (peak.runtime if peak else 0),
         runtime_bytes=peak.runtime if peak else 0,

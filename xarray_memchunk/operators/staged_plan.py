@@ -265,12 +265,7 @@ def _writes_refusal(
     limits = [m for m in (in_memory_limit, staged) if m]
     advice = "give the data smaller chunks first (.chunk(...))"
     if staged is not None and (in_memory_limit is None or staged < in_memory_limit):
-        threads = budget.threads_per_worker
-        per = "in all in this process" if budget.in_this_process else "per worker"
-        advice += (
-            f", or give each worker at least {budget.format_minimum(staged)} (memory_limit) at "
-            f"{threads} thread{'' if threads == 1 else 's'} {per}, where it is staged"
-        )
+        advice += f", or {budget.memory_limit_advice(staged)}, where it is staged"
     return _refusal(
         in_memory,
         f"Nor can it be staged on disk: writing one of the data's chunks needs "

@@ -151,6 +151,23 @@ class Budget:
         """As :meth:`format`, rounded up: a minimum stated is one that suffices."""
         return format_size_up(nbytes)
 
+    def memory_limit_advice(self, needed: int) -> str:
+        """``give each worker at least <needed> (memory_limit) at <threads> ...``, for a refusal.
+
+        Workers in this process are planned as one worker of all their threads, which pauses
+        on all the process holds: the advice says so.
+        """
+        threads = self.threads_per_worker
+        per = (
+            "in all in this process, whose workers pause on all it holds"
+            if self.in_this_process
+            else "per worker"
+        )
+        return (
+            f"give each worker at least {self.format_minimum(needed)} (memory_limit) at "
+            f"{threads} thread{'' if threads == 1 else 's'} {per}"
+        )
+
     def minimum_memory_limit(self, per_task: float) -> int | None:
         """The worker ``memory_limit`` at which ``per_task`` bytes fit, at the same threads.
 

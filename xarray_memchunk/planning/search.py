@@ -141,21 +141,14 @@ def _infeasible(
             f"xarray.open_dataset(..., chunks={{}}), and memchunk reads each task's block "
             f"straight from the file; or rechunk the data on disk first (rechunker)"
         )
-    threads = budget.threads_per_worker
     if needed is not None:
         # the workers of this process are planned as one worker of all their threads
         here = budget.in_this_process
         if here:
-            per = "in all in this process, whose workers pause on all it holds"
             fewer = "or run fewer threads in all (workers x threads per worker)"
         else:
-            per = "per worker"
             fewer = "or run fewer threads per worker (each thread runs a task at once)"
-        advice += [
-            f"give each worker at least {budget.format_minimum(needed)} (memory_limit) at "
-            f"{threads} thread{'' if threads == 1 else 's'} {per}",
-            fewer,
-        ]
+        advice += [budget.memory_limit_advice(needed), fewer]
         if here and not budget.baseline_source.startswith(IN_PROCESS_BASELINE):  # else: remedy
             advice.append(
                 "or start the workers in processes of their own (processes=True): each then "
@@ -256,18 +249,21 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     fastest = int(ranked[0])
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
     chosen, notes = fastest, list(problem.notes)
+
+    def excluded_by(rejected: np.ndarray) -> str:
+        """What kept out chunkings that did not fit: the range where one fit the budget."""
+        in_budget = (peak[rejected] <= budget.per_task).any()
+        return Binding.MODEL_RANGE if in_budget else Binding.MEMORY
+
     binding = Binding.PARALLELISM if n_chunks[fastest] > 1 else Binding.TASK_OVERHEAD
     if n_chunks.max() == 1:  # nothing was chosen: the operator allows one chunk only
         binding = Binding.WHOLE_DIMS
     faster = order[: int(np.flatnonzero(order == fastest)[0])]  # ranked ahead, none fits
-    if len(faster):  # the range binds where one of them fits the budget but not the range
-        in_budget = (peak[faster] <= budget.per_task).any()
-        binding = Binding.MODEL_RANGE if in_budget else Binding.MEMORY
-    elif binding == Binding.PARALLELISM:  # where no chunking of fewer tasks fits, both bind
-        fewer = n_chunks < n_chunks[fastest]
-        if fewer.any() and not fits[fewer].any():
-            in_budget = (peak[fewer] <= budget.per_task).any()
-            binding = Binding.MODEL_RANGE if in_budget else Binding.MEMORY
+    fewer = n_chunks < n_chunks[fastest]
+    if len(faster):  # faster chunkings were kept out
+        binding = excluded_by(faster)
+    elif binding == Binding.PARALLELISM and fewer.any() and not fits[fewer].any():
+        binding = excluded_by(fewer)  # no chunking of fewer tasks fits: that binds too
     if not aligned[fastest]:
         aligned_fits = ranked[aligned[ranked]]
         limit = seconds[fastest] * (1 + ALIGNMENT_TOLERANCE)
@@ -330,9 +326,7 @@ def _regular(dim: DimSpec, balanced: tuple[int, ...], unit: int) -> tuple[int, .
     if source and longest == source and unit % source:
         return None
     last = dim.size - (n_chunks - 1) * longest
-    if n_chunks == 1 or last == longest:
-        return balanced if last == longest else None
-    if last <= 0 or last < dim.shortest_chunk:
+    if last <= 0 or (n_chunks > 1 and last < dim.shortest_chunk):
         return None
     return (longest,) * (n_chunks - 1) + (last,)
 
