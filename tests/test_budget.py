@@ -6,10 +6,12 @@ from types import SimpleNamespace
 import dask
 import pytest
 
-from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget
+import xarray_memchunk as xm
+from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget, units
 from xarray_memchunk.clusters import WorkerLayout, cluster_facts, spec_workers
 from xarray_memchunk.memory_limits import machine_cores, make_budget
 from xarray_memchunk.planning.budget import (
+    IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
     per_task_bytes,
     tightest_worker,
@@ -420,3 +422,43 @@ def test_a_memory_limit_in_bytes_too_small_for_a_worker_says_a_bare_number_is_by
     with pytest.raises(BudgetError) as err:
         make_budget(100_000_000, 1, 2, "argument")  # 100 MB: too small, but meant as bytes
     assert "without a unit" not in str(err.value)
+
+
+@pytest.mark.parametrize(("threads", "in_this_process"), [(1, True), (3, True), (2, False)])
+def test_no_room_for_a_task_gives_the_stated_limit_as_a_number(threads, in_this_process):
+    """The refusal's ``minimum_memory_limit`` plans at that limit, and not at 0.99 of it."""
+    terms = {
+        "worker_baseline": 553_000_000,
+        "in_this_process": in_this_process,
+        "baseline_source": IN_PROCESS_BASELINE if in_this_process else MEASURED_BASELINE,
+    }
+    with pytest.raises(BudgetError) as err:
+        make_budget(600_000_000, 2, threads, "test", **terms)
+    least = err.value.minimum_memory_limit
+    assert least is not None and units.format_size_up(least) in str(err.value)
+    assert make_budget(least, 2, threads, "test", **terms).per_task > 0
+    with pytest.raises(BudgetError):
+        make_budget(int(0.99 * least), 2, threads, "test", **terms)
+
+
+def test_a_budget_that_cannot_be_read_states_no_limit():
+    with pytest.raises(BudgetError) as err:
+        resolve_budget(memory_limit="1.5 gigs")
+    assert err.value.minimum_memory_limit is None
+
+
+def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
+    """A trial: "at least 238.42 MiB", where the median was then refused again, for more."""
+    from xarray_memchunk.datasets import synthetic_climate
+
+    ds = synthetic_climate(365, 30, 40, chunks={"time": 30})
+    with pytest.raises(
+        BudgetError, match=r"no room for a task: .*\. With room for a task, .median. cannot fit"
+    ) as err:
+        ds.memchunk.plan("median", dim="time", memory_limit="240MB")
+    least = err.value.minimum_memory_limit
+    assert least is not None and least > to_bytes("240MB")
+    assert units.format_size_up(least) in str(err.value)
+    assert ds.memchunk.plan("median", dim="time", memory_limit=least).chunks["time"] == 365
+    with pytest.raises((BudgetError, xm.InfeasiblePlanError)):
+        ds.memchunk.plan("median", dim="time", memory_limit=int(0.99 * least))

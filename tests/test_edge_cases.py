@@ -46,7 +46,7 @@ REFUSED = [
         "budget below the idle worker",
         lambda: field().memchunk.plan("mean", memory_limit="150MB"),
         xm.BudgetError,
-        r"no room for a task.*more than",
+        r"no room for a task.*at least",
     ),
     (
         "budget NaN",

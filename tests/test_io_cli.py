@@ -270,6 +270,29 @@ def test_overwrite_replaces_a_dataset_never_the_users_other_files(files, tmp_pat
     assert xr.open_zarr(files / "volume.zarr").amplitude.shape == (48, 40, 36)
 
 
+@pytest.mark.parametrize(("operator", "kwargs"), [("mean", {"dim": "time"}), ("median", {})])
+def test_a_result_read_straight_from_a_zarr_store_is_not_written_over_it(
+    tmp_path, operator, kwargs
+):
+    """memchunk's own reads of a store carry no ``encoding["source"]``: the graph names it."""
+    store = tmp_path / "precious.zarr"
+    synthetic_climate(40, 6, 8).to_zarr(store)
+    before = xr.open_zarr(store).tas.values
+    result = xr.open_zarr(store).memchunk.apply(operator, memory_limit="1GB", **kwargs)
+    assert "source" not in result.encoding
+    for target in (store, store / "inside.zarr"):
+        with pytest.raises(xm.MemchunkError, match=r"is the input|lies inside"):
+            result.memchunk.to_zarr(target, overwrite=True)
+    np.testing.assert_array_equal(xr.open_zarr(store).tas.values, before)
+    # the volume's gst3d, read straight from its store, alike
+    volume = tmp_path / "volume.zarr"
+    synthetic_seismic((24, 20, 18)).to_zarr(volume)
+    dip = xr.open_zarr(volume).memchunk.apply("gst3d", memory_limit="1GB")
+    with pytest.raises(xm.MemchunkError, match="is the input"):
+        dip.memchunk.to_zarr(volume, overwrite=True)
+    assert xr.open_zarr(volume).amplitude.shape == (24, 20, 18)
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.parametrize(

@@ -27,7 +27,9 @@ from xarray_memchunk.models.learned import (
     learned_path,
     learned_scale,
     load_learned,
+    read_only,
     record_observation,
+    settle_observations,
 )
 from xarray_memchunk.models.profiling import TaskProfile
 
@@ -317,6 +319,42 @@ def test_the_command_line_forgets_what_runs_taught(user_dir):
     assert not path.exists()
     again = subprocess.run(memchunk, capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 0 and "nothing learned about std" in again.stdout
+
+
+def test_the_command_line_forgets_a_functions_key_as_the_report_names_it(user_dir):
+    """A user's function is no registered operator: its key (name-digest) is forgotten."""
+    features = {"input_bytes": 1e8}
+    path = record_observation(
+        "neg_fix-a393ea350d1a", "cpu", "float64", Observation(features, 1e9, 4e8)
+    )
+    env = dict(os.environ, MEMCHUNK_CALIBRATION_DIR=str(user_dir))
+    memchunk = [sys.executable, "-m", "xarray_memchunk.cli", "calibrate", "neg_fix-a393ea350d1a"]
+    done = subprocess.run(
+        [*memchunk, "--forget"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"forgot {path}" in done.stdout and not path.exists()
+
+
+def test_a_read_only_learned_file_is_read_and_never_replaced(user_dir):
+    """Its owner froze it: a run's evidence is not kept, a plan neither rewrites nor fails."""
+    features = {"input_bytes": 1e8, "output_bytes": 1e6, "combine_bytes": 1e6}
+    path = record_observation("std", "cpu", "float64", Observation(features, 1e9, 4e8))
+    path.chmod(0o444)
+    before = path.read_bytes()
+    try:
+        assert read_only(path)
+        with pytest.raises(xm.CalibrationError, match="read-only"):
+            record_observation("std", "cpu", "float64", Observation(features, 2e9, 4e8))
+        assert settle_observations("std", "cpu", "float64").endswith("the next plan measures again")
+        data = xr.DataArray(
+            da.zeros((200, 100, 100), chunks=(10, 100, 100), dtype="float64"), dims=("t", "y", "x")
+        )
+        plan = data.memchunk.plan("std", dim="t", memory_limit="2GB")
+        assert any("learned from runs" in n for n in plan.notes)  # what it holds is used
+        assert path.read_bytes() == before and not path.stat().st_mode & 0o222
+    finally:
+        path.chmod(0o644)
 
 
 def test_a_dataset_run_teaches_only_the_variable_that_set_the_prediction(user_dir):

@@ -169,3 +169,21 @@ def test_rolling_on_a_cluster_is_safe_and_equal(cluster_client, tmp_path):
     assert outcome.completed and outcome.pauses == 0 and outcome.worker_deaths == 0
     expected = tas.load().rolling(time=30, center=True).mean()
     np.testing.assert_allclose(result.values, expected.values, **FLOAT32, equal_nan=True)
+
+
+def test_a_packed_input_is_written_as_the_new_values_not_in_its_packing(tmp_path, threaded):
+    """The sums of a packed int16 (scale 0.01) overflow its packing: the result drops it."""
+    days = 400
+    packed = xr.Dataset(
+        {"q": (("time", "x"), np.full((days, 3), 10.0))},
+        coords={"time": np.arange(days)},
+    )
+    encoding = {"q": {"dtype": "int16", "scale_factor": 0.01, "_FillValue": -32767}}
+    packed.to_netcdf(tmp_path / "packed.nc", encoding=encoding)
+    q = xr.open_dataset(tmp_path / "packed.nc", chunks={})["q"]
+    result = q.memchunk.apply("rolling", dim="time", window=365, reduction="sum")
+    assert result.encoding == q.rolling(time=365).sum().encoding == {}
+    result.memchunk.to_zarr(tmp_path / "sums.zarr")
+    written = xr.open_zarr(tmp_path / "sums.zarr")["q"]
+    np.testing.assert_allclose(written.values, result.values, equal_nan=True)
+    assert float(written.max()) == pytest.approx(3650.0)

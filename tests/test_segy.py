@@ -217,8 +217,9 @@ def test_storage_chunks_for_an_operator_are_what_its_plan_reads(volume_file, tmp
     assert written == chunks
     store = open_input(target, "amplitude")
     assert store.encoding["chunks"] == tuple(chunks[d] for d in store.dims)
-    plan = store.memchunk.plan("gst3d", memory_limit="500MB")
-    assert plan.chunks == chunks and plan.storage_aligned
+    for measure in ("never", "auto"):
+        plan = store.memchunk.plan("gst3d", memory_limit="500MB", measure=measure)
+        assert plan.chunks == chunks and plan.storage_aligned
     np.testing.assert_array_equal(store.values, segyio_cube(volume_file))
     np.testing.assert_array_equal(store.inline, da.inline)
     default, _, why = ingest(volume_file, tmp_path / "d.zarr", memory_limit="500MB")

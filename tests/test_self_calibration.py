@@ -701,3 +701,34 @@ def test_a_large_under_prediction_on_a_small_block_is_said_to_be_within_the_fits
 
     assert "worst under-prediction 55.6% (on a small block: within the 3% + 4.00 MiB" in note(55.6)
     assert "worst under-prediction 2.0%; trusted" in note(2.0)
+
+
+def points_below_zero(block):
+    """A float64 point cloud of the negative values: 32 B per negative element in 3-D."""
+    where = np.argwhere(block < 0)
+    cloud = np.column_stack([where.astype(np.float64), block[block < 0].astype(np.float64)])
+    return block + cloud[:1, 0].sum().astype(block.dtype) * 0
+
+
+def test_a_function_whose_memory_depends_on_the_values_is_measured_on_the_datas(user_dir):
+    """A trial's function ran x3.5 its prediction (paused and killed workers) on its first plan:
+    it was measured on generated values in [0, 1), where it found no negative value."""
+    from xarray_memchunk.measure.calibrate import value_sample
+
+    shape, chunks = (96, 96, 96), (48, 96, 96)
+    negative = xr.DataArray(
+        -1.0 - da.random.default_rng(1).random(shape, chunks=chunks, dtype="float32"),
+        dims=("z", "y", "x"),
+        name="v",
+    )
+    sample = value_sample(negative)
+    assert sample is not None and 0 < sample.nbytes <= calibrate.SAMPLE_BYTES
+    assert (sample < -1).all()
+    op = xm.BlockwiseOperator("selfcal-points", points_below_zero)
+    plan = negative.memchunk.plan(op, memory_limit="2GB")
+    assert any(n.startswith("memory model calibrated now") for n in plan.notes)
+    fit = load_calibration(op.calibration, "cpu", "float32")
+    largest = max(fit.profiles, key=lambda p: math.prod(p["extents"].values()))
+    elements = math.prod(largest["extents"].values())
+    # the cloud (4 float64 per element) and argwhere's (3 int64): 56 B per element, at least
+    assert largest["peak_bytes"] >= 48 * elements

@@ -78,6 +78,21 @@ def test_the_same_function_defined_again_keeps_its_key():
     assert first.identity_known and first.identity_reason == ""
 
 
+def test_a_line_added_above_a_function_keeps_its_key(tmp_path):
+    """A trial: one comment line at the top of a script lost what runs taught its function."""
+    source = "import numpy as np\n\ndef neg_fix(block):\n    return np.abs(block) + 1\n"
+    funcs = []
+    for extra in ("", "# a comment\n\n\n"):
+        namespace = {"__name__": "__main__"}
+        exec(compile(extra + source, str(tmp_path / "script.py"), "exec"), namespace)
+        funcs.append(namespace["neg_fix"])
+    assert funcs[0].__code__.co_firstlineno != funcs[1].__code__.co_firstlineno
+    assert key(funcs[0]) == key(funcs[1])
+    namespace = {"__name__": "__main__"}
+    exec(compile(source.replace("+ 1", "+ 2"), str(tmp_path / "script.py"), "exec"), namespace)
+    assert key(namespace["neg_fix"]) != key(funcs[0])
+
+
 def test_an_identity_that_cannot_be_hashed_is_unknown_and_never_shared():
     lock = threading.Lock()
 

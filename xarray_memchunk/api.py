@@ -462,12 +462,17 @@ def _cost(
             operator, da, kwargs, budget.per_task, meanwhile=lambda: produced_input(da)
         )
         notes.append(measured.explain())
-        if wrong:
-            settle_observations(key, device, dtype)
+        if wrong and (unsettled := settle_observations(key, device, dtype)):
+            notes.append(unsettled)
     if wrong and (measure == "never" or not measurable):
+        how = (
+            "plan with measure='auto'"  # a user's function: the command line cannot import it
+            if calibrates_itself and measure == "never"
+            else f"`memchunk calibrate {operator.name}`"
+        )
         notes.append(
             f"{_found_wrong(operator, learned)}: planned with the model raised x2 at most; "
-            f"measure it on this machine with `memchunk calibrate {operator.name}`"
+            f"measure it on this machine with {how}"
         )
     return resolve_cost(operator, name, da, uses, cost, device)
 
@@ -624,7 +629,24 @@ def _prepare(
         )
     _check_dims(obj, operator.name)
     device = _device(obj, operator)
-    resolved = _budget(memory_limit, budget, device)
+    try:
+        resolved = _budget(memory_limit, budget, device)
+    except BudgetError as no_room:
+        at_least = no_room.budget_at_minimum
+        if not isinstance(at_least, Budget):
+            raise
+        # the least memory with room for a task may still be too little for this operator
+        try:
+            _prepare(obj, operator, None, at_least, chunks, op_kwargs, measure)
+        except InfeasiblePlanError as needs_more:
+            if needs_more.minimum_memory_limit is None:
+                raise no_room from None
+            raise BudgetError(
+                f"{no_room.reason}. With room for a task, {needs_more}",
+                minimum_memory_limit=needs_more.minimum_memory_limit,
+                reason=no_room.reason,
+            ) from None
+        raise
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
     label, prepared, cautions = chosen

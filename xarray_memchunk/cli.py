@@ -235,7 +235,8 @@ def _build_parser() -> argparse.ArgumentParser:
     cal.add_argument(
         "--forget",
         action="store_true",
-        help="measure nothing: delete what runs taught about OP (its .learned.json files)",
+        help="measure nothing: delete what runs taught about OP (its .learned.json files); OP "
+        "may be the calibration key a report names (a function's: NAME-DIGEST)",
     )
     cal.add_argument(
         "--device",
@@ -718,9 +719,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from .models.calibration import calibration_dir
     from .operators.arguments import float_dtype
 
-    kwargs = _op_kwargs(args.op, args.option)
     if args.forget:
-        return _forget(args.op, kwargs)
+        return _forget(args.op, args.option)
+    kwargs = _op_kwargs(args.op, args.option)
     dtypes = tuple(args.dtype or ("float32", "float64"))
     for dtype in dtypes:
         float_dtype(dtype, "--dtype")
@@ -743,12 +744,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _forget(op: str, kwargs: dict[str, Any]) -> int:
-    """Delete what runs taught about ``op`` (with these options); say what was removed."""
+def _forget(op: str, options: list[str] | None) -> int:
+    """Delete what runs taught about ``op`` (with these options); say what was removed.
+
+    ``op`` is a registered operator's name, or a calibration key as a report's note names it:
+    a user's function is known by its name and a digest of its code (``neg_fix-a393ea350d1a``).
+    """
     from .measure.calibrate import calibration_key
     from .models.learned import forget_learned
+    from .operators import operator_names
 
-    removed = forget_learned(calibration_key(op, kwargs))
+    key = calibration_key(op, _op_kwargs(op, options)) if op in operator_names() else op
+    removed = forget_learned(key)
     if not removed:
         print(f"nothing learned about {op} to forget")
     for path in removed:

@@ -23,7 +23,28 @@ class DimensionError(MemchunkError, ValueError):
 
 
 class BudgetError(MemchunkError, ValueError):
-    """A memory budget that cannot be parsed, or is zero or negative."""
+    """A memory budget that cannot be parsed, is zero or negative, or leaves no room for a task.
+
+    Attributes
+    ----------
+    minimum_memory_limit
+        Where the workers' memory leaves no room for a task: the least worker ``memory_limit``
+        (bytes) at which the plan runs, at the same threads per worker, as the message states
+        it; None for a budget that could not be read.
+    reason
+        Where the workers' memory leaves no room for a task: what leaves none (the memory
+        Dask pauses at, what a worker already holds), without the advice; else empty.
+    """
+
+    def __init__(
+        self, message: str, *, minimum_memory_limit: int | None = None, reason: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.minimum_memory_limit = minimum_memory_limit
+        self.reason = reason
+        #: The budget of a worker with the least memory that has room for a task, set where
+        #: one is known: planning asks it whether the operator needs more.
+        self.budget_at_minimum: object | None = None
 
 
 class InfeasiblePlanError(MemchunkError):

@@ -38,6 +38,7 @@ from typing import Any
 import xarray as xr
 
 from .errors import MemchunkError
+from .operators.sources import source_files
 from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
 
 __all__ = [
@@ -304,7 +305,8 @@ def safe_write(
         longest Dask chunk per dim (the Dask chunks are made uniform first).
     sources
         Paths of the inputs, which ``target`` may not be, hold, or lie inside; the files
-        ``obj`` was opened from (its ``encoding["source"]``) are added.
+        ``obj`` was opened from (its ``encoding["source"]``) and those its Dask graphs read
+        (:func:`~xarray_memchunk.operators.sources.source_files`) are added.
 
     Returns
     -------
@@ -327,7 +329,8 @@ def safe_write(
             "e.g. result.rename('dip')"
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
-    target = check_target(target, overwrite, {*map(str, sources), *_encoded_sources(ds)})
+    read = {*map(str, sources), *_encoded_sources(ds), *source_files(ds)}
+    target = check_target(target, overwrite, read)
     chunks = _storage_chunks(ds, storage_chunks)
     if storage_chunks is None:  # each variable's chunks made uniform, on its own
         ds = ds.assign({n: ds[n].chunk(c) for n, c in chunks.items() if n in ds.data_vars})

@@ -132,9 +132,29 @@ def make_budget(
         )
     except BudgetError as err:
         remedy = held_memory_remedy(int(terms["worker_baseline"]), baseline_source)
-        if not remedy:
+        raised = err
+        if remedy:
+            raised = BudgetError(
+                f"{err}; {remedy}",
+                minimum_memory_limit=err.minimum_memory_limit,
+                reason=f"{err.reason}; {remedy}",
+            )
+        if err.minimum_memory_limit is not None:  # planning asks what the operator needs there
+            raised.budget_at_minimum = make_budget(
+                err.minimum_memory_limit,
+                threads_per_worker,
+                n_workers,
+                source,
+                device,
+                decimal=decimal,
+                baseline_source=baseline_source,
+                cores=cores,
+                in_this_process=in_this_process,
+                **terms,
+            )
+        if raised is err:
             raise
-        raise BudgetError(f"{err}; {remedy}") from None
+        raise raised from None
     return Budget(
         worker_memory=int(worker_memory),
         threads_per_worker=threads_per_worker,

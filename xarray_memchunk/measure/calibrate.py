@@ -187,6 +187,52 @@ def padded_block(
     }
 
 
+#: Bytes of the data a self-calibration takes its blocks' values from (:func:`value_sample`):
+#: half of :data:`QUIET_BYTES`, as a block's request carries them.
+SAMPLE_BYTES = 2**19
+
+
+def value_sample(da: Any) -> np.ndarray | None:
+    """Values of ``da`` for self-calibration's blocks: at most :data:`SAMPLE_BYTES`, as 1-D.
+
+    A box of the array's proportions at the middle of its middle chunk (one chunk of a Dask
+    graph is computed, in this process, as planning's measure of the input's production
+    computes one). None for data not on the CPU, or where reading them fails: the blocks then
+    hold generated values.
+    """
+    import dask
+
+    data = getattr(da, "data", None)
+    if (
+        data is None
+        or getattr(da, "size", 0) == 0
+        or not isinstance(getattr(data, "_meta", data), np.ndarray)
+    ):
+        return None
+    chunks = getattr(data, "chunks", None) or tuple((n,) for n in da.shape)
+    region = []
+    elements = SAMPLE_BYTES // max(1, np.dtype(da.dtype).itemsize)
+    share = min(1.0, elements / math.prod(max(1, c[len(c) // 2]) for c in chunks))
+    share **= 1 / max(1, len(chunks))
+    for lengths in chunks:
+        middle = len(lengths) // 2
+        start, length = sum(lengths[:middle]), lengths[middle]
+        take = max(1, int(length * share))
+        begin = start + (length - take) // 2
+        region.append(slice(begin, begin + take))
+    try:
+        with dask.config.set(scheduler="sync"):
+            values = np.asarray(da.data[tuple(region)])
+    except Exception:  # an unreadable region: the blocks are generated
+        return None
+    return values.reshape(-1)
+
+
+def _filled_with(template: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A block of ``template``'s shape and dtype, ``values`` repeated in it."""
+    return np.resize(values.astype(template.dtype, copy=False), template.shape)
+
+
 def run_task(
     operator: Operator,
     kwargs: Mapping[str, Any],
@@ -198,6 +244,7 @@ def run_task(
     on_gpu: bool = False,
     upstream: bool = False,
     coords: Mapping[str, np.ndarray] | None = None,
+    values: np.ndarray | None = None,
 ) -> None:
     """Run one task of ``operator`` as the graph that ``apply`` builds runs it.
 
@@ -211,7 +258,10 @@ def run_task(
     graph, as preprocessing makes it (producing it then holds more than the block).
     ``coords``: the coordinates of the data the operator is measured for, ``name -> (dims,
     values)``, each cut to its first ``sizes[dim]`` values along its dims (a climatology needs
-    the data's dates, a weighting its latitudes).
+    the data's dates, a weighting its latitudes). ``values``: a sample of the data's own
+    values (:func:`value_sample`), repeated to fill each block, in place of generated ones: a
+    function whose memory depends on the values (the points below zero, the NaN it drops)
+    is measured on values like those it will run on.
     """
     import dask
     import dask.array as da
@@ -229,6 +279,13 @@ def run_task(
             seed,
             dtype=dtype,
             meta=cupy.empty((0,) * len(dims), dtype=dtype),
+        )
+    elif values is not None and values.size:
+        data = da.map_blocks(
+            functools.partial(_filled_with, values=values),
+            da.empty(shape, chunks=chunks, dtype=dtype),
+            dtype=dtype,
+            meta=np.empty((0,) * len(dims), dtype=dtype),
         )
     elif upstream:
         normal = da.random.default_rng(seed).standard_normal(shape, chunks=chunks)
@@ -773,7 +830,8 @@ def self_calibrate(
 
     # the data's own coordinates: a function of dates (a climatology) finds them
     coords = {str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()}
-    runner = functools.partial(run_task, coords=coords)
+    # the data's own values: a function whose memory depends on them (the points below zero)
+    runner = functools.partial(run_task, coords=coords, values=value_sample(da))
 
     def measure(
         extents: Mapping[str, int], repeats: int = 1, array: Mapping[str, int] | None = None

@@ -61,6 +61,7 @@ from .._dask_compat import (
     worker_removal,
 )
 from ..clusters import active_client, memory_threshold
+from ..errors import CalibrationError
 from ..models.fitting import ABSOLUTE_SLACK
 from ..models.learned import Observation, record_observation
 from ..planning.candidates import padded_extent
@@ -493,7 +494,10 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     elif not learn:
         result.learned = "nothing (learn=False)"
     else:
-        result.learned = _learn(prepared, peak.peak_bytes - peak.runtime, floor)
+        try:
+            result.learned = _learn(prepared, peak.peak_bytes - peak.runtime, floor)
+        except CalibrationError as exc:  # a read-only learned file, an unwritable directory
+            result.learned = f"nothing: {exc}"
     return result
 
 
@@ -532,7 +536,7 @@ def _learn(prepared: Any, measured: int, floor: bool) -> str:
     return (
         f"kept {what} {plan.budget.format(measured)} task beside the calibration "
         f"(the next plan raises its prediction, at most x2; forget it with `memchunk calibrate "
-        f"{plan.operator} --forget`)"
+        f"{cost.calibration_key} --forget`)"
         + (": a worker was killed; a NumPy function is measured again first" if floor else "")
         + f": {path}"
     )

@@ -22,6 +22,7 @@ what that model predicts for it (:func:`learned_scale`). So learning:
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ __all__ = [
     "forget_learned",
     "learned_path",
     "load_learned",
+    "read_only",
     "record_observation",
     "settle_observations",
 ]
@@ -221,6 +223,11 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
         When the calibration directory cannot be written.
     """
     path = learned_path(calibration, device)
+    if read_only(path):
+        raise CalibrationError(
+            f"{path} is read-only: what the run taught is not kept there (make the file "
+            f"writable to keep learning, or report with learn=False)"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -250,21 +257,46 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
     return path
 
 
-def settle_observations(calibration: str, device: str, dtype: str) -> None:
+def settle_observations(calibration: str, device: str, dtype: str) -> str:
     """Mark the observations of ``calibration`` settled: the operator was measured again since.
 
     They stay as evidence (a task the new model does not reach still raises it, bounded), but
-    no longer ask for a new measurement.
+    no longer ask for a new measurement. A file that is read-only (:func:`read_only`) or cannot
+    be written is left as it is, and the plan goes on: the next plan measures again.
+
+    Returns
+    -------
+    str
+        Empty where the file was marked or there is none; else why it was not.
     """
     path = learned_path(calibration, device)
     if not path.is_file():
-        return
+        return ""
+    if read_only(path):
+        return f"{path} is read-only: left as it is, so the next plan measures again"
     document = _read(path)
     entries = document.get("dtypes", {}).get(dtype, [])
     for entry in entries:
         if isinstance(entry, dict):
             entry["settled"] = True
-    write_json_atomically(document, path)
+    try:
+        write_json_atomically(document, path)
+    except OSError as exc:
+        return f"cannot mark {path} measured again ({exc}): the next plan measures again"
+    return ""
+
+
+def read_only(path: Path) -> bool:
+    """Whether the learned file ``path`` was made read-only (no write permission bit set).
+
+    Its owner froze what runs taught: it is read, never replaced (an atomic write replaces a
+    file through its directory, whatever the file's own mode).
+    """
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return False
+    return not mode & 0o222 or not os.access(path, os.W_OK)
 
 
 def forget_learned(calibration: str, device: str | None = None) -> list[Path]:

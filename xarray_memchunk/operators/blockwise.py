@@ -406,7 +406,11 @@ class BlockwiseOperator(Operator):
         data = map_blocks_with_halo(da.data, checked, depth, checked.dtype, **kwargs)
         if not hasattr(data, "dask"):  # NumPy data: computed now
             data = np.asarray(data)
-        return da.copy(data=data)
+        result = da.copy(data=data)
+        # new values: the input's encoding (a packed int16's scale_factor, its _FillValue)
+        # would store them wrongly, and xarray's computations drop it too
+        result.encoding = {}
+        return result
 
     def _reshaping(
         self, da: xr.DataArray, checked: CheckedBlockFunction, **kwargs: Any

@@ -145,7 +145,11 @@ class _Hasher:
             self._active.discard(id(func))
 
     def _code(self, code: types.CodeType) -> str:
-        """Digest of compiled code: instructions, constants, names and where it was written."""
+        """Digest of compiled code: instructions, constants, names and how it is laid out.
+
+        Its lines are counted from its first, not from the file's: a line added above the
+        function (a comment, an import) leaves its identity, and what runs taught about it.
+        """
         consts = [
             self._code(c) if isinstance(c, types.CodeType) else self.value(c)
             for c in code.co_consts
@@ -154,7 +158,7 @@ class _Hasher:
         return _join(
             "code",
             code.co_code.hex(),
-            repr((counts, code.co_flags, code.co_names, code.co_firstlineno)),
+            repr((counts, code.co_flags, code.co_names)),
             repr(_positions(code)),
             *consts,
         )

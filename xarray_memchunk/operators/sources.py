@@ -29,6 +29,7 @@ range straight from the file (measured: reading one element of a 128 MiB uncompr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -66,6 +67,7 @@ __all__ = [
     "reads_own_range",
     "reads_serialized",
     "source_chunks",
+    "source_files",
     "storage_chunks",
 ]
 
@@ -108,6 +110,51 @@ def file_backend(data: Any) -> Any | None:
     if len(layers) == 2:
         return _one_file(graph, data.name, tuple(data.shape))
     return _concatenated_files(graph, data.name, tuple(data.shape), data.chunks)
+
+
+def source_files(obj: xr.Dataset | xr.DataArray) -> set[str]:
+    """The local files and Zarr stores the Dask graphs of ``obj``'s variables read.
+
+    Found in each graph layer's arrays, however the reads were made: ``xarray.open_dataset``,
+    ``open_zarr`` and ``open_mfdataset``'s backend arrays (the file a netCDF store opened, the
+    directory of a local Zarr store), and memchunk's own reads straight from a file
+    (:class:`BoundedReads`, :class:`ConcatenatedReads`), which carry no ``encoding["source"]``:
+    a result of ``apply`` on a Zarr store reads it so. Paths are as the backends hold them.
+    """
+    variables = obj.variables.values() if isinstance(obj, xr.Dataset) else [obj.variable]
+    found: set[str] = set()
+    for variable in variables:
+        if not _is_dask(variable.data):
+            continue
+        graph = variable.data.__dask_graph__()
+        for name in graph_layers(graph):
+            try:
+                held = [from_array_source(graph, name), *first_task_arguments(graph, name)]
+            except (StopIteration, TypeError, AttributeError):  # a layer of no tasks
+                continue
+            for value in held:
+                found.update(_local_paths(value))
+    return found
+
+
+def _local_paths(value: Any, depth: int = 0) -> Iterator[str]:
+    """The local paths an array read from files holds, through its wrappers."""
+    if value is None or depth > 12 or isinstance(value, np.ndarray | str | bytes | int | float):
+        return
+    if isinstance(value, list | tuple):
+        for item in value:
+            yield from _local_paths(item, depth + 1)
+        return
+    root = getattr(getattr(value, "store", None), "root", None)  # a zarr array, local store
+    if root is not None:
+        yield str(root)
+    filename = getattr(value, "_filename", None)  # xarray's netCDF and HDF5 data stores
+    if isinstance(filename, str | os.PathLike):
+        yield str(filename)
+    for attribute in ("array", "_array", "datastore", "parts", "direct"):
+        inner = getattr(value, attribute, None)
+        if inner is not None and inner is not value:
+            yield from _local_paths(inner, depth + 1)
 
 
 def _one_file(graph: Any, name: str, shape: tuple[int, ...]) -> Any | None:

@@ -300,8 +300,8 @@ def per_task_bytes(
     per_task = int(usable * (1.0 - reserve) / threads)
     if per_task < least:
         size = format_size
-        least_memory = (worker_baseline + max(0, least - 1) * threads / (1.0 - reserve)) / (
-            pause_fraction
+        least_memory = _least_worker_memory(
+            least, threads, pause_fraction, worker_baseline, reserve
         )
         twice = (2 * least_memory * pause_fraction - worker_baseline) * (1 - reserve) / threads
         short = (
@@ -310,19 +310,33 @@ def per_task_bytes(
             if least > 1
             else ""
         )
-        raise BudgetError(
+        reason = (
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
             f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
-            f"and {holder} already holds {size(worker_baseline)}{short}. Give each worker more "
-            f"than {size(least_memory)} (memory_limit); twice that leaves a task about "
-            f"{size(twice)} per thread"
+            f"and {holder} already holds {size(worker_baseline)}{short}"
             + (
                 " (a number without a unit is bytes: write e.g. '1.5GB')"
                 if worker_memory < UNIT_SLIP_BYTES
                 else ""
             )
         )
+        raise BudgetError(
+            f"{reason}. Give each worker at least {format_size_up(least_memory)} "
+            f"(memory_limit); twice that leaves a task about {size(twice)} per thread",
+            minimum_memory_limit=least_memory,
+            reason=reason,
+        )
     return per_task
+
+
+def _least_worker_memory(
+    least: int, threads: int, pause_fraction: float, worker_baseline: int, reserve: float
+) -> int:
+    """The smallest worker memory (bytes) whose per-task budget is at least ``least``."""
+    memory = math.ceil((worker_baseline + least * threads / (1.0 - reserve)) / pause_fraction)
+    while int((pause_fraction * memory - worker_baseline) * (1.0 - reserve) / threads) < least:
+        memory += 1  # the float's rounding: a few bytes at most
+    return memory
 
 
 #: Worker memory below which a budget's refusal says a bare number is bytes: ``memory_limit=1.5``
