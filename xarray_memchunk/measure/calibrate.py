@@ -830,8 +830,7 @@ def self_calibrate(
 
     # the data's own coordinates: a function of dates (a climatology) finds them
     coords = {str(k): (tuple(map(str, v.dims)), np.asarray(v.values)) for k, v in da.coords.items()}
-    # the data's own values: a function whose memory depends on them (the points below zero)
-    runner = functools.partial(run_task, coords=coords, values=value_sample(da))
+    runner = functools.partial(run_task, coords=coords)  # the data's values join it below
 
     def measure(
         extents: Mapping[str, int], repeats: int = 1, array: Mapping[str, int] | None = None
@@ -857,18 +856,26 @@ def self_calibrate(
         # a cluster's worker process starts on its imports with the first call it is sent (a
         # probe process started on them already); not a worker in this process
         first = None if here or not hasattr(profiler, "ncores") else _readiness(profiler)
+        # the blocks hold the data's own values: a function whose memory depends on them (the
+        # points below zero) is measured on values like those it runs on
+        sampled: Future | None = None
         if here:  # its runs reset the high-water mark `meanwhile` reads: `meanwhile` first,
             began = time.perf_counter()  # alone, and not on the calibration's clock
             if meanwhile is not None:
                 meanwhile()
             start += time.perf_counter() - began
-        else:  # while another process starts and measures; then scikit-learn is imported
-            # (the fit below waits for it). A block's request is made and freed here: a large
-            # one (big coordinates, a function holding data) would blur the peak `meanwhile`
-            # measures here, and waits for it
-            quiet = meanwhile is None or _request_bytes(runner, operator, kwargs) <= QUIET_BYTES
+            runner = functools.partial(runner, values=value_sample(da))
+        else:  # while another process starts: the values are read, `meanwhile` measures, then
+            # scikit-learn is imported (the fit below waits for it). A block's request is made
+            # and freed here: a large one (big coordinates, a function holding data) would blur
+            # the peak `meanwhile` measures here, and waits for it
+            request = _request_bytes(runner, operator, kwargs) + SAMPLE_BYTES
+            quiet = meanwhile is None or request <= QUIET_BYTES
+            sampled = thread.submit(value_sample, da)
             beside = thread.submit(_then_import_fitting, meanwhile)
         method = (first if first is not None else _readiness(profiler)).result()
+        if sampled is not None:
+            runner = functools.partial(runner, values=sampled.result())
         if beside is not None and not quiet:
             start += _waited_for(beside)
         with frozen_heap(profiler) as held:  # each block's collection walks only what is newer
