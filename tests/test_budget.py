@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import dask
 import pytest
+import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget, units
@@ -433,12 +434,12 @@ def test_no_room_for_a_task_gives_the_stated_limit_as_a_number(threads, in_this_
         "baseline_source": IN_PROCESS_BASELINE if in_this_process else MEASURED_BASELINE,
     }
     with pytest.raises(BudgetError) as err:
-        make_budget(600_000_000, 2, threads, "test", **terms)
+        make_budget(600_000_000, threads, 2, "test", **terms)
     least = err.value.minimum_memory_limit
     assert least is not None and units.format_size_up(least) in str(err.value)
-    assert make_budget(least, 2, threads, "test", **terms).per_task > 0
+    assert make_budget(least, threads, 2, "test", **terms).per_task > 0
     with pytest.raises(BudgetError):
-        make_budget(int(0.99 * least), 2, threads, "test", **terms)
+        make_budget(int(0.99 * least), threads, 2, "test", **terms)
 
 
 def test_a_budget_that_cannot_be_read_states_no_limit():
@@ -453,7 +454,8 @@ def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
 
     ds = synthetic_climate(365, 30, 40, chunks={"time": 30})
     with pytest.raises(
-        BudgetError, match=r"no room for a task: .*\. With room for a task, .median. cannot fit"
+        BudgetError,
+        match=r"no room for a task: .*\. Give each worker at least .*: .median. needs more",
     ) as err:
         ds.memchunk.plan("median", dim="time", memory_limit="240MB")
     least = err.value.minimum_memory_limit
@@ -462,3 +464,26 @@ def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
     assert ds.memchunk.plan("median", dim="time", memory_limit=least).chunks["time"] == 365
     with pytest.raises((BudgetError, xm.InfeasiblePlanError)):
         ds.memchunk.plan("median", dim="time", memory_limit=int(0.99 * least))
+
+
+def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing(
+    tmp_path, monkeypatch
+):
+    """The refusal is tried at the least memory with room: never a measurement for a refusal."""
+    import warnings
+
+    import dask.array as da
+
+    data = xm.BlockwiseOperator("no-room-fn", lambda block: block * 2)
+    field = xr.DataArray(da.zeros((40, 30), chunks=(10, 30)), dims=("y", "x"), name="f")
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    for measure in ("auto", "never"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(BudgetError, match="no room for a task"):
+                field.memchunk.plan(data, memory_limit="150MB", measure=measure)
+        assert not [w for w in caught if issubclass(w.category, MemoryBudgetWarning)]
+    assert not list(tmp_path.glob("*.json"))  # nothing measured for a refusal
+    with pytest.raises(BudgetError, match="no room for a task"), warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryBudgetWarning)
+        field.memchunk.plan("mean", dim="y", memory_limit="150MB", chunks={"y": 40})

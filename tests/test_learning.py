@@ -334,6 +334,9 @@ def test_the_command_line_forgets_a_functions_key_as_the_report_names_it(user_di
     )
     assert done.returncode == 0, done.stderr
     assert f"forgot {path}" in done.stdout and not path.exists()
+    typo = [sys.executable, "-m", "xarray_memchunk.cli", "calibrate", "meen", "--forget"]
+    refused = subprocess.run(typo, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode == 2 and "unknown operator or calibration key" in refused.stderr
 
 
 def test_a_read_only_learned_file_is_read_and_never_replaced(user_dir):
@@ -347,6 +350,7 @@ def test_a_read_only_learned_file_is_read_and_never_replaced(user_dir):
         with pytest.raises(xm.CalibrationError, match="read-only"):
             record_observation("std", "cpu", "float64", Observation(features, 2e9, 4e8))
         assert settle_observations("std", "cpu", "float64").endswith("the next plan measures again")
+        assert all(o.settled for o in load_learned("std", "cpu", "float64").observations)
         data = xr.DataArray(
             da.zeros((200, 100, 100), chunks=(10, 100, 100), dtype="float64"), dims=("t", "y", "x")
         )

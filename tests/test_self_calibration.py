@@ -732,3 +732,20 @@ def test_a_function_whose_memory_depends_on_the_values_is_measured_on_the_datas(
     elements = math.prod(largest["extents"].values())
     # the cloud (4 float64 per element) and argwhere's (3 int64): 56 B per element, at least
     assert largest["peak_bytes"] >= 48 * elements
+
+
+@pytest.mark.parametrize(
+    ("shape", "chunks"),
+    [((3, 4000, 4000), (1, 4000, 4000)), ((2, 2, 900, 900), (1, 1, 900, 900)), ((7,), (7,))],
+)
+def test_the_sample_of_the_values_is_bounded_and_spread_over_the_middle_chunk(shape, chunks):
+    """A review: thin chunks (one time step of a grid) made a sample 6-31x its bound."""
+    from xarray_memchunk.measure.calibrate import SAMPLE_BYTES, value_sample
+
+    data = xr.DataArray(da.zeros(shape, chunks=chunks, dtype="float64"))
+    sample = value_sample(data)
+    assert sample is not None and 0 < sample.nbytes <= SAMPLE_BYTES
+    grid = np.random.default_rng(0).random((721, 1440)).astype("float32")
+    grid[260:460, 500:940] = np.nan  # a continent at the centre: 8.5% of the grid
+    share = np.isnan(value_sample(xr.DataArray(grid))).mean()
+    assert share == pytest.approx(np.isnan(grid).mean(), abs=0.01)

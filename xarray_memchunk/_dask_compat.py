@@ -236,7 +236,7 @@ def first_task_arguments(graph: Any, name: str) -> list[Any]:
     list
         The task's arguments; empty for a task without ``.args``.
     """
-    task = next(iter(layer_tasks(graph, name).values()))
+    task = next(iter(graph.layers[name].values()))  # the first alone, not the whole layer
     return [task_data(a) for a in getattr(task, "args", ())]
 
 

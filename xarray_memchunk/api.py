@@ -632,21 +632,7 @@ def _prepare(
     try:
         resolved = _budget(memory_limit, budget, device)
     except BudgetError as no_room:
-        at_least = no_room.budget_at_minimum
-        if not isinstance(at_least, Budget):
-            raise
-        # the least memory with room for a task may still be too little for this operator
-        try:
-            _prepare(obj, operator, None, at_least, chunks, op_kwargs, measure)
-        except InfeasiblePlanError as needs_more:
-            if needs_more.minimum_memory_limit is None:
-                raise no_room from None
-            raise BudgetError(
-                f"{no_room.reason}. With room for a task, {needs_more}",
-                minimum_memory_limit=needs_more.minimum_memory_limit,
-                reason=no_room.reason,
-            ) from None
-        raise
+        raise _with_operators_minimum(no_room, obj, operator, chunks, op_kwargs, measure) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
     label, prepared, cautions = chosen
@@ -660,6 +646,50 @@ def _prepare(
         notes = (*notes, _nothing_measured(prepared))
     notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes))
+
+
+def _with_operators_minimum(
+    no_room: BudgetError,
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    chunks: Chunks,
+    op_kwargs: dict[str, Any],
+    measure: str,
+) -> BudgetError:
+    """``no_room``, or the same refusal with what the operator needs beyond a task's room.
+
+    The plan is tried at the least memory with room for a task
+    (``no_room.budget_at_minimum``), its warnings kept quiet: only its refusal's minimum is
+    taken. It is tried first with nothing measured, so that a function with no model yet is
+    not measured for a refusal (on tasks that small, it would be measured again on the next
+    plan), then as asked (``measure``: what producing a graph's input holds counts in the
+    minimum). Where it plans, or fails otherwise, ``no_room`` stands as it is.
+    """
+    at_least = no_room.budget_at_minimum
+    if not isinstance(at_least, Budget):
+        return no_room
+    needs_more: InfeasiblePlanError | None = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for each in dict.fromkeys(("never", measure)):
+            try:
+                _prepare(obj, operator, None, at_least, chunks, op_kwargs, each)
+                needs_more = None
+            except InfeasiblePlanError as refused:
+                needs_more = refused
+            except MemchunkError:  # a function with no model yet, or another refusal
+                return no_room
+    needed = None if needs_more is None else needs_more.minimum_memory_limit
+    if needed is None:
+        return no_room
+    advice = at_least.memory_limit_advice(needed)
+    return BudgetError(
+        f"{no_room.reason}. {advice[0].upper()}{advice[1:]}: {operator.name!r} needs more "
+        f"than the least memory with room for a task (plan with that memory_limit to see its "
+        f"chunks)",
+        minimum_memory_limit=needed,
+        reason=no_room.reason,
+    )
 
 
 def _queue_depth_note(plan: ChunkPlan, n_variables: int) -> tuple[str, ...]:

@@ -745,16 +745,29 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _forget(op: str, options: list[str] | None) -> int:
-    """Delete what runs taught about ``op`` (with these options); say what was removed.
+    """Delete what runs taught about ``op`` (with these ``-o`` options); say what was removed.
 
     ``op`` is a registered operator's name, or a calibration key as a report's note names it:
-    a user's function is known by its name and a digest of its code (``neg_fix-a393ea350d1a``).
+    a user's function is known by its name and a digest of its code (``neg_fix-a393ea350d1a``),
+    its options included. A name that is neither is refused (exit 2).
     """
     from .measure.calibrate import calibration_key
-    from .models.learned import forget_learned
+    from .models.learned import forget_learned, learned_path
     from .operators import operator_names
 
-    key = calibration_key(op, _op_kwargs(op, options)) if op in operator_names() else op
+    if op in operator_names():
+        key = calibration_key(op, _op_kwargs(op, options))
+    elif any(learned_path(op, device).is_file() for device in ("cpu", "gpu")):
+        if options:
+            raise MemchunkError(
+                f"{op!r} is a calibration key: its options are part of it, give no -o"
+            )
+        key = op
+    else:
+        raise MemchunkError(
+            f"unknown operator or calibration key {op!r}: give an operator's name "
+            f"(memchunk operators) or the key a report names (NAME-DIGEST)"
+        )
     removed = forget_learned(key)
     if not removed:
         print(f"nothing learned about {op} to forget")

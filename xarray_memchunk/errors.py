@@ -6,6 +6,8 @@ computation starts: planning and validation run on metadata only.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MemchunkError(Exception):
     """Base class of every error raised by xarray-memchunk."""
@@ -29,11 +31,16 @@ class BudgetError(MemchunkError, ValueError):
     ----------
     minimum_memory_limit
         Where the workers' memory leaves no room for a task: the least worker ``memory_limit``
-        (bytes) at which the plan runs, at the same threads per worker, as the message states
-        it; None for a budget that could not be read.
+        (bytes) the message states, at the same threads per worker. From ``plan``, the least
+        at which the operator's plan runs; from a budget alone (``resolve_budget``), the least
+        that leaves a task room. None for a budget that could not be read.
     reason
         Where the workers' memory leaves no room for a task: what leaves none (the memory
         Dask pauses at, what a worker already holds), without the advice; else empty.
+    budget_at_minimum
+        Where the workers' memory leaves no room for a task: the :class:`Budget` of a worker
+        with the least memory that has room, which planning asks whether the operator needs
+        more; else None.
     """
 
     def __init__(
@@ -42,9 +49,7 @@ class BudgetError(MemchunkError, ValueError):
         super().__init__(message)
         self.minimum_memory_limit = minimum_memory_limit
         self.reason = reason
-        #: The budget of a worker with the least memory that has room for a task, set where
-        #: one is known: planning asks it whether the operator needs more.
-        self.budget_at_minimum: object | None = None
+        self.budget_at_minimum: Any = None
 
 
 class InfeasiblePlanError(MemchunkError):

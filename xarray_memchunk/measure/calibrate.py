@@ -195,37 +195,45 @@ SAMPLE_BYTES = 2**19
 def value_sample(da: Any) -> np.ndarray | None:
     """Values of ``da`` for self-calibration's blocks: at most :data:`SAMPLE_BYTES`, as 1-D.
 
-    A box of the array's proportions at the middle of its middle chunk (one chunk of a Dask
-    graph is computed, in this process, as planning's measure of the input's production
-    computes one). None for data not on the CPU, or where reading them fails: the blocks then
-    hold generated values.
+    Every few elements along each dim of its middle chunk, spread over the whole chunk (a
+    land mask at the chunk's centre is sampled in its share, not as all of it). One chunk of a
+    Dask graph is computed, in this thread, by Dask's synchronous scheduler. None for data not
+    on the CPU, or where reading them fails: the blocks then hold generated values.
     """
-    import dask
-
     data = getattr(da, "data", None)
-    if (
-        data is None
-        or getattr(da, "size", 0) == 0
-        or not isinstance(getattr(data, "_meta", data), np.ndarray)
-    ):
+    if data is None or getattr(da, "size", 0) == 0:
         return None
-    chunks = getattr(data, "chunks", None) or tuple((n,) for n in da.shape)
-    region = []
-    elements = SAMPLE_BYTES // max(1, np.dtype(da.dtype).itemsize)
-    share = min(1.0, elements / math.prod(max(1, c[len(c) // 2]) for c in chunks))
-    share **= 1 / max(1, len(chunks))
-    for lengths in chunks:
-        middle = len(lengths) // 2
-        start, length = sum(lengths[:middle]), lengths[middle]
-        take = max(1, int(length * share))
-        begin = start + (length - take) // 2
-        region.append(slice(begin, begin + take))
+    if not isinstance(getattr(data, "_meta", data), np.ndarray):
+        return None
     try:
-        with dask.config.set(scheduler="sync"):
-            values = np.asarray(da.data[tuple(region)])
-    except Exception:  # an unreadable region: the blocks are generated
+        chunks = getattr(data, "chunks", None) or tuple((n,) for n in da.shape)
+        lengths = [int(c[len(c) // 2]) for c in chunks]
+        starts = [int(sum(c[: len(c) // 2])) for c in chunks]
+        steps = _sample_steps(lengths, SAMPLE_BYTES // max(1, np.dtype(da.dtype).itemsize))
+        region = tuple(
+            slice(start, start + length, step)
+            for start, length, step in zip(starts, lengths, steps, strict=True)
+        )
+        sample = data[region]
+        if hasattr(sample, "compute"):  # this call's scheduler, not the process's config
+            sample = sample.compute(scheduler="sync")
+        values = np.asarray(sample)
+    except Exception:  # unknown chunk sizes, an unreadable region: the blocks are generated
         return None
     return values.reshape(-1)
+
+
+def _sample_steps(lengths: Sequence[int], elements: int) -> list[int]:
+    """Steps along each dim that take at most ``elements`` of a box of ``lengths``."""
+    steps = [1] * len(lengths)
+
+    def taken(axis: int) -> int:
+        return -(-lengths[axis] // steps[axis])
+
+    while math.prod(taken(a) for a in range(len(lengths))) > max(1, elements):
+        widest = max(range(len(lengths)), key=taken)  # the dim that takes the most
+        steps[widest] = min(lengths[widest], 2 * steps[widest])
+    return steps
 
 
 def _filled_with(template: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -47,6 +47,7 @@ per task (``benchmarks/task_measurement_overhead.py``).
 
 from __future__ import annotations
 
+import shlex
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -536,7 +537,7 @@ def _learn(prepared: Any, measured: int, floor: bool) -> str:
     return (
         f"kept {what} {plan.budget.format(measured)} task beside the calibration "
         f"(the next plan raises its prediction, at most x2; forget it with `memchunk calibrate "
-        f"{cost.calibration_key} --forget`)"
+        f"{shlex.quote(cost.calibration_key)} --forget`)"
         + (": a worker was killed; a NumPy function is measured again first" if floor else "")
         + f": {path}"
     )

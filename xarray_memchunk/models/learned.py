@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,8 @@ def load_learned(calibration: str, device: str, dtype: str) -> Learned | None:
     if not isinstance(entries, list):
         raise CalibrationError(f"{path}: observations of {dtype} must be a list")
     observations = tuple(_parse(e, path) for e in entries)
+    if read_only(path):  # frozen by its owner: it cannot be marked settled, so it asks nothing
+        observations = tuple(replace(o, settled=True) for o in observations)
     return Learned(path, observations) if observations else None
 
 
@@ -220,7 +222,8 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
     Raises
     ------
     CalibrationError
-        When the calibration directory cannot be written.
+        When the learned file is read-only (:func:`read_only`), or it or the calibration
+        directory cannot be written.
     """
     path = learned_path(calibration, device)
     if read_only(path):
@@ -287,10 +290,12 @@ def settle_observations(calibration: str, device: str, dtype: str) -> str:
 
 
 def read_only(path: Path) -> bool:
-    """Whether the learned file ``path`` was made read-only (no write permission bit set).
+    """Whether the learned file ``path`` is read-only: no write bit set, or not writable here.
 
-    Its owner froze what runs taught: it is read, never replaced (an atomic write replaces a
-    file through its directory, whatever the file's own mode).
+    No write bit: its owner froze what runs taught (an atomic write replaces a file through
+    its directory, whatever the file's own mode, so this is checked first). Not writable by
+    this process: another user's file, a read-only mount. Either way it is read, never
+    replaced, and its observations ask for no new measurement (:func:`load_learned`).
     """
     try:
         mode = path.stat().st_mode

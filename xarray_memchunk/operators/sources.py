@@ -128,8 +128,14 @@ def source_files(obj: xr.Dataset | xr.DataArray) -> set[str]:
             continue
         graph = variable.data.__dask_graph__()
         for name in graph_layers(graph):
+            # the reads are layers of no dependencies (memchunk's own, with the array inlined;
+            # from_array's ``original-`` one) or getters over an ``original-`` one: only those
+            # are read, since reading a layer materializes all its tasks
+            source = from_array_source(graph, name)
+            if source is None and layer_dependencies(graph, name):
+                continue
             try:
-                held = [from_array_source(graph, name), *first_task_arguments(graph, name)]
+                held = [source] if source is not None else first_task_arguments(graph, name)
             except (StopIteration, TypeError, AttributeError):  # a layer of no tasks
                 continue
             for value in held:
