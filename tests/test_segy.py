@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import warnings
 
 import cf_xarray  # noqa: F401  (the .cf accessor)
 import numpy as np
@@ -140,6 +141,43 @@ def test_missing_traces_refused_or_filled_with_a_mask(volume, tmp_path):
     assert open_segy(ints, fill=-999).values[0, 0, 0] == -999
     with pytest.raises(xm.MemchunkError, match="not a value of the file's int16"):
         open_segy(ints, fill=1.5)
+
+
+def test_a_file_that_states_no_sample_interval_is_said_so(volume, tmp_path):
+    """A trial: an interval of 0 got segyio's 4 ms steps, silently."""
+    import segyio
+
+    path = write_segy(volume, tmp_path / "dt0.sgy")
+    with segyio.open(path, "r+", ignore_geometry=True) as f:
+        f.bin.update({segyio.BinField.Interval: 0})
+        for trace in range(f.tracecount):
+            f.header[trace] = {segyio.TraceField.TRACE_SAMPLE_INTERVAL: 0}
+    with pytest.warns(UserWarning, match="states no sample interval"):
+        da = open_segy(path)
+    assert da.sample.values[1] - da.sample.values[0] == 4.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        open_segy(write_segy(volume, tmp_path / "dt4.sgy"))  # an interval stated: no warning
+
+
+def test_cli_run_and_plan_fill_missing_traces_as_ingest_does(volume, tmp_path):
+    """A trial: the refusal pointed to --fill, which only `ingest` took."""
+    present = np.ones((30, 26), bool)
+    present[15, 12] = False
+    path = write_segy(volume, tmp_path / "holes.sgy", trace_present=present)
+    args = ["--nworkers", "1", "--memory-limit", "1GB"]
+    refused = memchunk("run", "mean", path, tmp_path / "m.zarr", "--dim", "sample", *args)
+    assert refused.returncode == 2 and "--fill nan" in refused.stderr
+    filled = memchunk(
+        "run", "mean", path, tmp_path / "m.zarr", "--dim", "sample", "--fill", "nan", *args
+    )
+    assert filled.returncode == 0, filled.stderr
+    mean = xr.open_zarr(tmp_path / "m.zarr")["amplitude"].values
+    assert np.isnan(mean[15, 12]) and np.isfinite(np.delete(mean.ravel(), 15 * 26 + 12)).all()
+    planned = memchunk("plan", "mean", path, "--dim", "sample", "--fill", "nan", *args)
+    assert planned.returncode == 0, planned.stderr
+    not_segy = memchunk("plan", "mean", tmp_path / "m.zarr", "--dim", "lat", "--fill", "0")
+    assert not_segy.returncode == 2 and "not a SEG-Y file" in not_segy.stderr
 
 
 def test_duplicate_positions_and_bad_files_refused(volume, tmp_path):

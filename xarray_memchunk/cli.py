@@ -146,6 +146,17 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_fill(parser: argparse.ArgumentParser) -> None:
+    """The ``--fill`` flag: the value of a SEG-Y file's missing traces."""
+    parser.add_argument(
+        "--fill",
+        type=float,
+        metavar="VALUE",
+        help="SEG-Y input: value of missing traces, e.g. nan (default: refuse a file with "
+        "missing traces)",
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memchunk",
@@ -160,6 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "to plan it, the plan's notes say; --measure never measures nothing)",
     )
     _add_common(plan)
+    _add_fill(plan)
     _add_cluster(plan)  # the cluster `memchunk run` would run on, with the same defaults
 
     run = sub.add_parser(
@@ -168,6 +180,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_common(run)
     run.add_argument("output", metavar="OUTPUT", help="Zarr store, or .nc file")
     run.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    _add_fill(run)
     _add_cluster(run)
 
     ingest = sub.add_parser(
@@ -184,12 +197,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="choose storage chunks that OP's plan reads whole (default: 128 along every dim)",
     )
     _add_options(ingest, "option of the --for operator, e.g. -o sigma=1.5; repeatable")
-    ingest.add_argument(
-        "--fill",
-        type=float,
-        metavar="VALUE",
-        help="value of missing traces, e.g. nan (default: refuse a file with missing traces)",
-    )
+    _add_fill(ingest)
     ingest.add_argument(
         "--iline", type=int, default=189, metavar="BYTE", help="inline number header byte"
     )
@@ -258,7 +266,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from .io import open_input
 
-    obj = open_input(args.input, args.var)
+    obj = open_input(args.input, args.var, fill=args.fill)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
     budget = _local_budget(args)
     if budget is None:  # --scheduler: the budget of its workers, as `memchunk run` takes it
@@ -393,7 +401,7 @@ def _prepare_output(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .io import open_input, safe_write
 
-    obj = open_input(args.input, args.var)
+    obj = open_input(args.input, args.var, fill=args.fill)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
     _prepare_output(args)
     budget = _local_budget(args)

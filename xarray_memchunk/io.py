@@ -70,16 +70,19 @@ def output_format(path: str | os.PathLike) -> str:
     return "netcdf" if Path(path).suffix.lower() in _NETCDF_SUFFIXES else "zarr"
 
 
-def open_input(path: str | os.PathLike, variable: str | None = None) -> xr.Dataset | xr.DataArray:
+def open_input(
+    path: str | os.PathLike, variable: str | None = None, *, fill: float | None = None
+) -> xr.Dataset | xr.DataArray:
     """Open a Zarr store, netCDF or SEG-Y file lazily, keeping its storage chunks.
 
     SEG-Y files (by suffix: ``.sgy``, ``.segy``) open with :func:`open_segy`'s defaults as the
-    DataArray ``amplitude``.
+    DataArray ``amplitude``; ``fill``: the value of their missing traces (``open_segy``'s).
 
     Raises
     ------
     MemchunkError
-        When the path does not exist, is not a dataset, or lacks ``variable``.
+        When the path does not exist, is not a dataset, or lacks ``variable``; or ``fill`` is
+        given for an input that is not SEG-Y.
     """
     path = Path(path)
     if not path.exists():
@@ -87,7 +90,12 @@ def open_input(path: str | os.PathLike, variable: str | None = None) -> xr.Datas
     if path.suffix.lower() in SEGY_SUFFIXES:
         if variable not in (None, "amplitude"):
             raise MemchunkError(f"a SEG-Y file has one variable, 'amplitude', not {variable!r}")
-        return open_segy(path)
+        return open_segy(path, fill=fill)
+    if fill is not None:
+        raise MemchunkError(
+            f"--fill (fill=) is the value of a SEG-Y file's missing traces; {str(path)!r} is "
+            f"not a SEG-Y file (.sgy, .segy)"
+        )
     try:
         if path.is_dir():
             ds = xr.open_zarr(path, chunks={})

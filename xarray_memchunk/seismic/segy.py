@@ -250,6 +250,8 @@ def _scanned_geometry(
             f"it has no traces ({size} bytes: the file headers take {FILE_HEADER_BYTES}, and "
             f"each trace {TRACE_HEADER_BYTES} more plus its samples)",
         )
+    from segyio import BinField, TraceField
+
     orders = ("big", "little") if endian == "auto" else (endian,)
     errors = []
     for order in orders:
@@ -266,12 +268,25 @@ def _scanned_geometry(
                 xl = np.asarray(f.attributes(xline)[:], dtype=np.int64)
                 samples = np.asarray(f.samples, dtype=np.float64)
                 dtype, sample_format = np.dtype(f.dtype), str(f.format)
+                no_interval = (
+                    not f.bin[BinField.Interval]
+                    and not f.header[0][TraceField.TRACE_SAMPLE_INTERVAL]
+                )
         except (RuntimeError, ValueError, OSError, IndexError, KeyError) as exc:
             errors.append(f"{order}-endian: {exc}")
             continue
         for warning in caught:
             warnings.warn_explicit(
                 warning.message, warning.category, warning.filename, warning.lineno
+            )
+        if no_interval:
+            warnings.warn(
+                f"{path}: the file states no sample interval (0 in its binary header and its "
+                f"first trace's): its samples are numbered in segyio's default steps of "
+                f"{samples[1] - samples[0] if len(samples) > 1 else 4.0:g} ms; relabel them "
+                f"(.assign_coords(sample=...)) with the survey's interval",
+                UserWarning,
+                stacklevel=4,
             )
         return _grid(path, order, iline, xline, inl, xl, samples, dtype, sample_format)
     raise _fail(path, "; ".join(errors))
@@ -424,7 +439,7 @@ def open_segy(
         raise MemchunkError(
             f"{str(path)!r} has {geometry.missing} missing traces in its "
             f"{geometry.shape[0]} x {geometry.shape[1]} inline x crossline grid: pass fill= "
-            f"(e.g. numpy.nan; memchunk ingest: --fill nan) to read them as that value, with a "
+            f"(e.g. numpy.nan; on the command line: --fill nan) to read them as that value, with a "
             f"trace_present mask"
         )
     array = SegyArray(geometry, fill)
