@@ -349,7 +349,9 @@ def test_a_read_only_learned_file_is_read_and_never_replaced(user_dir):
         assert read_only(path)
         with pytest.raises(xm.CalibrationError, match="read-only"):
             record_observation("std", "cpu", "float64", Observation(features, 2e9, 4e8))
-        assert settle_observations("std", "cpu", "float64").endswith("the next plan measures again")
+        assert settle_observations("std", "cpu", "float64").endswith(
+            "left as it is (its observations ask for no measurement)"
+        )
         assert all(o.settled for o in load_learned("std", "cpu", "float64").observations)
         data = xr.DataArray(
             da.zeros((200, 100, 100), chunks=(10, 100, 100), dtype="float64"), dims=("t", "y", "x")

@@ -268,8 +268,8 @@ def run_task(
     values)``, each cut to its first ``sizes[dim]`` values along its dims (a climatology needs
     the data's dates, a weighting its latitudes). ``values``: a sample of the data's own
     values (:func:`value_sample`), repeated to fill each block, in place of generated ones: a
-    function whose memory depends on the values (the points below zero, the NaN it drops)
-    is measured on values like those it will run on.
+    function whose memory depends on the values (the points below zero) is measured on values
+    like those it will run on.
     """
     import dask
     import dask.array as da

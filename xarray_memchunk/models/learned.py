@@ -264,8 +264,9 @@ def settle_observations(calibration: str, device: str, dtype: str) -> str:
     """Mark the observations of ``calibration`` settled: the operator was measured again since.
 
     They stay as evidence (a task the new model does not reach still raises it, bounded), but
-    no longer ask for a new measurement. A file that is read-only (:func:`read_only`) or cannot
-    be written is left as it is, and the plan goes on: the next plan measures again.
+    no longer ask for a new measurement. A file that is read-only (:func:`read_only`) is left
+    as it is: its observations ask for none already (:func:`load_learned`). One that cannot be
+    written otherwise is left as it is too, and the plan goes on: the next plan measures again.
 
     Returns
     -------
@@ -276,7 +277,7 @@ def settle_observations(calibration: str, device: str, dtype: str) -> str:
     if not path.is_file():
         return ""
     if read_only(path):
-        return f"{path} is read-only: left as it is, so the next plan measures again"
+        return f"{path} is read-only: left as it is (its observations ask for no measurement)"
     document = _read(path)
     entries = document.get("dtypes", {}).get(dtype, [])
     for entry in entries:
