@@ -293,6 +293,45 @@ def test_a_result_read_straight_from_a_zarr_store_is_not_written_over_it(
     assert xr.open_zarr(volume).amplitude.shape == (24, 20, 18)
 
 
+def _opened(route: str, path: Path) -> xr.Dataset:
+    """The dataset at ``path`` opened as ``route`` opens it."""
+    from zarr.storage import ZipStore
+
+    if route == "zip":
+        return xr.open_zarr(ZipStore(path, mode="r"))
+    if route == "file URL":
+        return xr.open_zarr(path.as_uri())
+    return xr.open_dataset(path, engine="scipy", chunks={})
+
+
+@pytest.mark.filterwarnings("ignore:Duplicate name:UserWarning")  # zarr's zip writes
+@pytest.mark.parametrize(
+    ("route", "name"), [("zip", "precious.zip"), ("file URL", "precious.zarr"), ("scipy", "p.nc")]
+)
+def test_a_store_opened_as_a_zip_a_url_or_by_scipy_is_not_written_over(tmp_path, route, name):
+    """Zarr's ``ZipStore`` and ``FsspecStore`` name their file by ``path``, scipy's store by its
+    file manager: the graph names them all, and the write is refused before it starts."""
+    from zarr.storage import ZipStore
+
+    source = tmp_path / name
+    data = synthetic_climate(40, 6, 8)
+    if route == "zip":
+        with ZipStore(source, mode="w") as store:
+            data.to_zarr(store)
+    elif route == "file URL":
+        data.to_zarr(source)
+    else:
+        data.to_netcdf(source, engine="scipy")
+    before = source.read_bytes() if source.is_file() else None
+    for operator, kwargs in (("mean", {"dim": "time"}), ("median", {})):
+        result = _opened(route, source).memchunk.apply(operator, memory_limit="1GB", **kwargs)
+        with pytest.raises(xm.MemchunkError, match="is the input"):
+            result.memchunk.to_zarr(source, overwrite=True)
+    if before is not None:
+        assert source.read_bytes() == before
+    np.testing.assert_array_equal(_opened(route, source).tas.values, data.tas.values)
+
+
 @pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.parametrize(

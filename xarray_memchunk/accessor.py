@@ -94,8 +94,9 @@ class MemchunkAccessor:
         requires: balanced plans such as (17, 17, 17, 17, 16, 16), which plain ``.to_zarr()``
         refuses, are written as (17, ..., 15). The store appears only once complete. An existing
         one is replaced only with ``overwrite=True``, and only if it is a dataset (a Zarr store,
-        a netCDF or HDF5 file), never another directory or file; a store that is the file this
-        object was opened from, holds it, or lies inside it is refused. See
+        a netCDF or HDF5 file), never another directory or file; a store that is a local file
+        this object's data are read from (a netCDF file; a Zarr directory, zip file or
+        ``file://`` URL), holds one, or lies inside one is refused. See
         :func:`xarray_memchunk.io.safe_write`.
         """
         return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr")

@@ -117,7 +117,8 @@ def source_files(obj: xr.Dataset | xr.DataArray) -> set[str]:
 
     Found in each graph layer's arrays, however the reads were made: ``xarray.open_dataset``,
     ``open_zarr`` and ``open_mfdataset``'s backend arrays (the file a netCDF store opened, the
-    directory of a local Zarr store), and memchunk's own reads straight from a file
+    directory of a local Zarr store, a zip file's ``ZipStore``, a ``file://`` URL's
+    ``FsspecStore``), and memchunk's own reads straight from a file
     (:class:`BoundedReads`, :class:`ConcatenatedReads`), which carry no ``encoding["source"]``:
     a result of ``apply`` on a Zarr store reads it so. Paths are as the backends hold them.
     """
@@ -151,16 +152,41 @@ def _local_paths(value: Any, depth: int = 0) -> Iterator[str]:
         for item in value:
             yield from _local_paths(item, depth + 1)
         return
-    root = getattr(getattr(value, "store", None), "root", None)  # a zarr array, local store
-    if root is not None:
-        yield str(root)
-    filename = getattr(value, "_filename", None)  # xarray's netCDF and HDF5 data stores
+    yield from _store_paths(getattr(value, "store", None))  # a zarr array's store
+    filename = getattr(value, "_filename", None)  # xarray's netCDF4 and h5netcdf data stores
     if isinstance(filename, str | os.PathLike):
         yield str(filename)
+    opened = getattr(getattr(value, "_manager", None), "_args", None)  # its scipy data store
+    if opened and isinstance(opened[0], str | os.PathLike):
+        yield str(opened[0])
     for attribute in ("array", "_array", "datastore", "parts", "direct"):
         inner = getattr(value, attribute, None)
         if inner is not None and inner is not value:
             yield from _local_paths(inner, depth + 1)
+
+
+def _store_paths(store: Any) -> Iterator[str]:
+    """The local path of a Zarr store, where it has one.
+
+    A directory (``LocalStore``), a zip file (``ZipStore``), or an ``FsspecStore`` on the local
+    file system (``file://`` URLs); nothing for a store elsewhere or in memory.
+    """
+    if store is None:
+        return
+    root = getattr(store, "root", None)
+    if root is not None:
+        yield str(root)
+        return
+    path = getattr(store, "path", None)
+    if not isinstance(path, str | os.PathLike):
+        return
+    fs = getattr(store, "fs", None)
+    if fs is not None:  # fsspec: only its local file system's paths are files here
+        protocol = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+        if not {"file", "local"} & set(protocol):
+            return
+    if os.path.exists(path):
+        yield str(path)
 
 
 def _one_file(graph: Any, name: str, shape: tuple[int, ...]) -> Any | None:
