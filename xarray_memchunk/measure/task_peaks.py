@@ -45,6 +45,14 @@ class TaskRecord(NamedTuple):
     overlap
         The most tasks that ran at once in that period so far (1 on a single-threaded worker):
         what ``peak_bytes`` is shared among.
+    period
+        On a worker with several threads, which of its process's measuring periods the task
+        ran in (they are counted from 1); 0 on a single-threaded worker.
+    retained
+        On a worker with several threads, what its process still held more when the period
+        ended (its threads all idle) than when it began, less the results it stores more: what
+        the period's tasks loaded and kept (imports, compiled code, opened files). None while
+        the period runs, and on a single-threaded worker.
     """
 
     name: str
@@ -53,6 +61,8 @@ class TaskRecord(NamedTuple):
     ended: float
     threads: int
     overlap: int
+    period: int = 0
+    retained: int | None = None
 
 
 def key_name(key: Any) -> str:
@@ -76,6 +86,8 @@ class _Process:
         self.period_base = 0
         self.period_stored = 0
         self.overlap = 1
+        self.period = 0
+        self.retained: dict[int, int] = {}
 
     def threads(self) -> int:
         """Threads of all this process's workers."""
@@ -84,6 +96,13 @@ class _Process:
     def stored(self) -> int:
         """Bytes of task results all this process's workers hold in memory now."""
         return sum(worker_stored_bytes(w) for w in self.workers.values())
+
+    def end_period(self) -> None:
+        """Keep what the period that ends now retained (its threads are all idle)."""
+        stored = max(0, self.stored() - self.period_stored)
+        self.retained[self.period] = max(0, status_bytes("VmRSS") - self.period_base - stored)
+        while len(self.retained) > KEPT_RECORDS:  # the oldest first
+            del self.retained[next(iter(self.retained))]
 
 
 _PROCESS = _Process()
@@ -128,6 +147,7 @@ class TaskPeaks(WorkerPlugin):
                     process.period_base = status_bytes("VmRSS")
                     process.period_stored = process.stored() if threads > 1 else 0
                     process.overlap = 1
+                    process.period += threads > 1
                 process.started[task] = (status_bytes("VmRSS"), time.perf_counter())
                 process.overlap = max(process.overlap, len(process.started))
             elif start == "executing" and task in process.started:
@@ -145,9 +165,21 @@ class TaskPeaks(WorkerPlugin):
                         time.time(),
                         threads,
                         1 if threads == 1 else process.overlap,
+                        0 if threads == 1 else process.period,
                     )
                 )
+                if threads > 1 and not process.started:
+                    process.end_period()
 
     def since(self, moment: float) -> list[TaskRecord]:
-        """The records of tasks that ended after ``moment`` (a ``time.time()``)."""
-        return [r for r in self.records if r.ended >= moment]
+        """The records of tasks that ended after ``moment`` (a ``time.time()``).
+
+        Each with what its period retained (:attr:`TaskRecord.retained`), where it has ended.
+        """
+        with _PROCESS.lock:
+            retained = dict(_PROCESS.retained)
+        return [
+            r._replace(retained=retained.get(r.period)) if r.period else r
+            for r in self.records
+            if r.ended >= moment
+        ]
