@@ -14,14 +14,17 @@ from typing import Any, NamedTuple
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .._dask_compat import worker_stored_bytes, worker_threads
-from ..models.profiling import reset_high_water_mark, status_bytes
+from ..models.profiling import reset_high_water_mark, status_bytes, trim_allocator
 
-__all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TaskPeaks", "TaskRecord", "key_name"]
+__all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TRIM_ABOVE", "TaskPeaks", "TaskRecord", "key_name"]
 
 #: Name of the worker plugin that measures tasks.
 PLUGIN_NAME = "memchunk-task-peaks"
 #: Task records a worker keeps (the oldest are dropped).
 KEPT_RECORDS = 100_000
+#: What a measuring period may keep before the allocator's freed pages are handed back to
+#: read it (:meth:`_Process.end_period`): most periods keep nothing, and pay nothing.
+TRIM_ABOVE = 16 * 2**20
 
 
 class TaskRecord(NamedTuple):
@@ -98,9 +101,17 @@ class _Process:
         return sum(worker_stored_bytes(w) for w in self.workers.values())
 
     def end_period(self) -> None:
-        """Keep what the period that ends now retained (its threads are all idle)."""
+        """Keep what the period that ends now retained (its threads are all idle).
+
+        Where that is over :data:`TRIM_ABOVE`, freed pages the allocator keeps are handed back
+        first: they are not what the tasks kept (a worker without a nanny keeps more).
+        """
         stored = max(0, self.stored() - self.period_stored)
-        self.retained[self.period] = max(0, status_bytes("VmRSS") - self.period_base - stored)
+        retained = status_bytes("VmRSS") - self.period_base - stored
+        if retained > TRIM_ABOVE:
+            trim_allocator()
+            retained = status_bytes("VmRSS") - self.period_base - stored
+        self.retained[self.period] = max(0, retained)
         while len(self.retained) > KEPT_RECORDS:  # the oldest first
             del self.retained[next(iter(self.retained))]
 

@@ -57,6 +57,7 @@ __all__ = [
     "resident_bytes",
     "status_bytes",
     "thaw_heap",
+    "trim_allocator",
 ]
 
 
@@ -135,6 +136,11 @@ def release_freed_memory() -> None:
     (``gc.freeze``).
     """
     gc.collect()
+    trim_allocator()
+
+
+def trim_allocator() -> None:
+    """Hand the allocator's freed pages back to the system (glibc's ``malloc_trim``)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
