@@ -1,6 +1,7 @@
 import math
 import os
 import re
+import warnings
 from types import SimpleNamespace
 
 import dask
@@ -10,6 +11,7 @@ import xarray as xr
 import xarray_memchunk as xm
 from xarray_memchunk import Budget, BudgetError, MemoryBudgetWarning, resolve_budget, units
 from xarray_memchunk.clusters import WorkerLayout, cluster_facts, spec_workers
+from xarray_memchunk.datasets import synthetic_climate
 from xarray_memchunk.memory_limits import machine_cores, make_budget
 from xarray_memchunk.planning.budget import (
     IN_PROCESS_BASELINE,
@@ -487,3 +489,51 @@ def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing
     with pytest.raises(BudgetError, match="no room for a task"), warnings.catch_warnings():
         warnings.simplefilter("error", MemoryBudgetWarning)
         field.memchunk.plan("mean", dim="y", memory_limit="150MB", chunks={"y": 40})
+
+
+def test_a_result_too_large_to_gather_into_one_worker_is_said_so():
+    """A new user's trial: a rolling mean of a 301 MiB Dataset on 2 x 2 threads x 800 MB (39%
+    of a worker's limit) paused workers when computed, where the docs' "about half a worker's
+    memory limit" said it would not; at 420 MB it ended in KilledWorker on Dask's
+    ``finalize-`` task. Gathering holds the pieces and the whole beside the baseline."""
+    budget = Budget(
+        worker_memory=763 * 2**20,
+        threads_per_worker=2,
+        n_workers=2,
+        per_task=100 * 2**20,
+        source="test",
+        worker_baseline=199 * 2**20,
+        pause_fraction=0.8,
+    )
+    advice = budget.gather_advice(301 * 2**20)
+    assert "gathers its 301.00 MiB into one worker" in advice
+    assert "about 602.00 MiB" in advice and "610.40 MiB pause threshold" in advice
+    assert "result.memchunk.to_zarr(path)" in advice
+    # what fits beside the baseline under the pause threshold is not warned of
+    assert budget.gather_advice(200 * 2**20) == ""
+    assert budget.gather_advice(206 * 2**20) != ""  # 2 x 206 + 199 > 610.4
+
+
+@pytest.mark.cluster
+def test_apply_warns_of_a_result_too_large_to_gather_and_the_report_says_so(
+    cluster_client, monkeypatch, tmp_path
+):
+    from xarray_memchunk.measure.runs import RunReport
+
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    make, Client = cluster_client
+    cube = synthetic_climate(1460, 90, 180, chunks={"time": 73})  # 95 MB float32: x2 too much
+    with make("400MB") as cluster, Client(cluster):
+        with pytest.warns(xm.ResultGatherWarning, match=r"gathers its 90\.2\d MiB"):
+            plan = cube.memchunk.plan("rolling", dim="time", window=5)
+            result = plan.apply()
+        assert plan.runs[-1].gather.startswith("computing the result in one piece")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", xm.ResultGatherWarning)
+            cube.memchunk.plan("mean", dim="time").apply()  # 63 kB: gathered at no risk
+        result.tas.isel(time=slice(0, 10)).compute()
+    report = RunReport(
+        "rolling", 4, 10, 10, 10, 100, 2, 0, gathered=plan.runs[-1].gather, format=str
+    ).explain()
+    assert re.search(r"^result gathered +computing the result in one piece", report, re.M)
+    assert report.rstrip().splitlines()[-2].endswith("may be this, not the operator's tasks)")

@@ -20,6 +20,7 @@ from .errors import (
     MeasuringWorkerDiedError,
     MemchunkError,
     MemoryBudgetWarning,
+    ResultGatherWarning,
     UnknownOperatorError,
 )
 from .measure.calibrate import calibrate, self_calibrate
@@ -57,6 +58,7 @@ __all__ = [
     "MemchunkAccessor",
     "MemchunkError",
     "MemoryBudgetWarning",
+    "ResultGatherWarning",
     "RunReport",
     "Operator",
     "Plan",

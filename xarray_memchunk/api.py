@@ -23,6 +23,7 @@ from .errors import (
     InfeasiblePlanError,
     MemchunkError,
     MemoryBudgetWarning,
+    ResultGatherWarning,
 )
 from .measure.calibrate import self_calibrate
 from .measure.runs import Run, RunReport, record_run
@@ -185,7 +186,9 @@ class Plan:
         """Rechunk the object per this plan and return the operator's lazy result.
 
         Nothing is planned again, and nothing is computed. On a ``distributed`` cluster the run
-        is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`.
+        is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`; a
+        :class:`~xarray_memchunk.ResultGatherWarning` says where the result is too large to
+        gather into one worker, as ``.compute()`` does (write it instead).
 
         Parameters
         ----------
@@ -215,6 +218,9 @@ class Plan:
         run = record_run(rechunked, result)
         if run is not None:
             self.runs.append(run)
+            run.gather = prepared.plan.budget.gather_advice(int(result.nbytes))
+            if run.gather:
+                warnings.warn(run.gather, ResultGatherWarning, stacklevel=2)
         if run is not None:  # what reporting needs, not the plan: it holds the data
             _RESULTS.remember(result, prepared, run)
         return result

@@ -17,11 +17,12 @@ import json
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import MemchunkError
+from .errors import MemchunkError, ResultGatherWarning
 
 DEMO_SIZE = 200
 DEMO_MIN_SIZE = 20
@@ -419,7 +420,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if plan is None or not _same_budget(budget, _cluster_budget(obj)):
             plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
         print(plan.explain(), flush=True)
-        result = plan.apply(record_plan=True)
+        with warnings.catch_warnings():  # written, never gathered into one worker
+            warnings.simplefilter("ignore", ResultGatherWarning)
+            result = plan.apply(record_plan=True)
         safe_write(
             result,
             args.output,
@@ -848,8 +851,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     """Parse ``argv`` and run its command; bad input is one line on stderr and status 2."""
-    import warnings
-
     import xarray_memchunk  # noqa: F401  (registers the accessor)
 
     args = _build_parser().parse_args(argv)

@@ -87,3 +87,11 @@ class MemoryBudgetWarning(UserWarning):
     User-given chunks whose predicted peak per task exceeds the per-task budget, or a
     ``memory_limit`` above what the active cluster's workers have (theirs is used).
     """
+
+
+class ResultGatherWarning(MemoryBudgetWarning):
+    """A result too large to gather into one worker, as ``.compute()`` does.
+
+    The plan bounds the operator's tasks; Dask's last task of ``.compute()`` concatenates the
+    whole result on one worker. Write such a result (``result.memchunk.to_zarr``) instead.
+    """

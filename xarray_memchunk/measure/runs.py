@@ -125,12 +125,17 @@ class Run:
         Layers of the input as rechunked for the plan: tasks that are not the operator's.
     layers
         The result's own layers (its graph's, less the input's): the operator's tasks.
+    gather
+        Where the result is too large to gather into one worker (``.compute()``), the
+        sentence that says so (:meth:`~xarray_memchunk.planning.budget.Budget.gather_advice`);
+        else empty.
     """
 
     started: float
     client: weakref.ref
     input_layers: frozenset[str]
     layers: frozenset[str]
+    gather: str = ""
 
 
 #: The runs held somewhere (on a plan or for a result), weakly: their layers are told apart
@@ -214,6 +219,9 @@ class RunReport:
     setup_bytes
         The most a worker with several threads kept from the period of its first tasks (its
         setup), which its records in that period were measured without; 0 where none was.
+    gathered
+        Where the result was computed in one piece (Dask's ``finalize-`` task ran) and is too
+        large to gather into one worker, the sentence that says so (:attr:`Run.gather`).
     learned
         What the run taught (and where it is kept), or why it taught nothing.
     """
@@ -232,6 +240,7 @@ class RunReport:
     retired_workers: int = 0
     runtime_bytes: int = 0
     setup_bytes: int = 0
+    gathered: str = ""
     learned: str = ""
     format: Any = field(default=str, repr=False)
 
@@ -302,8 +311,15 @@ class RunReport:
                 f"{size(self.predicted_peak_bytes)} predicted of {size(self.per_task)} budget",
             ),
             ("pauses, worker deaths", f"{self.pauses}, {deaths}"),
-            ("learned", self.learned),
         ]
+        if self.gathered:
+            blamed = (
+                " (the pauses and deaths above may be this, not the operator's tasks)"
+                if self.pauses or self.worker_deaths
+                else ""
+            )
+            rows.append(("result gathered", self.gathered + blamed))
+        rows.append(("learned", self.learned))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -498,6 +514,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     ]
     records = [r for worker in ran for r in _warm(worker)]
     setup = max((_setup_left_out(worker) for worker in ran), default=0)
+    computed = any(r.name.startswith("finalize-") for w in answers.values() for r in w)
     events = _events(client, run.started, run.input_layers)
     peak = _measured_task(records, plan)
     floor = False
@@ -525,6 +542,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         memory_deaths=events.memory_deaths,
         retired_workers=events.retired,
         setup_bytes=setup,
+        gathered=run.gather if computed else "",
         format=plan.budget.format,
     )
     over = peak is not None and peak.peak_bytes > _limit(plan, peak)
