@@ -468,6 +468,38 @@ def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
         ds.memchunk.plan("median", dim="time", memory_limit=int(0.99 * least))
 
 
+@pytest.mark.parametrize(
+    ("operator", "kwargs"),
+    [("rolling", {"dim": "time", "window": 7}), ("groupby", {"by": "time.month"})],
+)
+def test_a_stated_minimum_plans_where_calibrating_raised_the_baseline(
+    tmp_path, monkeypatch, operator, kwargs
+):
+    """A trial on ``open_mfdataset`` data: rolling, groupby and resample refused at 230 MB said
+    "at least 238.42 MiB", and were refused there again, stating no minimum: calibrating them
+    raised a worker's baseline (what their first run leaves in it) past its room."""
+    from xarray_memchunk.datasets import synthetic_climate
+
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path / "calibrations"))
+    full = synthetic_climate(730, 30, 40)
+    for year in (0, 1):
+        full.isel(time=slice(365 * year, 365 * (year + 1))).to_netcdf(tmp_path / f"{year}.nc")
+    ds = xr.open_mfdataset(sorted(tmp_path.glob("*.nc")), chunks={"time": 30})
+    limit, stated = "230MB", []
+    for _ in range(3):  # a function measured on its first plan states its own need on the next
+        try:
+            ds.tas.memchunk.plan(operator, memory_limit=limit, **kwargs)
+            break
+        except (BudgetError, xm.InfeasiblePlanError) as refused:
+            limit = refused.minimum_memory_limit
+            assert limit is not None, str(refused)
+            stated.append(limit)
+    assert 1 <= len(stated) <= 2, stated
+    with pytest.raises((BudgetError, xm.InfeasiblePlanError)) as less:
+        ds.tas.memchunk.plan(operator, memory_limit=limit - 1, **kwargs)
+    assert less.value.minimum_memory_limit == limit
+
+
 def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing(
     tmp_path, monkeypatch
 ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 import warnings
@@ -28,7 +29,7 @@ from .errors import (
 from .measure.calibrate import self_calibrate
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
-from .memory_limits import Budget, resolve_budget
+from .memory_limits import Budget, budget_with_memory, resolve_budget
 from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
@@ -640,7 +641,11 @@ def _prepare(
     except BudgetError as no_room:
         raise _with_operators_minimum(no_room, obj, operator, chunks, op_kwargs, measure) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
-    chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
+    try:
+        chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
+    except InfeasiblePlanError as refused:
+        checked = _checked_minimum(refused, resolved, obj, operator, chunks, op_kwargs, measure)
+        raise checked from None
     label, prepared, cautions = chosen
     for caution in cautions:
         warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
@@ -654,6 +659,63 @@ def _prepare(
     return replace(prepared, plan=replace(prepared.plan, notes=notes))
 
 
+#: Set while planning searches for the least memory a plan runs at: refusals inside are not
+#: searched again.
+_SEARCHING_MINIMUM: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "memchunk_searching_minimum", default=False
+)
+#: Plans tried upward from a refusal's minimum before the search gives up (each refusal there
+#: states a larger one: a baseline raised by the operator's calibration, then its task).
+MINIMUM_SEARCH_STEPS = 4
+
+
+def _least_memory_that_plans(
+    at_least: Budget,
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    chunks: Chunks,
+    op_kwargs: dict[str, Any],
+    measure: str,
+) -> int | None:
+    """The least worker memory from ``at_least``'s up at which the operator's plan runs.
+
+    The plan is tried there, its warnings kept quiet, first with nothing measured (a function
+    with no model yet is not measured for a refusal: on tasks that small, it would be
+    measured again on the next plan), then as asked (``measure``: what producing a graph's
+    input holds counts), then with nothing measured again (what was measured as asked, a
+    larger calibration, may state a larger baseline). Where it is refused with a larger
+    minimum (the operator's task; a baseline raised by what calibrating it left in its
+    worker), that one is tried, up to :data:`MINIMUM_SEARCH_STEPS` times. None where the
+    search ends without a plan: a refusal that states no larger minimum, or another error.
+    """
+    token = _SEARCHING_MINIMUM.set(True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for _ in range(MINIMUM_SEARCH_STEPS):
+                stated: list[int | None] = []  # each refusal's minimum
+                # nothing measured, as asked, then nothing measured again: a calibration made
+                # as asked (the operator measured on larger blocks) may raise the baseline
+                for each in ("never", measure, "never")[: 1 if measure == "never" else 3]:
+                    try:
+                        _prepare(obj, operator, None, at_least, chunks, op_kwargs, each)
+                    except InfeasiblePlanError as refused:
+                        stated.append(refused.minimum_memory_limit)
+                    except MemchunkError:  # a function with no model yet, or another refusal
+                        return None
+                if not stated:
+                    return at_least.worker_memory
+                if None in stated or max(stated) <= at_least.worker_memory:
+                    return None
+                try:
+                    at_least = budget_with_memory(at_least, max(stated))
+                except BudgetError:
+                    return None
+    finally:
+        _SEARCHING_MINIMUM.reset(token)
+    return None
+
+
 def _with_operators_minimum(
     no_room: BudgetError,
     obj: xr.DataArray | xr.Dataset,
@@ -664,29 +726,15 @@ def _with_operators_minimum(
 ) -> BudgetError:
     """``no_room``, or the same refusal with what the operator needs beyond a task's room.
 
-    The plan is tried at the least memory with room for a task
-    (``no_room.budget_at_minimum``), its warnings kept quiet: only its refusal's minimum is
-    taken. It is tried first with nothing measured, so that a function with no model yet is
-    not measured for a refusal (on tasks that small, it would be measured again on the next
-    plan), then as asked (``measure``: what producing a graph's input holds counts in the
-    minimum). Where it plans, or fails otherwise, ``no_room`` stands as it is.
+    The least memory the plan runs at is searched from the least with room for a task
+    (``no_room.budget_at_minimum``: :func:`_least_memory_that_plans`). Where the plan runs
+    there, or the search finds nothing, ``no_room`` stands as it is.
     """
     at_least = no_room.budget_at_minimum
-    if not isinstance(at_least, Budget):
+    if not isinstance(at_least, Budget) or _SEARCHING_MINIMUM.get():
         return no_room
-    needs_more: InfeasiblePlanError | None = None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for each in dict.fromkeys(("never", measure)):
-            try:
-                _prepare(obj, operator, None, at_least, chunks, op_kwargs, each)
-                needs_more = None
-            except InfeasiblePlanError as refused:
-                needs_more = refused
-            except MemchunkError:  # a function with no model yet, or another refusal
-                return no_room
-    needed = None if needs_more is None else needs_more.minimum_memory_limit
-    if needed is None:
+    needed = _least_memory_that_plans(at_least, obj, operator, chunks, op_kwargs, measure)
+    if needed is None or needed == no_room.minimum_memory_limit:
         return no_room
     advice = at_least.memory_limit_advice(needed)
     return BudgetError(
@@ -695,6 +743,40 @@ def _with_operators_minimum(
         f"chunks)",
         minimum_memory_limit=needed,
         reason=no_room.reason,
+    )
+
+
+def _checked_minimum(
+    refused: InfeasiblePlanError,
+    resolved: Budget,
+    obj: xr.DataArray | xr.Dataset,
+    operator: Operator,
+    chunks: Chunks,
+    op_kwargs: dict[str, Any],
+    measure: str,
+) -> InfeasiblePlanError:
+    """``refused``, with the least memory its plan runs at where the minimum it states is not.
+
+    A refusal's minimum can be only room for a task: where what calibrating the operator left
+    in its worker raises the baseline past the pause threshold (a new user's rolling mean,
+    refused at 238.42 MiB, said "at least 238.49 MiB", and was refused there again, stating
+    none). The stated minimum is planned (:func:`_least_memory_that_plans`); where more is
+    needed, the refusal says so and states it.
+    """
+    stated = refused.minimum_memory_limit
+    if stated is None or _SEARCHING_MINIMUM.get() or not resolved.from_formula:
+        return refused
+    try:
+        at_least = budget_with_memory(resolved, stated)
+    except BudgetError:
+        return refused
+    needed = _least_memory_that_plans(at_least, obj, operator, chunks, op_kwargs, measure)
+    if needed is None or needed == stated:
+        return refused
+    advice = resolved.memory_limit_advice(needed)
+    return InfeasiblePlanError(
+        f"{refused}. Planned at that memory_limit, {operator.name!r} needs more: {advice}",
+        minimum_memory_limit=needed,
     )
 
 
@@ -881,7 +963,10 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
     try:
         return with_baseline(budget, largest, source)
     except BudgetError as exc:  # a refusal like any other: the alternatives are tried
-        raise InfeasiblePlanError(f"{operator.name!r}: {exc} (its baseline: {source})") from None
+        raise InfeasiblePlanError(
+            f"{operator.name!r}: {exc} (its baseline: {source})",
+            minimum_memory_limit=exc.minimum_memory_limit,  # room for a task: _checked_minimum
+        ) from None
 
 
 def _alternative(

@@ -56,6 +56,7 @@ from .units import to_bytes
 
 __all__ = [
     "Budget",
+    "budget_with_memory",
     "configured_baseline",
     "device_budget",
     "machine_cores",
@@ -167,6 +168,30 @@ def make_budget(
         cores=cores,
         in_this_process=in_this_process,
         **terms,
+    )
+
+
+def budget_with_memory(budget: Budget, worker_memory: int) -> Budget:
+    """``budget`` for workers of ``worker_memory`` bytes, every other term kept.
+
+    Raises
+    ------
+    BudgetError
+        When that memory leaves no room for a task (:func:`make_budget`).
+    """
+    return make_budget(
+        worker_memory,
+        budget.threads_per_worker,
+        budget.n_workers,
+        budget.source,
+        budget.device,
+        decimal=budget.decimal,
+        baseline_source=budget.baseline_source,
+        cores=budget.cores,
+        in_this_process=budget.in_this_process,
+        pause_fraction=budget.pause_fraction,
+        worker_baseline=budget.worker_baseline,
+        reserve=budget.reserve,
     )
 
 
