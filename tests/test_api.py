@@ -67,6 +67,18 @@ def test_plan_runs_nothing(volume):
     assert calls == []
 
 
+def test_a_report_of_a_plan_applied_with_no_cluster_says_to_start_one(volume, threaded):
+    """The README's quickstart: apply, compute, report, with no cluster, was told to apply on
+    a distributed cluster "and compute the result first", which it had done."""
+    plan = volume.memchunk.plan("gst3d", memory_limit="1.5GB")
+    with pytest.raises(xm.MemchunkError, match="no run of this 'gst3d' plan to report"):
+        plan.report()
+    plan.apply().compute()
+    with pytest.raises(xm.MemchunkError, match="applied with no distributed cluster") as err:
+        plan.report()
+    assert "compute the result first" not in str(err.value)
+
+
 def test_dataset_in_dataset_out_dataarray_in_dataarray_out(volume, threaded):
     assert isinstance(volume.memchunk.apply("gst3d"), xr.Dataset)
     out = volume.amplitude.memchunk.apply("gst3d")
@@ -253,3 +265,20 @@ def test_a_whole_dim_split_by_the_input_not_the_user_is_rechunked_without_a_caut
     assert plan.dask_chunks["time"] == (200,) and plan.dask_chunks["lon"] == (20, 20, 20)
     with pytest.warns(xm.MemoryBudgetWarning, match="'time' must be one chunk"):
         tas.memchunk.plan("median", dim="time", chunks={"time": 10, "lon": 20})
+
+
+def test_variables_whose_models_differ_are_named_in_the_note():
+    """A trial's Dataset note read "your calibration X, your calibration X, x1.31 learned":
+    float32 and float64 variables shared a calibration, and runs had taught the float64 one."""
+    from types import SimpleNamespace
+
+    from xarray_memchunk.api import _model_sources
+
+    plain, learned = "your calibration r.json", "your calibration r.json, x1.31 learned from runs"
+    costs = {
+        "tas": SimpleNamespace(model_source=plain),
+        "pr": SimpleNamespace(model_source=learned),
+        "sst": SimpleNamespace(model_source=learned),
+    }
+    assert _model_sources(costs) == f"tas: {plain}; pr, sst: {learned}"
+    assert _model_sources({"tas": costs["tas"], "orog": costs["tas"]}) == plain

@@ -120,6 +120,7 @@ class Plan:
         self._prepared = prepared
         self.measure = measure
         self.runs: list[Run] = []
+        self._applied = False  # apply() was called, on a cluster or not
         self._staged: dict[str, xr.DataArray] = {}  # written once, read by every apply
 
     @property
@@ -217,6 +218,7 @@ class Plan:
         if record_plan:
             result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
         run = record_run(rechunked, result)
+        self._applied = True
         if run is not None:
             self.runs.append(run)
             run.gather = prepared.plan.budget.gather_advice(int(result.nbytes))
@@ -244,6 +246,13 @@ class Plan:
         MemchunkError
             When this plan was not applied on a ``distributed`` cluster, or its client is gone.
         """
+        if not self.runs and self._applied:
+            raise MemchunkError(
+                f"this {self.chunk_plan.operator!r} plan was applied with no distributed "
+                f"cluster (Dask's threads in this process), where its tasks are not measured: "
+                f"start one first (client = dask.distributed.Client(LocalCluster(...))), then "
+                f"plan.apply(), compute the result, and report"
+            )
         if not self.runs:
             raise MemchunkError(
                 f"no run of this {self.chunk_plan.operator!r} plan to report: run it with "
@@ -1076,8 +1085,24 @@ def _max_extents(costs: Mapping[str, TaskCost]) -> dict[str, float]:
     return caps
 
 
+def _model_sources(costs: Mapping[str, TaskCost]) -> str:
+    """Where each variable's memory model comes from; by variable where they differ.
+
+    A Dataset's float32 and float64 variables may share a calibration and differ only by what
+    runs taught one of them: joined bare, the two read as one source repeated.
+    """
+    by_source: dict[str, list[str]] = {}
+    for name, cost in costs.items():
+        by_source.setdefault(cost.model_source, []).append(str(name))
+    if len(by_source) == 1:
+        return next(iter(by_source))
+    return "; ".join(
+        f"{', '.join(sorted(names))}: {source}" for source, names in sorted(by_source.items())
+    )
+
+
 def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[str, ...]:
-    notes = [f"memory model: {', '.join(sorted({c.model_source for c in costs.values()}))}"]
+    notes = [f"memory model: {_model_sources(costs)}"]
     notes += sorted({c.production.explain(format_size) for c in costs.values() if c.production})
     kinds = {c.layout.kind for c in costs.values()}
     if InputKind.FILE in kinds:
