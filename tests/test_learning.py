@@ -599,3 +599,31 @@ def test_a_report_relates_the_tasks_it_measured_to_those_the_graph_ran():
         "4 (of 4 the graph ran after its input, in 2 layers)"
     )
     assert tasks(n_tasks=8, n_ran=8, n_layers=1).split()[-1] == "8"
+
+
+@pytest.mark.cluster
+def test_a_report_leaves_out_what_ran_after_the_run(user_dir, quiet_distributed):
+    """A trial's report counted 4530 tasks in 26 layers, and their pauses, of a load the user
+    ran after computing the median (25 tasks alone)."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.datasets import synthetic_climate
+
+    cube = synthetic_climate(200, 20, 30, chunks={"time": 10})
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        plan = cube.memchunk.plan("median", dim="time", memory_limit="1GB")
+        plan.apply().compute()
+        alone = plan.report(learn=False)
+        (cube.tas * 2).rename("other").chunk({"time": 5}).sum("lat").compute()
+        after = plan.report(learn=False)
+    assert alone.n_ran > 0
+    assert (after.n_ran, after.n_layers, after.pauses) == (
+        alone.n_ran,
+        alone.n_layers,
+        alone.pauses,
+    )

@@ -15,9 +15,9 @@ why), and compares them with the plan's prediction.
   as it is in calibration; and a task that
   fuses the operator's last step with what follows (``apply(...).sum()``) is named after what
   follows and counted: it is what the worker ran. The tasks of another run that is still held
-  (its plan or its result), input and result layers alike, are not counted; other
-  computations on the cluster between ``apply`` and ``report`` would be: report before
-  starting another.
+  (its plan or its result), input and result layers alike, are not counted, nor what ran
+  after the gather or store that closed the run (:func:`_run_end`); another computation
+  between ``apply`` and that compute would be.
 - On a worker with several threads, tasks overlap: the worker's growth while its threads were
   busy is compared with the plan's prediction for that many tasks at once.
 - A single-threaded worker's first operator task, where it ran no more, loads the operator's
@@ -335,8 +335,10 @@ class _Events:
     retired: int = 0
 
 
-def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
-    """Pauses and worker removals since ``moment``.
+def _events(
+    client: Any, moment: float, inputs: frozenset[str], until: float = float("inf")
+) -> _Events:
+    """Pauses and worker removals since ``moment`` (and up to ``until``).
 
     The removals: deaths, those memory caused in our tasks, and workers retired on purpose
     (an adaptive cluster scaling down).
@@ -346,7 +348,7 @@ def _events(client: Any, moment: float, inputs: frozenset[str]) -> _Events:
     pauses, deaths, memory_killed, in_operator, retired = set(), set(), set(), set(), set()
     for topic, entries in client.get_events().items():
         for stamp, msg in entries:
-            if stamp < moment:
+            if stamp < moment or stamp > until:
                 continue
             if is_pause_event(msg):
                 pauses.add((topic, stamp))
@@ -409,6 +411,24 @@ def _warm(records: list[TaskRecord]) -> list[_Measured]:
         )
         for r in ordered
     ]
+
+
+def _run_end(records: list[TaskRecord], run: Run) -> float:
+    """When the run's computation ended: the first gather or store closing after its tasks.
+
+    The run's tasks are the last of its own layers (its input's or its result's) to end; the
+    first ``finalize-`` or ``_finalize_store-`` task to end after them closed the computation
+    that ran them (``.compute()``, ``to_zarr``). What ran after (another computation on the
+    cluster: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses)
+    is not the run's. Where no task of its own layers ran (all fused into a later step's), or
+    nothing closed after them yet, no end is known: infinity.
+    """
+    own = run.layers | run.input_layers
+    last = max((r.ended for r in records if r.name in own), default=None)
+    if last is None:
+        return float("inf")
+    closed = [r.ended for r in records if r.name.startswith(FINALIZE_PREFIXES) and r.ended >= last]
+    return min(closed, default=float("inf"))
 
 
 def _setup_left_out(records: list[TaskRecord]) -> int:
@@ -502,6 +522,8 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     # a worker killed or restarting as the report asks is left out: its records died with it,
     # and the scheduler's events say it was killed
     answers = client.run(_worker_records, run.started, on_error="ignore")
+    until = _run_end([r for records in answers.values() for r in records], run)
+    answers = {w: [r for r in records if r.ended <= until] for w, records in answers.items()}
     ran = [  # each worker's operator tasks
         [
             r
@@ -515,7 +537,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     records = [r for worker in ran for r in _warm(worker)]
     setup = max((_setup_left_out(worker) for worker in ran), default=0)
     computed = any(r.name.startswith("finalize-") for w in answers.values() for r in w)
-    events = _events(client, run.started, run.input_layers)
+    events = _events(client, run.started, run.input_layers, until)
     peak = _measured_task(records, plan)
     floor = False
     if events.memory_deaths:  # the task that killed a worker left no record: at least that
