@@ -627,3 +627,29 @@ def test_a_report_leaves_out_what_ran_after_the_run(user_dir, quiet_distributed)
         alone.n_layers,
         alone.pauses,
     )
+
+
+def test_records_beside_a_gather_of_the_result_are_left_out_where_others_remain():
+    """A trial's rolling mean of three variables, computed with .compute() on 2 x 2 threads:
+    Dask gathered each variable while the others' tasks ran, and those tasks' records (their
+    period's growth) read x1.33-1.69 against x0.86-0.92 written; it learned so."""
+    from xarray_memchunk.measure.runs import _clear_of_gathers
+
+    def record(name, peak, ended, seconds=0.1, result=0):
+        return _record(peak, threads=2, overlap=2, ended=ended)._replace(
+            name=name, seconds=seconds, period=1, result_bytes=result
+        )
+
+    before = [record("rolling-ab12", 80 * MB, t) for t in (1.0, 1.1)]
+    beside = [record("rolling-ab12", 150 * MB, t) for t in (1.6, 1.7)]
+    gather = record("finalize-hlgfinalizecompute-cd34", 0, 1.5, seconds=0.2, result=60 * MB)
+    every = [*before, gather, *beside]
+    assert _clear_of_gathers([*before, *beside], every) == before
+    # all of them beside it: kept, as evidence is never dropped to nothing
+    assert _clear_of_gathers(beside, [gather, *beside]) == beside
+    # xarray's to_zarr ends in finalize- tasks too, of nothing: no gather
+    stored = gather._replace(result_bytes=0)
+    assert _clear_of_gathers([*before, *beside], [*before, stored, *beside]) == [
+        *before,
+        *beside,
+    ]

@@ -50,6 +50,7 @@ __all__ = [
     "worker_plugin",
     "worker_removal",
     "worker_stored_bytes",
+    "worker_task_bytes",
     "worker_threads",
     "workers_in_this_process",
 ]
@@ -487,6 +488,29 @@ def worker_stored_bytes(worker: Any) -> int:
         Bytes; 0 where the worker does not say.
     """
     return int(getattr(worker.state, "nbytes", 0) or 0)
+
+
+def worker_task_bytes(worker: Any, key: Any) -> int:
+    """Bytes of the result of task ``key`` that a ``distributed.Worker`` holds, as Dask sizes it.
+
+    Relies on ``Worker.state.tasks`` (``WorkerState``, internal: ``TaskState.nbytes`` is set
+    when the result is put in memory, before worker plugins hear of the transition). Checked
+    with distributed 2026.8.0.
+
+    Parameters
+    ----------
+    worker
+        The worker.
+    key
+        The task's key.
+
+    Returns
+    -------
+    int
+        Bytes; 0 where the worker does not say.
+    """
+    task = getattr(worker.state, "tasks", {}).get(key)
+    return int(getattr(task, "nbytes", 0) or 0)
 
 
 def worker_plugin(worker: Any, name: str) -> Any | None:

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .._dask_compat import worker_stored_bytes, worker_threads
+from .._dask_compat import worker_stored_bytes, worker_task_bytes, worker_threads
 from ..models.profiling import reset_high_water_mark, status_bytes, trim_allocator
 
 __all__ = ["KEPT_RECORDS", "PLUGIN_NAME", "TRIM_ABOVE", "TaskPeaks", "TaskRecord", "key_name"]
@@ -56,6 +56,8 @@ class TaskRecord(NamedTuple):
         ended (its threads all idle) than when it began, less the results it stores more: what
         the period's tasks loaded and kept (imports, compiled code, opened files). None while
         the period runs, and on a single-threaded worker.
+    result_bytes
+        The size of the task's result, as Dask counts it (a gather's: the whole it made).
     """
 
     name: str
@@ -66,6 +68,7 @@ class TaskRecord(NamedTuple):
     overlap: int
     period: int = 0
     retained: int | None = None
+    result_bytes: int = 0
 
 
 def key_name(key: Any) -> str:
@@ -177,6 +180,8 @@ class TaskPeaks(WorkerPlugin):
                         threads,
                         1 if threads == 1 else process.overlap,
                         0 if threads == 1 else process.period,
+                        None,
+                        worker_task_bytes(self.worker, key),
                     )
                 )
                 if threads > 1 and not process.started:
