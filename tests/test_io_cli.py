@@ -513,3 +513,25 @@ def test_run_cluster_sends_each_worker_its_next_task_when_it_asks(
             lambda dask_scheduler: dask_scheduler.WORKER_SATURATION
         )
     assert saturation == expected
+
+
+def test_cli_opens_a_pattern_of_netcdf_files_as_one_dataset(tmp_path):
+    """A trial: data held as yearly netCDF files (open_mfdataset in Python) could not be given
+    to the command line: a pattern said "does not exist", a directory "GroupNotFoundError"."""
+    data = synthetic_climate(60, 6, 8)
+    for part in range(3):
+        data.isel(time=slice(20 * part, 20 * (part + 1))).to_netcdf(tmp_path / f"tas_{part}.nc")
+    pattern = str(tmp_path / "tas_*.nc")
+    args = ["--nworkers", "1", "--memory-limit", "1GB"]
+    ran = memchunk("run", "median", pattern, tmp_path / "m.zarr", "--dim", "time", *args)
+    assert ran.returncode == 0, ran.stderr
+    np.testing.assert_allclose(
+        xr.open_zarr(tmp_path / "m.zarr").tas.values, data.tas.median("time").values, rtol=1e-6
+    )
+    none = memchunk("plan", "median", str(tmp_path / "pr_*.nc"), "--dim", "time")
+    assert none.returncode == 2 and "matches no file" in none.stderr
+    over = memchunk(  # an output that is one of the files matched
+        "run", "median", pattern, tmp_path / "tas_1.nc", "--dim", "time", "--overwrite", *args
+    )
+    assert over.returncode == 2 and "is the input" in over.stderr
+    assert xr.open_dataset(tmp_path / "tas_1.nc").sizes["time"] == 20

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import json
 import os
 import signal
@@ -109,7 +110,12 @@ def _scheduler_address(address: str) -> str:
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("op", metavar="OP", help="operator name (see `memchunk operators`)")
-    parser.add_argument("input", metavar="INPUT", help="Zarr store, netCDF or SEG-Y file")
+    parser.add_argument(
+        "input",
+        metavar="INPUT",
+        help="Zarr store, netCDF or SEG-Y file, or a quoted pattern of netCDF files "
+        "('data/tas_*.nc', opened together as open_mfdataset does)",
+    )
     parser.add_argument(
         "--var", metavar="NAME", help="variable to use (default: every suitable one)"
     )
@@ -396,7 +402,12 @@ def _prepare_output(args: argparse.Namespace) -> None:
 
     for message in recover(args.output):
         print(f"memchunk: {message}", flush=True)
-    check_target(args.output, args.overwrite, sources=[args.input], option="--overwrite")
+    check_target(args.output, args.overwrite, sources=_input_paths(args), option="--overwrite")
+
+
+def _input_paths(args: argparse.Namespace) -> list[str]:
+    """The paths ``INPUT`` names: the files a pattern matches, or itself."""
+    return sorted(glob.glob(args.input)) if glob.has_magic(args.input) else [args.input]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -428,7 +439,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             args.output,
             overwrite=args.overwrite,
             compute=_computer(client),
-            sources=[args.input],
+            sources=_input_paths(args),
         )
         print("\npredicted against measured:\n" + plan.report().explain(), flush=True)
 

@@ -26,6 +26,7 @@ removed.
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -76,14 +77,18 @@ def open_input(
     """Open a Zarr store, netCDF or SEG-Y file lazily, keeping its storage chunks.
 
     SEG-Y files (by suffix: ``.sgy``, ``.segy``) open with :func:`open_segy`'s defaults as the
-    DataArray ``amplitude``; ``fill``: the value of their missing traces (``open_segy``'s).
+    DataArray ``amplitude``; ``fill``: the value of their missing traces (``open_segy``'s). A
+    pattern (``'data/tas_*.nc'``: ``*``, ``?`` or ``[``) opens the netCDF files it matches as
+    one dataset, as ``xarray.open_mfdataset`` combines them by their coordinates.
 
     Raises
     ------
     MemchunkError
-        When the path does not exist, is not a dataset, or lacks ``variable``; or ``fill`` is
-        given for an input that is not SEG-Y.
+        When the path does not exist (a pattern matches nothing), is not a dataset, or lacks
+        ``variable``; or ``fill`` is given for an input that is not SEG-Y.
     """
+    if glob.has_magic(str(path)):
+        return _open_files(str(path), variable, fill)
     path = Path(path)
     if not path.exists():
         raise MemchunkError(f"input {str(path)!r} does not exist")
@@ -103,15 +108,52 @@ def open_input(
             ds = xr.open_dataset(path, chunks={})
     except Exception as exc:  # every backend has its own error types
         raise MemchunkError(
-            f"cannot open {str(path)!r} as a Zarr store or netCDF file: "
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"cannot open {str(path)!r} as a Zarr store or netCDF file: {_first_line(exc)}"
         ) from exc
+    return _variable(ds, variable, repr(str(path)))
+
+
+def _open_files(
+    pattern: str, variable: str | None, fill: float | None
+) -> xr.Dataset | xr.DataArray:
+    """The netCDF files ``pattern`` matches, opened as one dataset (:func:`open_input`)."""
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise MemchunkError(f"input pattern {pattern!r} matches no file")
+    if len(files) == 1:
+        return open_input(files[0], variable, fill=fill)
+    unfit = [f for f in files if Path(f).is_dir() or Path(f).suffix.lower() in SEGY_SUFFIXES]
+    if unfit:
+        raise MemchunkError(
+            f"input pattern {pattern!r} matches {len(files)} paths, which are opened as netCDF "
+            f"files together; {unfit[0]!r} is not one: name one Zarr store or SEG-Y file"
+        )
+    if fill is not None:
+        raise MemchunkError("--fill (fill=) is the value of a SEG-Y file's missing traces")
+    try:
+        ds = xr.open_mfdataset(
+            files, chunks={}, data_vars="minimal", coords="minimal", compat="override"
+        )
+    except Exception as exc:  # every backend, and combining, has its own error types
+        raise MemchunkError(
+            f"cannot open the {len(files)} files {pattern!r} matches as one dataset: "
+            f"{_first_line(exc)}"
+        ) from exc
+    return _variable(ds, variable, f"the files {pattern!r} matches")
+
+
+def _first_line(exc: Exception) -> str:
+    """``exc``'s type and the first line of its message."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _variable(ds: xr.Dataset, variable: str | None, where: str) -> xr.Dataset | xr.DataArray:
+    """``ds``, or its ``variable``; refused where it has none of that name (``where``)."""
     if variable is None:
         return ds
     if variable not in ds.data_vars:
         raise MemchunkError(
-            f"no variable {variable!r} in {str(path)!r}; "
-            f"variables: {', '.join(map(str, ds.data_vars))}"
+            f"no variable {variable!r} in {where}; variables: {', '.join(map(str, ds.data_vars))}"
         )
     return ds[variable]
 
