@@ -556,9 +556,11 @@ def test_apply_warns_of_a_result_too_large_to_gather_and_the_report_says_so(
     make, Client = cluster_client
     cube = synthetic_climate(1460, 90, 180, chunks={"time": 73})  # 95 MB float32: x2 too much
     with make("400MB") as cluster, Client(cluster):
-        with pytest.warns(xm.ResultGatherWarning, match=r"gathers its 90\.2\d MiB"):
+        with pytest.warns(xm.ResultGatherWarning, match=r"gathers its 90\.2\d MiB") as caught:
             plan = cube.memchunk.plan("rolling", dim="time", window=5)
             result = plan.apply()
+        assert caught[0].filename == __file__  # the caller's line, not memchunk's
+        assert not issubclass(xm.ResultGatherWarning, xm.MemoryBudgetWarning)
         assert plan.runs[-1].gather.startswith("computing the result in one piece")
         with warnings.catch_warnings():
             warnings.simplefilter("error", xm.ResultGatherWarning)

@@ -535,3 +535,13 @@ def test_cli_opens_a_pattern_of_netcdf_files_as_one_dataset(tmp_path):
     )
     assert over.returncode == 2 and "is the input" in over.stderr
     assert xr.open_dataset(tmp_path / "tas_1.nc").sizes["time"] == 20
+
+
+def test_an_input_whose_name_holds_a_bracket_is_opened_as_named(tmp_path):
+    """A review: "run[1].nc" was taken as a pattern, and opened "run1.nc" beside it."""
+    from xarray_memchunk.io import open_input
+
+    xr.Dataset({"x": ("i", np.full(3, 5.0))}).to_netcdf(tmp_path / "run[1].nc")
+    xr.Dataset({"x": ("i", np.full(3, 3.0))}).to_netcdf(tmp_path / "run1.nc")
+    assert float(open_input(tmp_path / "run[1].nc")["x"][0]) == 5.0
+    assert float(open_input(str(tmp_path / "run?.nc"))["x"][0]) == 3.0  # a pattern: run1.nc

@@ -302,7 +302,11 @@ def test_a_fresh_workers_setup_is_not_learned_as_its_tasks_memory(user_dir, quie
     from distributed import Client, LocalCluster
 
     SETUP.clear()  # a threads cluster runs the tasks in this process
-    model = LinearMemoryModel({"input_bytes": 3.0})  # twice the input and its result: right
+    # twice the input and its result, the freed pages glibc may hold untrimmed (up to
+    # TRIM_ABOVE: what a worker's first period kept beyond them is left out), and what the
+    # scheduler and client do in the process of a threads cluster (up to 30 MB measured so
+    # under the test suite's load); the setup is 160 MB
+    model = LinearMemoryModel({"input_bytes": 3.0}, 32 * 2**20)
     op = xm.BlockwiseOperator("sets-up-once", sets_up_once, memory_model=model)
     data = xr.DataArray(
         da.random.default_rng(5).random((4000, 1000), chunks=(250, 1000)), dims=("y", "x")
@@ -332,6 +336,7 @@ def test_a_fresh_workers_setup_is_not_learned_as_its_tasks_memory(user_dir, quie
 
 def test_a_multithreaded_workers_first_period_is_measured_less_what_it_retained():
     from xarray_memchunk.measure.runs import _warm
+    from xarray_memchunk.measure.task_peaks import TRIM_ABOVE
 
     def record(peak, ended, period, retained):
         return _record(peak, threads=2, overlap=2, ended=ended)._replace(
@@ -342,7 +347,8 @@ def test_a_multithreaded_workers_first_period_is_measured_less_what_it_retained(
     first = [record(setup + 60 * MB, t, 1, setup + 2 * MB) for t in (1.0, 1.1, 1.2)]
     later = [record(70 * MB, 2.0, 2, 0)]
     measured = _warm([*later, *first])
-    assert [m.record.peak_bytes for m in measured] == [58 * MB] * 3 + [70 * MB]
+    kept = setup + 2 * MB - TRIM_ABOVE  # freed pages glibc may hold stay in the measure
+    assert [m.record.peak_bytes for m in measured] == [setup + 60 * MB - kept] * 3 + [70 * MB]
     assert not any(m.first for m in measured)
     # a first period that has not ended: its first task per thread is left out, as before
     open_ = [r._replace(retained=None) for r in first]
@@ -620,6 +626,7 @@ def test_a_report_leaves_out_what_ran_after_the_run(user_dir, quiet_distributed)
         plan.apply().compute()
         alone = plan.report(learn=False)
         (cube.tas * 2).rename("other").chunk({"time": 5}).sum("lat").compute()
+        cube.tas.rolling(time=3).mean().compute()  # reads the same input again
         after = plan.report(learn=False)
     assert alone.n_ran > 0
     assert (after.n_ran, after.n_layers, after.pauses) == (
@@ -627,6 +634,35 @@ def test_a_report_leaves_out_what_ran_after_the_run(user_dir, quiet_distributed)
         alone.n_layers,
         alone.pauses,
     )
+
+
+@pytest.mark.cluster
+def test_a_report_keeps_the_run_s_tasks_fused_into_what_follows(
+    user_dir, quiet_distributed, monkeypatch
+):
+    """A review: in ``apply(...).mean("lat").compute()`` of a Dataset, the operator's tasks
+    are named after the mean, and a variable's gather ended before the others' tasks: they
+    were cut from the report (1945 tasks counted of 1952)."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.datasets import synthetic_climate
+    from xarray_memchunk.measure import runs
+
+    cube = synthetic_climate(600, 20, 30, chunks={"time": 10})
+    for i in range(3):
+        cube[f"v{i}"] = cube.tas * (i + 2)
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        plan = cube.memchunk.plan("median", dim="time", memory_limit="1GB", measure="never")
+        plan.apply().mean("lat").compute()
+        cut = plan.report(learn=False)
+        monkeypatch.setattr(runs, "_run_end", lambda *args: float("inf"))
+        whole = plan.report(learn=False)
+    assert cut.n_ran == whole.n_ran > 0
 
 
 def test_records_beside_a_gather_of_the_result_are_left_out_where_others_remain():

@@ -25,6 +25,7 @@ from .errors import (
     MemchunkError,
     MemoryBudgetWarning,
     ResultGatherWarning,
+    warn_at_caller,
 )
 from .measure.calibrate import self_calibrate
 from .measure.runs import Run, RunReport, record_run
@@ -223,7 +224,7 @@ class Plan:
             self.runs.append(run)
             run.gather = prepared.plan.budget.gather_advice(int(result.nbytes))
             if run.gather:
-                warnings.warn(run.gather, ResultGatherWarning, stacklevel=2)
+                warn_at_caller(run.gather, ResultGatherWarning)
         if run is not None:  # what reporting needs, not the plan: it holds the data
             _RESULTS.remember(result, prepared, run)
         return result

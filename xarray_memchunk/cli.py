@@ -407,7 +407,9 @@ def _prepare_output(args: argparse.Namespace) -> None:
 
 def _input_paths(args: argparse.Namespace) -> list[str]:
     """The paths ``INPUT`` names: the files a pattern matches, or itself."""
-    return sorted(glob.glob(args.input)) if glob.has_magic(args.input) else [args.input]
+    if glob.has_magic(args.input) and not Path(args.input).exists():
+        return sorted(glob.glob(args.input))
+    return [args.input]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

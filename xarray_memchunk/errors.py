@@ -6,6 +6,9 @@ computation starts: planning and validation run on metadata only.
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 
@@ -89,9 +92,20 @@ class MemoryBudgetWarning(UserWarning):
     """
 
 
-class ResultGatherWarning(MemoryBudgetWarning):
+class ResultGatherWarning(UserWarning):
     """A result too large to gather into one worker, as ``.compute()`` does.
 
     The plan bounds the operator's tasks; Dask's last task of ``.compute()`` concatenates the
-    whole result on one worker. Write such a result (``result.memchunk.to_zarr``) instead.
+    whole result on one worker. Write such a result (``result.memchunk.to_zarr``) instead:
+    then nothing is gathered, and the warning, given before anyone knows, does not apply. Not
+    a :class:`MemoryBudgetWarning`: the plan is as asked.
     """
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warn with ``message``, pointing at the first caller outside this package."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

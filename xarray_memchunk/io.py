@@ -87,7 +87,7 @@ def open_input(
         When the path does not exist (a pattern matches nothing), is not a dataset, or lacks
         ``variable``; or ``fill`` is given for an input that is not SEG-Y.
     """
-    if glob.has_magic(str(path)):
+    if glob.has_magic(str(path)) and not Path(path).exists():  # a file named "run[1].nc" is one
         return _open_files(str(path), variable, fill)
     path = Path(path)
     if not path.exists():
@@ -120,8 +120,8 @@ def _open_files(
     files = sorted(glob.glob(pattern))
     if not files:
         raise MemchunkError(f"input pattern {pattern!r} matches no file")
-    if len(files) == 1:
-        return open_input(files[0], variable, fill=fill)
+    if len(files) == 1:  # opened as named: a "[" in its name is no pattern there
+        return open_input(Path(files[0]), variable, fill=fill)
     unfit = [f for f in files if Path(f).is_dir() or Path(f).suffix.lower() in SEGY_SUFFIXES]
     if unfit:
         raise MemchunkError(

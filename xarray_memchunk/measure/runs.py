@@ -81,6 +81,9 @@ TOLERANCE = 0.05
 #: xarray's that closes a store it wrote (``_finalize_store-...``): the caller's, not the
 #: operator's.
 FINALIZE_PREFIXES = ("finalize-", "_finalize_store-")
+#: Seconds after a run's end (:func:`_run_end`) whose pauses and deaths are still the run's: a
+#: worker's memory monitor looks every 100 ms, and the scheduler stamps what it says later.
+EVENTS_AFTER_END_S = 1.0
 #: What a worker's first task may take once beyond its prediction before it counts as above
 #: it: imports and setup a fresh worker does once (30 MB measured for a task of 0.8 MB; 4.3 MB
 #: for a ``memchunk run mean`` task of a 7.7 kB netCDF variable, which learned a x2 model).
@@ -402,9 +405,11 @@ def _warm(records: list[TaskRecord]) -> list[_Measured]:
     once its threads were idle (:attr:`~.task_peaks.TaskRecord.retained`). Measured so, an
     anomaly (a user's function of ``groupby``) of four yearly netCDF files opened with
     ``open_mfdataset``, on 2 fresh workers x 2 threads x 700 MB, whose first tasks loaded
-    about 105 MiB of kernels and caches, took x0.79-0.89 its prediction in 5 runs where it had
-    read x1.55-1.66 (and learned that); x0.90-0.91 on 1 thread. Where that period has not
-    ended, the first task per thread is left out.
+    about 105 MiB of kernels and caches, took x0.89-0.99 its prediction in 3 runs where it had
+    read x1.55-1.66 (and learned that); x0.90-0.91 on 1 thread. Up to
+    :data:`~.task_peaks.TRIM_ABOVE` of what the period kept stays in the measure (freed pages
+    glibc may hold: :func:`_setup`). Where that period has not ended, the first task per
+    thread is left out.
     """
     ordered = sorted(records, key=lambda r: r.ended)
     threads = ordered[0].threads if ordered else 1
@@ -413,15 +418,25 @@ def _warm(records: list[TaskRecord]) -> list[_Measured]:
     first = ordered[0]
     if threads == 1 or first.retained is None:
         return [_Measured(r, first=False) for r in ordered[threads:]]
+    setup = _setup(first)
     return [
         _Measured(
-            r._replace(peak_bytes=max(0, r.peak_bytes - first.retained))
-            if r.period == first.period
-            else r,
+            r._replace(peak_bytes=max(0, r.peak_bytes - setup)) if r.period == first.period else r,
             first=False,
         )
         for r in ordered
     ]
+
+
+def _setup(first: TaskRecord) -> int:
+    """What the period of a worker's first record kept, beyond the allocator's freed pages.
+
+    A period that kept up to :data:`~.task_peaks.TRIM_ABOVE` was read untrimmed: that much may
+    be freed memory glibc holds, which is left in the measure, never out of it.
+    """
+    from .task_peaks import TRIM_ABOVE
+
+    return max(0, (first.retained or 0) - TRIM_ABOVE)
 
 
 def _gathered(record: TaskRecord) -> bool:
@@ -441,8 +456,9 @@ def _clear_of_gathers(ran: list[TaskRecord], every: list[TaskRecord]) -> list[Ta
     ``.compute()``, while the others' tasks still run) holds its pieces and their whole there:
     the operator's records that end after it began carry them. A trial's rolling mean of three
     variables, 2 workers x 2 threads, read x1.33-1.69 computed so and x0.86-0.92 written. They
-    are left out where the worker has others; kept where it has none. ``every``: all the
-    worker's records of the run.
+    are left out where the worker has others; kept where it has none (and, in :func:`report`,
+    a layer's where no worker has another of it). ``every``: all the worker's records of the
+    run.
     """
     gathers = [(r.period, r.ended - r.seconds) for r in every if r.period and _gathered(r)]
     if not gathers:
@@ -454,19 +470,32 @@ def _clear_of_gathers(ran: list[TaskRecord], every: list[TaskRecord]) -> list[Ta
 def _run_end(records: list[TaskRecord], run: Run) -> float:
     """When the run's computation ended: the first gather or store closing after its tasks.
 
-    The run's tasks are the last of its own layers (its input's or its result's) to end; the
-    first ``finalize-`` or ``_finalize_store-`` task to end after them closed the computation
-    that ran them (``.compute()``, ``to_zarr``). What ran after (another computation on the
-    cluster: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses)
-    is not the run's. Where no task of its own layers ran (all fused into a later step's), or
-    nothing closed after them yet, no end is known: infinity.
+    The run's tasks are those of its result's own layers, and of every layer (not its input's)
+    that ran a task before the run closed: an operator step fused into what follows
+    (``apply(...).mean("lat")``: ``getitem-mean_chunk-...``) is named after it. The first
+    ``finalize-`` or ``_finalize_store-`` task to end after the last of them closed the
+    computation (``.compute()``, ``to_zarr``); where a task of a layer that ran before ends
+    after it (a Dataset computed a variable at a time), the end moves past that task. What ran
+    after (another computation on the cluster, though it reads the same input: a trial's
+    ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses) is not the run's.
+    Where no task of the result's own layers ran (all fused into a later step's), or nothing
+    closed after them yet, no end is known: infinity.
     """
-    own = run.layers | run.input_layers
-    last = max((r.ended for r in records if r.name in own), default=None)
-    if last is None:
-        return float("inf")
-    closed = [r.ended for r in records if r.name.startswith(FINALIZE_PREFIXES) and r.ended >= last]
-    return min(closed, default=float("inf"))
+    last = max((r.ended for r in records if r.name in run.layers), default=None)
+    until = float("inf")
+    while last is not None:
+        closed = [r.ended for r in records if r.name.startswith(FINALIZE_PREFIXES)]
+        until = min((t for t in closed if t >= last), default=float("inf"))
+        ran = {
+            r.name
+            for r in records
+            if r.ended <= until
+            and r.name not in run.input_layers
+            and not r.name.startswith(FINALIZE_PREFIXES)
+        }
+        late = [r.ended for r in records if r.ended > until and r.name in ran]
+        last = max(late, default=None)
+    return until
 
 
 def _setup_left_out(records: list[TaskRecord]) -> int:
@@ -476,7 +505,7 @@ def _setup_left_out(records: list[TaskRecord]) -> int:
     first = min(records, key=lambda r: r.ended)
     if first.threads == 1 or len(records) <= first.threads or first.retained is None:
         return 0
-    return first.retained
+    return _setup(first)
 
 
 def _in_task(plan: ChunkPlan) -> int:
@@ -573,10 +602,14 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         for records in answers.values()
     ]
     clean = [_clear_of_gathers(w, rs) for w, rs in zip(ran, answers.values(), strict=True)]
+    kept = {r.name for worker in clean for r in worker}  # no layer left out everywhere
+    clean = [
+        [r for r in w if r in c or r.name not in kept] for w, c in zip(ran, clean, strict=True)
+    ]
     records = [r for worker in clean for r in _warm(worker)]
     setup = max((_setup_left_out(worker) for worker in clean), default=0)
     computed = any(_gathered(r) for w in answers.values() for r in w)
-    events = _events(client, run.started, run.input_layers, until)
+    events = _events(client, run.started, run.input_layers, until + EVENTS_AFTER_END_S)
     peak = _measured_task(records, plan)
     floor = False
     if events.memory_deaths:  # the task that killed a worker left no record: at least that

@@ -187,7 +187,8 @@ class Budget:
             f"{self.format(self.worker_baseline)} baseline: over its "
             f"{self.format(pause)} pause threshold, that worker pauses or is killed whatever "
             f"the plan; write it instead with result.memchunk.to_zarr(path) (or to_netcdf), "
-            f"where each task writes its own chunk and nothing is gathered, or reduce it first"
+            f"where each task writes its own chunk and nothing is gathered (this does not "
+            f"apply then), or reduce it first"
         )
 
     def minimum_memory_limit(self, per_task: float) -> int | None:
