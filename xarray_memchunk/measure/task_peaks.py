@@ -160,6 +160,8 @@ class TaskPeaks(WorkerPlugin):
         with process.lock:
             threads = process.threads()
             if finish == "executing":
+                for gone in [k for k in process.started if k[0] not in process.workers]:
+                    del process.started[gone]  # a worker closed as its task started
                 if threads == 1 or not process.started:
                     reset_high_water_mark()
                     process.period_base = status_bytes("VmRSS")
