@@ -222,11 +222,10 @@ class Plan:
         self._applied = True
         if run is not None:
             self.runs.append(run)
+            _RESULTS.remember(result, prepared, run)  # what reporting needs: not the data
             run.gather = prepared.plan.budget.gather_advice(int(result.nbytes))
             if run.gather:
                 warn_at_caller(run.gather, ResultGatherWarning)
-        if run is not None:  # what reporting needs, not the plan: it holds the data
-            _RESULTS.remember(result, prepared, run)
         return result
 
     def report(self, learn: bool = True) -> RunReport:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import os
 import signal
@@ -398,22 +397,16 @@ def _progress(future) -> None:
 
 def _prepare_output(args: argparse.Namespace) -> None:
     """Finish or undo what dead runs left at ``args.output``, then check it may be written."""
-    from .io import check_target, recover
+    from .io import check_target, input_paths, recover
 
     for message in recover(args.output):
         print(f"memchunk: {message}", flush=True)
-    check_target(args.output, args.overwrite, sources=_input_paths(args), option="--overwrite")
-
-
-def _input_paths(args: argparse.Namespace) -> list[str]:
-    """The paths ``INPUT`` names: the files a pattern matches, or itself."""
-    if glob.has_magic(args.input) and not Path(args.input).exists():
-        return sorted(glob.glob(args.input))
-    return [args.input]
+    sources = input_paths(args.input)
+    check_target(args.output, args.overwrite, sources=sources, option="--overwrite")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .io import open_input, safe_write
+    from .io import input_paths, open_input, safe_write
 
     obj = open_input(args.input, args.var, fill=args.fill)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
@@ -441,7 +434,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             args.output,
             overwrite=args.overwrite,
             compute=_computer(client),
-            sources=_input_paths(args),
+            sources=input_paths(args.input),
         )
         print("\npredicted against measured:\n" + plan.report().explain(), flush=True)
 

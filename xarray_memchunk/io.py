@@ -45,6 +45,7 @@ from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
 __all__ = [
     "RecoveredWriteWarning",
     "check_target",
+    "input_paths",
     "is_dataset",
     "open_input",
     "open_segy",
@@ -87,7 +88,7 @@ def open_input(
         When the path does not exist (a pattern matches nothing), is not a dataset, or lacks
         ``variable``; or ``fill`` is given for an input that is not SEG-Y.
     """
-    if glob.has_magic(str(path)) and not Path(path).exists():  # a file named "run[1].nc" is one
+    if _is_pattern(path):
         return _open_files(str(path), variable, fill)
     path = Path(path)
     if not path.exists():
@@ -113,11 +114,21 @@ def open_input(
     return _variable(ds, variable, repr(str(path)))
 
 
+def _is_pattern(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a pattern of files: a file named "run[1].nc" is no pattern."""
+    return glob.has_magic(str(path)) and not Path(path).exists()
+
+
+def input_paths(path: str | os.PathLike) -> list[str]:
+    """The paths an input names (:func:`open_input`): the files a pattern matches, or itself."""
+    return sorted(glob.glob(str(path))) if _is_pattern(path) else [str(path)]
+
+
 def _open_files(
     pattern: str, variable: str | None, fill: float | None
 ) -> xr.Dataset | xr.DataArray:
     """The netCDF files ``pattern`` matches, opened as one dataset (:func:`open_input`)."""
-    files = sorted(glob.glob(pattern))
+    files = input_paths(pattern)
     if not files:
         raise MemchunkError(f"input pattern {pattern!r} matches no file")
     if len(files) == 1:  # opened as named: a "[" in its name is no pattern there

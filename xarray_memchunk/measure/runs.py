@@ -408,35 +408,24 @@ def _warm(records: list[TaskRecord]) -> list[_Measured]:
     about 105 MiB of kernels and caches, took x0.89-0.99 its prediction in 3 runs where it had
     read x1.55-1.66 (and learned that); x0.90-0.91 on 1 thread. Up to
     :data:`~.task_peaks.TRIM_ABOVE` of what the period kept stays in the measure (freed pages
-    glibc may hold: :func:`_setup`). Where that period has not ended, the first task per
+    glibc may hold: :func:`_setup_left_out`). Where that period has not ended, the first task per
     thread is left out.
     """
     ordered = sorted(records, key=lambda r: r.ended)
     threads = ordered[0].threads if ordered else 1
     if len(ordered) <= threads:
         return [_Measured(r, first=True) for r in ordered]
-    first = ordered[0]
-    if threads == 1 or first.retained is None:
+    setup = _setup_left_out(ordered)
+    if setup is None:
         return [_Measured(r, first=False) for r in ordered[threads:]]
-    setup = _setup(first)
+    period = ordered[0].period
     return [
         _Measured(
-            r._replace(peak_bytes=max(0, r.peak_bytes - setup)) if r.period == first.period else r,
+            r._replace(peak_bytes=max(0, r.peak_bytes - setup)) if r.period == period else r,
             first=False,
         )
         for r in ordered
     ]
-
-
-def _setup(first: TaskRecord) -> int:
-    """What the period of a worker's first record kept, beyond the allocator's freed pages.
-
-    A period that kept up to :data:`~.task_peaks.TRIM_ABOVE` was read untrimmed: that much may
-    be freed memory glibc holds, which is left in the measure, never out of it.
-    """
-    from .task_peaks import TRIM_ABOVE
-
-    return max(0, (first.retained or 0) - TRIM_ABOVE)
 
 
 def _gathered(record: TaskRecord) -> bool:
@@ -498,14 +487,22 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     return until
 
 
-def _setup_left_out(records: list[TaskRecord]) -> int:
-    """What :func:`_warm` measures a worker's records without: its first period's setup."""
+def _setup_left_out(records: list[TaskRecord]) -> int | None:
+    """What :func:`_warm` measures a worker's records without: its first period's setup.
+
+    What that period kept beyond :data:`~.task_peaks.TRIM_ABOVE`: a period that kept up to it
+    was read untrimmed, and that much may be freed memory glibc holds, which stays in the
+    measure, never out of it. None where nothing is left out so: a single-threaded worker,
+    one that ran no more than one task per thread, or a first period that has not ended.
+    """
+    from .task_peaks import TRIM_ABOVE
+
     if not records:
-        return 0
+        return None
     first = min(records, key=lambda r: r.ended)
     if first.threads == 1 or len(records) <= first.threads or first.retained is None:
-        return 0
-    return _setup(first)
+        return None
+    return max(0, first.retained - TRIM_ABOVE)
 
 
 def _in_task(plan: ChunkPlan) -> int:
@@ -607,7 +604,7 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         [r for r in w if r in c or r.name not in kept] for w, c in zip(ran, clean, strict=True)
     ]
     records = [r for worker in clean for r in _warm(worker)]
-    setup = max((_setup_left_out(worker) for worker in clean), default=0)
+    setup = max((_setup_left_out(worker) or 0 for worker in clean), default=0)
     computed = any(_gathered(r) for w in answers.values() for r in w)
     events = _events(client, run.started, run.input_layers, until + EVENTS_AFTER_END_S)
     peak = _measured_task(records, plan)
