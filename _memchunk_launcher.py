@@ -6,14 +6,22 @@ the command with no word (status -15) instead of the one line it gives at any la
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Say so in one line and end the process at once, with status 128 + the signal.
+
+    Not by raising ``SystemExit``: the signal lands inside an import, where a library's bare
+    ``except:`` may catch it and the command would go on (it once ended with status 0 so).
+    Nothing was written yet, so nothing is left to clean up.
+    """
     name = signal.Signals(signum).name
-    sys.stderr.write(f"memchunk: interrupted by {name} while starting: nothing was written\n")
-    raise SystemExit(128 + signum)
+    line = f"memchunk: interrupted by {name} while starting: nothing was written\n"
+    os.write(2, line.encode())
+    os._exit(128 + signum)
 
 
 def main() -> int:
