@@ -680,6 +680,7 @@ MINIMUM_SEARCH_STEPS = 4
 
 def _least_memory_that_plans(
     at_least: Budget,
+    stated: int | None,
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
     chunks: Chunks,
@@ -695,34 +696,40 @@ def _least_memory_that_plans(
     larger calibration, may state a larger baseline). Where it is refused with a larger
     minimum (the operator's task; a baseline raised by what calibrating it left in its
     worker), that one is tried, up to :data:`MINIMUM_SEARCH_STEPS` times. None where the
-    search ends without a plan: a refusal that states no larger minimum, or another error.
+    search ends without a plan (a refusal that states no larger minimum, or another error),
+    where the plan runs at the refusal's ``stated`` minimum, and where planning is searching
+    already (a refusal inside the search is not searched again).
     """
+    if _SEARCHING_MINIMUM.get():
+        return None
     token = _SEARCHING_MINIMUM.set(True)
+    needed: int | None = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for _ in range(MINIMUM_SEARCH_STEPS):
-                stated: list[int | None] = []  # each refusal's minimum
+                minimums: list[int | None] = []  # each refusal's
                 # nothing measured, as asked, then nothing measured again: a calibration made
                 # as asked (the operator measured on larger blocks) may raise the baseline
                 for each in ("never", measure, "never")[: 1 if measure == "never" else 3]:
                     try:
                         _prepare(obj, operator, None, at_least, chunks, op_kwargs, each)
                     except InfeasiblePlanError as refused:
-                        stated.append(refused.minimum_memory_limit)
+                        minimums.append(refused.minimum_memory_limit)
                     except MemchunkError:  # a function with no model yet, or another refusal
                         return None
-                if not stated:
-                    return at_least.worker_memory
-                if None in stated or max(stated) <= at_least.worker_memory:
+                if not minimums:
+                    needed = at_least.worker_memory
+                    break
+                if None in minimums or max(minimums) <= at_least.worker_memory:
                     return None
                 try:
-                    at_least = budget_with_memory(at_least, max(stated))
+                    at_least = budget_with_memory(at_least, max(minimums))
                 except BudgetError:
                     return None
     finally:
         _SEARCHING_MINIMUM.reset(token)
-    return None
+    return None if needed == stated else needed
 
 
 def _with_operators_minimum(
@@ -740,10 +747,11 @@ def _with_operators_minimum(
     there, or the search finds nothing, ``no_room`` stands as it is.
     """
     at_least = no_room.budget_at_minimum
-    if not isinstance(at_least, Budget) or _SEARCHING_MINIMUM.get():
+    if not isinstance(at_least, Budget):
         return no_room
-    needed = _least_memory_that_plans(at_least, obj, operator, chunks, op_kwargs, measure)
-    if needed is None or needed == no_room.minimum_memory_limit:
+    stated = no_room.minimum_memory_limit
+    needed = _least_memory_that_plans(at_least, stated, obj, operator, chunks, op_kwargs, measure)
+    if needed is None:
         return no_room
     advice = at_least.memory_limit_advice(needed)
     return BudgetError(
@@ -773,14 +781,14 @@ def _checked_minimum(
     needed, the refusal says so and states it.
     """
     stated = refused.minimum_memory_limit
-    if stated is None or _SEARCHING_MINIMUM.get() or not resolved.from_formula:
+    if stated is None or not resolved.from_formula:
         return refused
     try:
         at_least = budget_with_memory(resolved, stated)
     except BudgetError:
         return refused
-    needed = _least_memory_that_plans(at_least, obj, operator, chunks, op_kwargs, measure)
-    if needed is None or needed == stated:
+    needed = _least_memory_that_plans(at_least, stated, obj, operator, chunks, op_kwargs, measure)
+    if needed is None:
         return refused
     advice = resolved.memory_limit_advice(needed)
     return InfeasiblePlanError(
