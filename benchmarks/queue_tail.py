@@ -22,7 +22,14 @@ alternating order:
 - ``memchunk median``: ``memchunk.apply("median", dim="time")`` of the climate cube of
   ``benchmarks/floors.py`` (2.42 GB, one-day Zarr chunks; ``--cube`` reuses one that
   ``peers.make_cube`` wrote), which stages the cube as it is applied, before the timer: the
-  timer holds its 10 reductions of 2920 x 288 x 72 float32 blocks, 0.2 s each.
+  timer holds its 10 reductions of 2920 x 288 x 72 float32 blocks, 0.2 s each;
+- ``median gathered``: the same median's blocks computed as they are (``.compute()`` of its
+  Dask array) rather than summed. Dask's low-level fusion leaves, for each block it is asked
+  for, a task that names the fused task's result (an ``Alias``). It is sent to the worker
+  when the reduction ends, and there waits behind the worker's second, already started,
+  holding its place in the scheduler's count: a worker of 1 thread is then sent its next
+  reductions two at a time, when both have run. Summed, a block's result goes to a sum that
+  waits for several blocks, and nothing waits on the worker.
 
 The graph is built (and memchunk's plan made) before the timer. Prints a Markdown table: the
 median wall seconds per case and setting, and how many of each run's long tasks (at least
@@ -51,10 +58,10 @@ import xarray_memchunk  # the accessor, and remove_staged_stores
 from xarray_memchunk.cli import WORKER_SATURATION_KEY
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block
 
-CASES = ("sleeps", "memchunk gst3d", "dask map_overlap", "memchunk median")
+CASES = ("sleeps", "memchunk gst3d", "dask map_overlap", "memchunk median", "median gathered")
 #: Tasks at least this long count as a block's task in the per-worker counts (the median's
 #: reductions take 0.2 s; its other tasks, mapping a staged chunk, under 1 ms).
-LONG_TASK_S = {"memchunk median": 0.1}
+LONG_TASK_S = {"memchunk median": 0.1, "median gathered": 0.1}
 #: The same for the other cases.
 LONG_TASK_DEFAULT_S = 0.3
 
@@ -71,9 +78,10 @@ def _work(case: str, volume: Path | None, cube: Path | None):
     if case == "sleeps":
         blocks = da.ones((8 * 100, 100), chunks=(100, 100))
         return blocks.map_blocks(_sleep_block, dtype=blocks.dtype).sum()
-    if case == "memchunk median":
+    if case in ("memchunk median", "median gathered"):
         tas = xr.open_zarr(cube)["tas"]
-        return tas.memchunk.apply("median", dim="time").data.astype("float64").sum()
+        median = tas.memchunk.apply("median", dim="time").data
+        return median if case == "median gathered" else median.astype("float64").sum()
     amplitude = xr.open_zarr(volume)["amplitude"]
     if case == "memchunk gst3d":
         return amplitude.memchunk.apply("gst3d").data.astype("float64").sum()
@@ -115,9 +123,10 @@ def main() -> None:
     seconds: dict[tuple[str, float], list[float]] = collections.defaultdict(list)
     splits: dict[tuple[str, float], list[str]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as tmp:
-        volume = make_volume(Path(tmp), 1.0) if set(args.cases) - {"memchunk median"} else None
+        medians = {"memchunk median", "median gathered"}
+        volume = make_volume(Path(tmp), 1.0) if set(args.cases) - medians else None
         cube = args.cube
-        if cube is None and "memchunk median" in args.cases:
+        if cube is None and medians & set(args.cases):
             cube = make_cube(Path(tmp), 1.0)
         for repeat in range(args.repeats):
             order = settings if repeat % 2 == 0 else settings[::-1]
