@@ -175,3 +175,19 @@ def test_a_whole_dim_reduction_s_blocks_are_its_tasks_with_nothing_after_them(op
     graph = dict(array.__dask_optimize__(array.__dask_graph__(), keys))
     assert not [k for k, task in graph.items() if type(task).__name__ == "Alias"]
     assert all(graph[k].key == k for k in keys)  # each block is the task that makes it
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize("keep_attrs", [None, False])
+def test_median_and_quantile_keep_the_coordinates_xarray_keeps(chunked, keep_attrs):
+    """A review found quantile dropping the coordinates' attributes (median too, with
+    keep_attrs=False), and keeping a scalar coordinate that xarray's quantile drops."""
+    tas = synthetic_climate(24, 6, 8).tas.assign_coords(height=2.0)
+    tas = tas.chunk({"lat": 3}) if chunked else tas
+    for op, kwargs in [("median", {}), ("quantile", {"q": 0.3}), ("quantile", {"q": [0.2, 0.8]})]:
+        result = tas.memchunk.apply(op, dim="time", keep_attrs=keep_attrs, **kwargs)
+        expected = getattr(tas, op)(*kwargs.values(), dim="time", keep_attrs=keep_attrs)
+        assert sorted(result.coords) == sorted(expected.coords), (op, kwargs)
+        for name in expected.coords:
+            assert result[name].attrs == expected[name].attrs, (op, kwargs, name)
+        assert result.attrs == expected.attrs, (op, kwargs)

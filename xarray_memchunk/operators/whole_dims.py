@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from dask.base import tokenize
 
 from ..errors import MemchunkError
 from .arrays import array_module, to_numpy
@@ -78,13 +79,15 @@ def median(
         if use_nan
         else functools.partial(np.median, axis=axes)
     )
-    return xr.apply_ufunc(
+    result = xr.apply_ufunc(
         _per_block(kernel, len(dims), out_dtype, "median"),
         da,
         input_core_dims=[dims],
         dask="allowed",
-        keep_attrs=keeps_attrs("median", keep_attrs),
+        keep_attrs=True,  # the coordinates' attributes, as xarray keeps them
     )
+    result.attrs = dict(da.attrs) if keeps_attrs("median", keep_attrs) else {}
+    return result
 
 
 def quantile(
@@ -106,31 +109,29 @@ def quantile(
     kernel = functools.partial(
         _quantiles_last, func=func, q=qs, axis=axes, method=method, dtype=sample.dtype
     )
-    attrs = da.attrs if keeps_attrs("quantile", keep_attrs) else {}
-    if np.ndim(q) == 0:  # the one quantile's axis dropped in the task, as xarray drops it
-        result = xr.apply_ufunc(
-            _per_block(
-                functools.partial(_first_quantile, kernel=kernel),
-                len(dims),
-                sample.dtype,
-                "quantile",
-            ),
-            da,
-            input_core_dims=[dims],
-            dask="allowed",
-            keep_attrs=False,
-        )
-        return result.assign_coords(quantile=float(qs[0])).assign_attrs(attrs)
+    single = np.ndim(q) == 0  # its quantile axis dropped in the task, as xarray drops it
     result = xr.apply_ufunc(
-        _per_block(kernel, len(dims), sample.dtype, "quantile", new_length=len(qs)),
+        _per_block(
+            functools.partial(_first_quantile, kernel=kernel) if single else kernel,
+            len(dims),
+            sample.dtype,
+            "quantile",
+            new_length=None if single else len(qs),
+        ),
         da,
         input_core_dims=[dims],
-        output_core_dims=[["quantile"]],
+        output_core_dims=[[] if single else ["quantile"]],
         dask="allowed",
-        keep_attrs=False,
+        keep_attrs=True,  # the coordinates' attributes, as xarray keeps them
     )
-    result = result.transpose("quantile", ...).assign_coords(quantile=qs)
-    return result.assign_attrs(attrs)
+    # xarray's quantile keeps no coordinate of no dim (a scalar height, a selected time)
+    result = result.drop_vars([n for n, c in result.coords.items() if c.ndim == 0])
+    if single:
+        result = result.assign_coords(quantile=float(qs[0]))
+    else:
+        result = result.transpose("quantile", ...).assign_coords(quantile=qs)
+    result.attrs = dict(da.attrs) if keeps_attrs("quantile", keep_attrs) else {}
+    return result
 
 
 def _first_quantile(block: Any, kernel: Callable[[Any], Any]) -> Any:
@@ -156,22 +157,23 @@ def _per_block(
     (``new_length``: the kernel's new last axis, the quantiles, takes the first of them), and
     they are dropped from the results after, by a second layer.
 
-    Both layers are named ``name`` and a token. Dask fuses the second into the first at compute
-    time and names the fused task after the two layers' names: with one name for both, the
-    fused task is the result's own block, with no task after it. Named otherwise, a task that
-    names the fused one's result (an ``Alias``) follows each block: the scheduler sends it to
-    the worker where the block ended, and there it waits behind the worker's next task, already
-    started, so that a worker of 1 thread is sent its next tasks two at a time at
-    distributed's default ``worker-saturation`` (the staged median's 10 reductions, computed
-    as they are, split 6/4 in 4 of 5 runs: ``benchmarks/queue_tail.py``'s ``median
-    gathered``).
+    Both layers are named ``name`` (``"median"``, ``"quantile"``) and a token. Dask fuses the
+    second into the first at compute time and names the fused task after the names of the
+    layers in it: with one name for both, the fused task is the result's own block, with no
+    task after it. Named otherwise, a task that names the fused one's result (an ``Alias``)
+    follows each block: the scheduler sends it to the worker where the block ended, and there
+    it waits behind the worker's next task, already started, so that a worker of 1 thread is
+    sent its next tasks two at a time at distributed's default ``worker-saturation`` (the
+    staged median's 10 reductions, computed as they are, split 6/4 in 4 of 5 runs:
+    ``benchmarks/queue_tail.py``'s ``median gathered``). That holds where the blocks come
+    from memchunk's own reads (a file's, a staged store's); where another layer's task joins
+    the fused chain (a rechunk of the input, xarray's transpose of several reduced dims), the
+    ``Alias`` remains.
     """
 
     def run(data: Any) -> Any:
         if not hasattr(data, "dask"):  # NumPy or CuPy: one call
             return kernel(data)
-        from dask.base import tokenize
-
         kept = data.ndim - reduced
         data = data.rechunk(dict.fromkeys(range(kept, data.ndim), -1))
         new = (new_length,) if new_length is not None else ()
@@ -191,7 +193,7 @@ def _per_block(
             drop_axis=tuple(range(result.ndim - ones, result.ndim)),
             dtype=dtype,
             meta=array_module(data._meta).empty((0,) * (result.ndim - ones), dtype=dtype),
-            name=f"{name}-{tokenize(result.name, ones)}",
+            name=f"{name}-{tokenize(result.name)}",
         )
 
     return run
