@@ -258,14 +258,14 @@ def hog(block):
     return sum(copies) / 78
 
 
-@pytest.mark.cluster
-def test_tasks_on_a_worker_with_several_threads_are_measured(user_dir, quiet_distributed):
+def _report_on_two_threads(op, rows: int, per_chunk: int, seed: int):
+    """``op`` applied to random rows x 1000 float64 in chunks of ``per_chunk`` rows, computed on
+    a fresh worker of 2 threads and 2 GB: its run's report."""
     from distributed import Client, LocalCluster
 
-    wrong = LinearMemoryModel({"input_bytes": 1.0})  # the truth is about 13 x the input
-    op = xm.BlockwiseOperator("threads-hog", hog, memory_model=wrong)
     data = xr.DataArray(
-        da.random.default_rng(3).random((2000, 1000), chunks=(100, 1000)), dims=("y", "x")
+        da.random.default_rng(seed).random((rows, 1000), chunks=(per_chunk, 1000)),
+        dims=("y", "x"),
     )
     with (
         LocalCluster(
@@ -273,9 +273,16 @@ def test_tasks_on_a_worker_with_several_threads_are_measured(user_dir, quiet_dis
         ) as cluster,
         Client(cluster),
     ):
-        plan = data.memchunk.plan(op, chunks={"y": 100})
+        plan = data.memchunk.plan(op, chunks={"y": per_chunk})
         plan.apply().compute()
-        report = plan.report()
+        return plan.report()
+
+
+@pytest.mark.cluster
+def test_tasks_on_a_worker_with_several_threads_are_measured(user_dir, quiet_distributed):
+    wrong = LinearMemoryModel({"input_bytes": 1.0})  # the truth is about 13 x the input
+    op = xm.BlockwiseOperator("threads-hog", hog, memory_model=wrong)
+    report = _report_on_two_threads(op, rows=2000, per_chunk=100, seed=3)
     assert report.n_tasks >= 20
     assert report.measured_task_bytes is not None
     assert report.measured_task_bytes > 2 * report.predicted_task_bytes
@@ -299,8 +306,6 @@ def test_a_fresh_workers_setup_is_not_learned_as_its_tasks_memory(user_dir, quie
     """A trial's anomaly on ``open_mfdataset`` data, 2 threads per worker: the fresh worker's
     setup (flox's compiled kernels) sat in every record of its one busy period, and the run
     learned x1.55 where 1 thread measured x0.90. The setup is left out, as on 1 thread."""
-    from distributed import Client, LocalCluster
-
     # twice the input and its result, the freed pages glibc may hold untrimmed (up to
     # TRIM_ABOVE: what a worker's first period kept beyond them is left out), and some noise;
     # the setup is 160 MB. A process cluster: a threads cluster would measure the test
@@ -308,18 +313,7 @@ def test_a_fresh_workers_setup_is_not_learned_as_its_tasks_memory(user_dir, quie
     # is then learned, erring high, as before)
     model = LinearMemoryModel({"input_bytes": 3.0}, 32 * 2**20)
     op = xm.BlockwiseOperator("sets-up-once", sets_up_once, memory_model=model)
-    data = xr.DataArray(
-        da.random.default_rng(5).random((4000, 1000), chunks=(250, 1000)), dims=("y", "x")
-    )
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=2, memory_limit="2GB", dashboard_address=":0"
-        ) as cluster,
-        Client(cluster),
-    ):
-        plan = data.memchunk.plan(op, chunks={"y": 250})
-        plan.apply().compute()
-        report = plan.report()
+    report = _report_on_two_threads(op, rows=4000, per_chunk=250, seed=5)
     assert report.n_tasks >= 16
     assert report.measured_task_bytes <= 1.05 * report.predicted_task_bytes + 4 * 2**20
     assert report.learned.startswith("nothing"), report.learned
