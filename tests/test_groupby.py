@@ -72,8 +72,12 @@ def test_day_of_year_partials_are_counted_per_group():
 def test_dataset_keeps_variables_without_the_dim(threaded):
     ds = daily(days=120, lat=4, lon=5, chunks={"time": 10}).to_dataset()
     ds["orography"] = xr.DataArray(np.ones((4, 5)), dims=("lat", "lon"))
-    result = ds.memchunk.apply("groupby", by="time.month")
+    plan = ds.memchunk.plan("groupby", by="time.month")
+    # the plan says what becomes of it (it said "left out", from by= before its dim was bound)
+    assert "orography (has no dim 'time': broadcast along the groups" in " ".join(plan.notes)
+    result = plan.apply()
     expected = ds.groupby("time.month").mean()
+    assert expected["orography"].dims == ("month", "lat", "lon")
     assert set(result.data_vars) == set(expected.data_vars)
     xr.testing.assert_allclose(result.compute(), expected.compute(), atol=1e-6)
 

@@ -543,7 +543,7 @@ def _resolve(
         return {name: obj}, {name: cost}, {}, kwargs
     if not obj.data_vars:
         raise MemchunkError("the Dataset has no data variables to apply the operator to")
-    variables, costs, left_out, errors, bound = {}, {}, {}, [], None
+    variables, costs, errors, bound = {}, {}, {}, None
     for key, da in obj.data_vars.items():
         name = str(key)
         try:
@@ -552,16 +552,17 @@ def _resolve(
         except (CalibrationError, InfeasiblePlanError):  # a broken file or measurement, or a
             raise  # way of computing that cannot suit this variable: not the variable's fault
         except MemchunkError as exc:
-            errors.append(exc)
-            left_out[name] = operator.skipped(da, str(exc), **kwargs)
+            errors[name] = (da, exc)
             continue
         variables[name], bound = da, bound or own
     if not variables:
-        first = errors[0]
+        first = next(iter(errors.values()))[1]
         raise type(first)(
             f"no variable of the Dataset suits operator {operator.name!r}: "
-            + "; ".join(f"{name}: {exc}" for name, exc in zip(left_out, errors, strict=True))
+            + "; ".join(f"{name}: {exc}" for name, (_, exc) in errors.items())
         )
+    # told with the arguments bound to a planned variable (a groupby's dim, found from by=)
+    left_out = {name: operator.skipped(da, str(exc), **bound) for name, (da, exc) in errors.items()}
     return variables, costs, left_out, bound
 
 

@@ -277,9 +277,9 @@ class Groupby(Operator):
         return _grouped(ds[keep], **kwargs)
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the grouped dim is kept, as xarray keeps it."""
+        """A variable without the grouped dim is kept, broadcast along the groups (xarray's)."""
         if kwargs.get("dim") is not None and kwargs["dim"] not in da.dims:
-            return f"has no dim {kwargs['dim']!r}: kept, as xarray keeps it"
+            return f"has no dim {kwargs['dim']!r}: broadcast along the groups, as xarray does"
         return f"{reason}: left out of the result"
 
 
