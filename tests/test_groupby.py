@@ -72,12 +72,17 @@ def test_day_of_year_partials_are_counted_per_group():
 def test_dataset_keeps_variables_without_the_dim(threaded):
     ds = daily(days=120, lat=4, lon=5, chunks={"time": 10}).to_dataset()
     ds["orography"] = xr.DataArray(np.ones((4, 5)), dims=("lat", "lon"))
+    ds["label"] = xr.DataArray(list("abcd"), dims="lat")
     plan = ds.memchunk.plan("groupby", by="time.month")
-    # the plan says what becomes of it (it said "left out", from by= before its dim was bound)
-    assert "orography (has no dim 'time': broadcast along the groups" in " ".join(plan.notes)
+    # the notes say what becomes of each (they said "left out", from by= before its dim was
+    # bound, and "kept" for text that xarray's mean leaves out)
+    notes = " ".join(plan.notes)
+    assert "orography (has no dim 'time': broadcast along the groups" in notes
+    assert "label (has no dim 'time' and is of dtype <U1: left out of the result" in notes
     result = plan.apply()
     expected = ds.groupby("time.month").mean()
     assert expected["orography"].dims == ("month", "lat", "lon")
+    assert "label" not in expected
     assert set(result.data_vars) == set(expected.data_vars)
     xr.testing.assert_allclose(result.compute(), expected.compute(), atol=1e-6)
 

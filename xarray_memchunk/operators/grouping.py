@@ -9,7 +9,26 @@ import xarray as xr
 
 from ..errors import MemchunkError
 
-__all__ = ["not_calibrated_apart", "uses_flox"]
+__all__ = ["broadcast_by_xarray", "not_calibrated_apart", "uses_flox"]
+
+
+#: Reductions xarray runs on variables of any dtype (``numeric_only=False``); the others drop
+#: a Dataset's variables that are not numbers, booleans, dates or durations.
+ANY_DTYPE_REDUCTIONS = ("count", "min", "max")
+
+
+def broadcast_by_xarray(da: xr.DataArray, dim: str, along: str, reduction: str) -> str:
+    """What xarray makes of a Dataset's variable ``da`` without ``dim``, for a plan's notes.
+
+    Broadcast ``along`` the groups or bins; dropped by a reduction of numbers (``mean``) where
+    its dtype is not one (text), as xarray drops it.
+    """
+    if reduction in ANY_DTYPE_REDUCTIONS or da.dtype.kind in "biufcmM":
+        return f"has no dim {dim!r}: broadcast along the {along}, as xarray does"
+    return (
+        f"has no dim {dim!r} and is of dtype {da.dtype}: left out of the result, as xarray's "
+        f"{reduction} leaves it"
+    )
 
 
 def not_calibrated_apart(operator: str, argument: str) -> MemchunkError:

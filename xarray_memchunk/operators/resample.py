@@ -24,7 +24,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import has_dim, resolve_dim
-from .grouping import not_calibrated_apart, uses_flox
+from .grouping import broadcast_by_xarray, not_calibrated_apart, uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -174,7 +174,7 @@ class Resample(Operator):
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the resampled dim is kept (broadcast along the bins, as xarray)."""
         if not has_dim(da, kwargs["dim"]):
-            return f"has no dim {kwargs['dim']!r}: broadcast along the bins, as xarray does"
+            return broadcast_by_xarray(da, kwargs["dim"], "bins", kwargs["reduction"])
         return f"{reason}: left out of the result"
 
 

@@ -194,14 +194,10 @@ class XarrayFunctionOperator(Operator):
             return self.whole
         return tuple(str(d) for d in da.dims if d not in self.free)
 
-    def _missing_dims(self, da: xr.DataArray) -> list[str]:
-        """The dims named (whole, or free) that ``da`` lacks."""
-        named = self.whole if self.free is None else self.free
-        return [d for d in named if d not in da.dims]
-
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """The whole dims (given, or every dim but the free ones); each must exist in ``da``."""
-        missing = self._missing_dims(da)
+        named = self.whole if self.free is None else self.free
+        missing = [d for d in named if d not in da.dims]
         if missing:
             raise DimensionError(
                 f"operator {self.name!r} needs dims {missing}, missing from dims {tuple(da.dims)}"
@@ -356,33 +352,17 @@ class XarrayFunctionOperator(Operator):
         result.name = like.name  # None stays None (not the Dask array's name)
         return result.transpose(*like.dims)
 
-    def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the named dims goes to ``func`` with the others like it.
-
-        See :meth:`compute_dataset`; any other variable is left out of the result.
-        """
-        missing = self._missing_dims(da)
-        if missing:
-            return (
-                f"has no dim {', '.join(map(repr, missing))}: given to the function in a "
-                f"Dataset of the variables without it, with every coordinate, as xarray gives "
-                f"it in the whole Dataset (left out, with a warning, where the function fails "
-                f"on a Dataset)"
-            )
-        return super().skipped(da, reason, **kwargs)
-
     def compute_dataset(
         self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
     ) -> xr.Dataset:
         """``func`` on each planned variable; a Dataset result's variables are prefixed by it.
 
         ``polyfit`` returns ``polyfit_coefficients``: on variable ``tas`` it becomes
-        ``tas_polyfit_coefficients``. The variables without the dims the operator names (a
-        land mask without ``time``) are given to ``func`` together, as a Dataset with every
-        coordinate of ``ds``, lazily: what xarray makes of them when it runs ``func`` on the
-        whole Dataset (a climatology broadcasts them along ``month``, a rolling mean keeps
-        them), computed by xarray, not planned. Where ``func`` fails on a Dataset, or
-        returns something else, they are left out with a warning.
+        ``tas_polyfit_coefficients``. The variables not planned (a land mask without the
+        whole dim ``time``, one the function fails on alone) are left out, with a warning that
+        names them: xarray would compute them outside any plan (an anomaly broadcasts a
+        static field along ``time``), and a run's report would count their tasks as the
+        operator's.
         """
         results: dict[Any, Any] = {}
         for name in uses:
@@ -391,39 +371,14 @@ class XarrayFunctionOperator(Operator):
                 results.update({f"{name}_{v}": out[v] for v in out.data_vars})
             else:
                 results[name] = out
-        lacking = [
-            name
-            for name, var in ds.data_vars.items()
-            if name not in uses and self._missing_dims(var)
-        ]
-        if lacking:
-            for name, out in self._without_dims(ds, lacking, kwargs).items():
-                results.setdefault(name, out)
-        first = [name for name in ds.data_vars if name in results]  # in the Dataset's order
-        ordered = {name: results[name] for name in first} | results
-        return xr.Dataset(ordered, attrs=ds.attrs)
-
-    def _without_dims(
-        self, ds: xr.Dataset, names: list[Any], kwargs: Mapping[str, Any]
-    ) -> dict[Any, xr.DataArray]:
-        """``func`` on the variables ``names`` of ``ds`` (lacking the named dims), lazily."""
-        part = ds[names]
-        part = part.assign_coords({k: v for k, v in ds.coords.items() if k not in part.coords})
-        try:
-            with np.errstate(all="ignore"):
-                out = self.func(part, **kwargs)
-        except Exception as exc:
-            told = str(exc).rstrip(".")
-            why = f"its function raised {type(exc).__name__} on a Dataset of them: {told}"
-        else:
-            if isinstance(out, xr.Dataset):
-                return dict(out.data_vars)
-            why = f"its function returned a {type(out).__name__} for a Dataset of them"
-        named = self.whole if self.free is None else self.free
-        warn_at_caller(
-            f"operator {self.name!r} leaves {', '.join(map(str, names))} (without dims "
-            f"{', '.join(named)}) out of the result: {why}. Compute them with xarray if you "
-            f"need them",
-            UserWarning,
-        )
-        return {}
+        left = [name for name in ds.data_vars if str(name) not in uses]
+        if left:
+            names = ", ".join(map(repr, left))
+            warn_at_caller(
+                f"operator {self.name!r} leaves {names} out of the result: they lack the dims "
+                f"it names, or its function fails on them alone (plan.notes say which). "
+                f"xarray computes them, outside the plan: "
+                f"{getattr(self.func, '__name__', self.name)}(ds)[[{names}]]",
+                UserWarning,
+            )
+        return xr.Dataset(results, attrs=ds.attrs)
