@@ -518,6 +518,41 @@ def _record(peak, threads=1, overlap=1, ended=0.0):
     return TaskRecord("gst3d-ab12", int(peak), 1.0, ended, threads, overlap)
 
 
+def test_a_run_does_not_end_at_a_small_variable_gathered_before_its_tasks_ran():
+    """The timeline of a report that measured 2 tasks of 22 (a Dataset's groupby, then
+    ``.mean().compute()`` on 2 workers x 2 threads): the result's only own layer that ran is
+    its group codes; the operator's tasks are fused into the mean (``mean_chunk-``); a mask's
+    finalize ends at 0.03 s while a broadcast orography runs until 0.92 s."""
+    import weakref
+
+    from xarray_memchunk.measure.runs import Run, _run_end
+    from xarray_memchunk.measure.task_peaks import TaskRecord
+
+    def task(name, start, end):
+        return TaskRecord(name, MB, end - start, end, 2, 1)
+
+    fused = "broadcast_to-mean_agg-aggregate-mean_chunk-open_dataset-{}-finalize-hlgfinalize-a1"
+    records = [
+        task("array-c0de", 0.0, 0.02),
+        task(fused.format("mask"), 0.0, 0.02),
+        task("finalize-hlgfinalizecompute-m1", 0.02, 0.03),
+        task(fused.format("orography"), 0.0, 0.92),
+        task("finalize-hlgfinalizecompute-o1", 1.04, 1.05),
+        *(task("mean_chunk-8197", 0.92 + i * 0.03, 1.05 + i * 0.02) for i in range(10)),
+        task("mean_agg-aggregate-finalize-hlgfinalizecompute-8e67", 1.27, 1.27),
+        task("finalize-hlgfinalizecompute-8e67", 1.28, 1.28),
+        task("mean_chunk-later", 5.0, 5.1),  # another computation, after the run
+        task("finalize-hlgfinalizecompute-later", 5.2, 5.2),
+    ]
+    run = Run(
+        0.0,
+        weakref.ref(lambda: None),
+        frozenset({"memchunk-read-f00d"}),
+        frozenset({"array-c0de", "groupby_nanmean-chunk-b734", "transpose-1afb"}),
+    )
+    assert _run_end(records, run) == 1.28  # was 0.03: no task of the operator counted
+
+
 def test_a_first_task_is_allowed_its_runtime_and_setup_and_no_more():
     from xarray_memchunk.measure.runs import _limit, _Measured, _measured_task, _warm
 

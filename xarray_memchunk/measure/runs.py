@@ -464,11 +464,15 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     (``apply(...).mean("lat")``: ``getitem-mean_chunk-...``) is named after it. The first
     ``finalize-`` or ``_finalize_store-`` task to end after the last of them closed the
     computation (``.compute()``, ``to_zarr``); where a task of a layer that ran before ends
-    after it (a Dataset computed a variable at a time), the end moves past that task. What ran
-    after (another computation on the cluster, though it reads the same input: a trial's
-    ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses) is not the run's.
-    Where no task of the result's own layers ran (all fused into a later step's), or nothing
-    closed after them yet, no end is known: infinity.
+    after it (a Dataset computed a variable at a time), or a task that had started before it
+    ends after it, the end moves past that task. A Dataset's small variable gathered first
+    does not close the run while its other tasks run: a mask's ``finalize-`` ended at 0.03 s,
+    while a broadcast orography ran until 0.92 s and the operator's tasks, fused into the
+    ``.mean()`` that followed (``mean_chunk-``), from 0.92 s to 1.26 s, and none of them was
+    counted. What ran after (another computation on the cluster, though it reads the same
+    input: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses)
+    is not the run's. Where no task of the result's own layers ran (all fused into a later
+    step's), or nothing closed after them yet, no end is known: infinity.
     """
     last = max((r.ended for r in records if r.name in run.layers), default=None)
     until = float("inf")
@@ -482,7 +486,11 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
             and r.name not in run.input_layers
             and not r.name.startswith(FINALIZE_PREFIXES)
         }
-        late = [r.ended for r in records if r.ended > until and r.name in ran]
+        late = [
+            r.ended
+            for r in records
+            if r.ended > until and (r.name in ran or r.ended - r.seconds < until)
+        ]
         last = max(late, default=None)
     return until
 
