@@ -541,16 +541,16 @@ def test_a_run_does_not_end_at_a_small_variable_gathered_before_its_tasks_ran():
         *(task("mean_chunk-8197", 0.92 + i * 0.03, 1.05 + i * 0.02) for i in range(10)),
         task("mean_agg-aggregate-finalize-hlgfinalizecompute-8e67", 1.27, 1.27),
         task("finalize-hlgfinalizecompute-8e67", 1.28, 1.28),
+        task("sleep-5e1f", 0.01, 4.0),  # a client.submit meanwhile: not the result's
         task("mean_chunk-later", 5.0, 5.1),  # another computation, after the run
         task("finalize-hlgfinalizecompute-later", 5.2, 5.2),
     ]
-    run = Run(
-        0.0,
-        weakref.ref(lambda: None),
-        frozenset({"memchunk-read-f00d"}),
-        frozenset({"array-c0de", "groupby_nanmean-chunk-b734", "transpose-1afb"}),
-    )
+    layers = {"array-c0de", "broadcast_to-cd10", "groupby_nanmean-chunk-b734", "transpose-1afb"}
+    run = Run(0.0, weakref.ref(lambda: None), frozenset({"memchunk-read-f00d"}), frozenset(layers))
     assert _run_end(records, run) == 1.28  # was 0.03: no task of the operator counted
+    # a task running across the end that is not of the result's graph does not move it
+    unrelated = [r for r in records if not r.name.startswith("broadcast_to")]
+    assert _run_end(unrelated, run) == 0.03
 
 
 def test_a_first_task_is_allowed_its_runtime_and_setup_and_no_more():

@@ -106,9 +106,7 @@ def with_static_fields(data: xr.DataArray) -> xr.Dataset:
         (area_mean, {"free": ["time"]}, "'mask', 'orography', 'station'"),  # station: no lat
     ],
 )
-def test_variables_the_plan_leaves_out_are_named_in_a_warning_with_xarray_s_way_to_them(
-    func, dims, left, threaded
-):
+def test_variables_the_plan_leaves_out_are_named_in_a_warning(func, dims, left, threaded):
     """They were left out with a plan note only. xarray would compute them outside the plan:
     an anomaly broadcasts a static field along time, and a run's report would count those
     tasks as the operator's."""
@@ -116,7 +114,7 @@ def test_variables_the_plan_leaves_out_are_named_in_a_warning_with_xarray_s_way_
     ds = with_static_fields(daily(years=1, lat=6, lon=8, chunks={"time": 73}))
     plan = ds.memchunk.plan(op, memory_limit="1GB")
     assert "not planned: mask" in " ".join(plan.notes)
-    message = rf"leaves {left} out of the result.*{func.__name__}\(ds\)\[\[{left}\]\]"
+    message = rf"leaves {left} out of the result: .*plan.notes say which"
     with pytest.warns(UserWarning, match=message):
         result = plan.apply()
     assert list(result.data_vars) == [v for v in ds.data_vars if f"'{v}'" not in left]

@@ -464,16 +464,26 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     (``apply(...).mean("lat")``: ``getitem-mean_chunk-...``) is named after it. The first
     ``finalize-`` or ``_finalize_store-`` task to end after the last of them closed the
     computation (``.compute()``, ``to_zarr``); where a task of a layer that ran before ends
-    after it (a Dataset computed a variable at a time), or a task that had started before it
-    ends after it, the end moves past that task. A Dataset's small variable gathered first
-    does not close the run while its other tasks run: a mask's ``finalize-`` ended at 0.03 s,
-    while a broadcast orography ran until 0.92 s and the operator's tasks, fused into the
-    ``.mean()`` that followed (``mean_chunk-``), from 0.92 s to 1.26 s, and none of them was
-    counted. What ran after (another computation on the cluster, though it reads the same
-    input: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses)
-    is not the run's. Where no task of the result's own layers ran (all fused into a later
-    step's), or nothing closed after them yet, no end is known: infinity.
+    after it (a Dataset computed a variable at a time), or a task of the result's own graph
+    (a name of one of its layers in the task's) that started after the run did and before
+    that end finishes after it, the end moves past that task. A Dataset's small variable
+    gathered first does not close the run while its other tasks run: a mask's ``finalize-``
+    ended at 0.03 s, while a broadcast orography (``broadcast_to-...``) ran until 0.92 s and
+    the operator's tasks, fused into the ``.mean()`` that followed (``mean_chunk-``), from
+    0.92 s to 1.26 s, and none of them was counted. What ran after, or beside it without a
+    name of the result's (another computation on the cluster, though it reads the same
+    input: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses;
+    a ``client.submit`` running meanwhile) is not the run's. Where no task of the result's
+    own layers ran (all fused into a later step's), or nothing closed after them yet, no end
+    is known: infinity.
     """
+    from dask.utils import key_split
+
+    own = {key_split(name) for name in run.layers}
+
+    def of_result(name: str) -> bool:  # a fused task is named after all its layers
+        return any(name.startswith(f"{n}-") or f"-{n}-" in name for n in own)
+
     last = max((r.ended for r in records if r.name in run.layers), default=None)
     until = float("inf")
     while last is not None:
@@ -489,7 +499,10 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
         late = [
             r.ended
             for r in records
-            if r.ended > until and (r.name in ran or r.ended - r.seconds < until)
+            if r.ended > until
+            and (
+                r.name in ran or (run.started <= r.ended - r.seconds < until and of_result(r.name))
+            )
         ]
         last = max(late, default=None)
     return until

@@ -362,7 +362,8 @@ class XarrayFunctionOperator(Operator):
         whole dim ``time``, one the function fails on alone) are left out, with a warning that
         names them: xarray would compute them outside any plan (an anomaly broadcasts a
         static field along ``time``), and a run's report would count their tasks as the
-        operator's.
+        operator's. Whether and how xarray computes them is the user's (the function may drop
+        them, or take DataArrays only): the warning gives no command.
         """
         results: dict[Any, Any] = {}
         for name in uses:
@@ -377,8 +378,7 @@ class XarrayFunctionOperator(Operator):
             warn_at_caller(
                 f"operator {self.name!r} leaves {names} out of the result: they lack the dims "
                 f"it names, or its function fails on them alone (plan.notes say which). "
-                f"xarray computes them, outside the plan: "
-                f"{getattr(self.func, '__name__', self.name)}(ds)[[{names}]]",
+                f"Compute them with xarray, outside the plan, where you need them",
                 UserWarning,
             )
         return xr.Dataset(results, attrs=ds.attrs)
