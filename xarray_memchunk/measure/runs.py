@@ -468,14 +468,14 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     (a name of one of its layers in the task's) that started after the run did and before
     that end finishes after it, the end moves past that task. A Dataset's small variable
     gathered first does not close the run while its other tasks run: a mask's ``finalize-``
-    ended at 0.03 s, while a broadcast orography (``broadcast_to-...``) ran until 0.92 s and
-    the operator's tasks, fused into the ``.mean()`` that followed (``mean_chunk-``), from
-    0.92 s to 1.26 s, and none of them was counted. What ran after, or beside it without a
-    name of the result's (another computation on the cluster, though it reads the same
-    input: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks and its pauses;
-    a ``client.submit`` running meanwhile) is not the run's. Where no task of the result's
-    own layers ran (all fused into a later step's), or nothing closed after them yet, no end
-    is known: infinity.
+    ended at 0.03 s, while a 3-D depth field's broadcast (``broadcast_to-...``) ran until
+    0.92 s and the operator's tasks, fused into the ``.mean()`` that followed
+    (``mean_chunk-``), from 0.92 s to 1.26 s, and none of them was counted. What ran after,
+    or beside it without a name of the result's (another computation on the cluster, though
+    it reads the same input: a trial's ``open_mfdataset(...).load()`` was counted, 4530 tasks
+    and its pauses; a ``client.submit`` running meanwhile) is not the run's. Where no task
+    of the result's own layers ran (all fused into a later step's), or nothing closed after
+    them yet, no end is known: infinity.
     """
     from dask.utils import key_split
 
