@@ -554,6 +554,12 @@ def _resolve(
         except MemchunkError as exc:
             errors[name] = (da, exc)
             continue
+        if not isinstance(key, str):  # plans, notes and results are keyed by the name
+            raise MemchunkError(
+                f"variable {key!r} of the Dataset is named by a {type(key).__name__}, not a "
+                f"string, and memchunk keys its plan by variable name: rename it first, e.g. "
+                f"ds.rename_vars({{{key!r}: {str(key)!r}}})"
+            )
         variables[name], bound = da, bound or own
     if not variables:
         first = next(iter(errors.values()))[1]
