@@ -218,7 +218,8 @@ class Plan:
             result = result.rename(operator.name)
         if record_plan:
             result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
-        run = record_run(rechunked, result)
+        unplanned = [n for n in getattr(rechunked, "data_vars", {}) if str(n) not in uses]
+        run = record_run(rechunked, result, unplanned)
         self._applied = True
         if run is not None:
             self.runs.append(run)
