@@ -553,51 +553,6 @@ def test_a_run_does_not_end_at_a_small_variable_gathered_before_its_tasks_ran():
     assert _run_end(unrelated, run) == 0.03
 
 
-def test_xarray_s_tasks_for_variables_the_plan_left_out_are_not_the_operator_s(monkeypatch):
-    """A Dataset's monthly resample, 2 workers x 2 threads, read x3.05-4.30 of its prediction
-    where a 3-D depth field without time, broadcast along 24 months by xarray, ran beside its
-    tasks (x0.91-1.00 for its tas alone): that field's task and the operator records its
-    period's growth carries are left out."""
-
-    import dask
-
-    from xarray_memchunk.datasets import synthetic_climate
-    from xarray_memchunk.measure import runs
-    from xarray_memchunk.measure.task_peaks import TaskRecord
-
-    ds = synthetic_climate(120, 6, 8, chunks={"time": 30})
-    days = np.arange(np.datetime64("2001-01-01"), np.datetime64("2001-05-01"))
-    ds = ds.assign_coords(time=days.astype("datetime64[ns]"))
-    ds["depth"] = xr.DataArray(np.ones((3, 6, 8)), dims=("z", "lat", "lon")).chunk()
-    plan = ds.memchunk.plan("resample", dim="time", freq="1MS", memory_limit="1GB")
-
-    class Client:  # what record_run holds of the cluster's client: a weak reference
-        pass
-
-    client = Client()
-    monkeypatch.setattr(runs, "active_client", lambda: client)
-    with dask.config.set({"memchunk.measure-tasks": False}):
-        result = plan.apply()
-    (run,) = plan.runs
-    assert run.beside == {"broadcast_to"}  # the depth's own layer: not the operator's
-    assert not runs._named_after("mean_chunk-bbb7", run.beside)
-    fused = "broadcast_to-mean_chunk-open_dataset-depth-original-mean_agg-aggregate-dbab"
-    assert runs._named_after(fused, run.beside)
-
-    def record(name, start, end, period, peak):
-        return TaskRecord(name, peak * MB, end - start, end, 2, 2, period)
-
-    every = [
-        record(fused, 0.0, 0.15, 9, 180),
-        record("mean_chunk-bbb7", 0.01, 0.15, 9, 180),  # its period holds the depth's
-        record("mean_chunk-bbb7", 0.16, 0.21, 10, 36),  # a period of its own
-    ]
-    ran = every[1:]
-    assert runs._clear_of(ran, every, run.beside) == [every[2]]
-    assert runs._clear_of(ran, every, frozenset()) == ran
-    assert isinstance(result, xr.Dataset) and "depth" in result
-
-
 def test_a_first_task_is_allowed_its_runtime_and_setup_and_no_more():
     from xarray_memchunk.measure.runs import _limit, _Measured, _measured_task, _warm
 

@@ -218,8 +218,7 @@ class Plan:
             result = result.rename(operator.name)
         if record_plan:
             result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
-        unplanned = [n for n in getattr(rechunked, "data_vars", {}) if str(n) not in uses]
-        run = record_run(rechunked, result, unplanned)
+        run = record_run(rechunked, result)
         self._applied = True
         if run is not None:
             self.runs.append(run)
@@ -557,9 +556,9 @@ def _resolve(
             continue
         if not isinstance(key, str):  # plans, notes and results are keyed by the name
             raise MemchunkError(
-                f"variable {key!r} of the Dataset is named by a {type(key).__name__}, not a "
-                f"string, and memchunk keys its plan by variable name: rename it first, e.g. "
-                f"ds.rename_vars({{{key!r}: {str(key)!r}}})"
+                f"variable {key!r} of the Dataset is not named by a string (its name is of "
+                f"type {type(key).__name__}), and memchunk keys its plan by variable name: "
+                f"rename it first, e.g. ds.rename_vars({{{key!r}: {str(key)!r}}})"
             )
         variables[name], bound = da, bound or own
     if not variables:

@@ -51,12 +51,10 @@ from __future__ import annotations
 import shlex
 import time
 import weakref
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from dask.utils import key_split
 
 from .._dask_compat import (
     graph_layers,
@@ -134,10 +132,6 @@ class Run:
         Where the result is too large to gather into one worker (``.compute()``), the
         sentence that says so (:meth:`~xarray_memchunk.planning.budget.Budget.gather_advice`);
         else empty.
-    beside
-        Names (without tokens) of the layers that only a Dataset's variables the plan left to
-        xarray have (a mask broadcast along the months of a groupby, ``broadcast_to``): their
-        tasks, fused or not, are not the operator's.
     """
 
     started: float
@@ -145,7 +139,6 @@ class Run:
     input_layers: frozenset[str]
     layers: frozenset[str]
     gather: str = ""
-    beside: frozenset[str] = frozenset()
 
 
 #: The runs held somewhere (on a plan or for a result), weakly: their layers are told apart
@@ -153,13 +146,12 @@ class Run:
 _HELD: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
-def record_run(rechunked: Any, result: Any, unplanned: Collection[Any] = ()) -> Run | None:
+def record_run(rechunked: Any, result: Any) -> Run | None:
     """Start measuring the tasks of ``result`` on the active cluster; None without one.
 
     ``rechunked`` is the input as rechunked for the plan, ``result`` the operator's lazy result
-    built from it; ``unplanned``, the names of a Dataset result's variables the plan left to
-    xarray (:attr:`Run.beside`). Registers :class:`~.task_peaks.TaskPeaks` on the workers
-    unless the dask config key ``memchunk.measure-tasks`` is False.
+    built from it. Registers :class:`~.task_peaks.TaskPeaks` on the workers unless the dask
+    config key ``memchunk.measure-tasks`` is False.
     """
     import dask
 
@@ -167,28 +159,13 @@ def record_run(rechunked: Any, result: Any, unplanned: Collection[Any] = ()) -> 
     if client is None:
         return None
     inputs = input_layers(rechunked)
-    beside: frozenset[str] = frozenset()
-    left = [name for name in unplanned if name in getattr(result, "data_vars", {})]
-    if left:
-        own = {key_split(n) for n in input_layers(result.drop_vars(left)) - inputs}
-        beside = frozenset({key_split(n) for n in input_layers(result[left]) - inputs} - own)
-    layers = input_layers(result) - inputs
-    run = Run(time.time(), weakref.ref(client), inputs, layers, beside=beside)
+    run = Run(time.time(), weakref.ref(client), inputs, input_layers(result) - inputs)
     _HELD.add(run)
     if dask.config.get("memchunk.measure-tasks", True):
         from .task_peaks import PLUGIN_NAME, TaskPeaks
 
         client.register_plugin(TaskPeaks(), name=PLUGIN_NAME)
     return run
-
-
-def _named_after(task: str, names: Collection[str]) -> bool:
-    """Whether the task named ``task`` is of a layer named one of ``names`` (without tokens).
-
-    A task Dask fused from several layers is named after them all
-    (``broadcast_to-mean_agg-aggregate-mean_chunk-...``).
-    """
-    return any(task.startswith(f"{n}-") or f"-{n}-" in task for n in names)
 
 
 def _token(name: str) -> str:
@@ -226,8 +203,7 @@ class RunReport:
         may run two per planned chunk: its chunk function, and a step that reshapes it).
     n_gathering
         Of those, the tasks left out on workers with several threads because the gather of
-        a result (``.compute()`` of a Dataset, a variable at a time), or xarray's task for a
-        variable the plan left to it (:attr:`Run.beside`), ran in their period.
+        a result (``.compute()`` of a Dataset, a variable at a time) ran in their period.
     measured_task_bytes
         The measured peak of the operator task furthest above what it was allowed (on workers
         with several threads, the worker's growth shared among its busy threads); None when
@@ -297,8 +273,7 @@ class RunReport:
             self.n_ran - self.n_gathering > self.n_tasks
         )
         gathering = (
-            f"; {self.n_gathering} that ran beside a gather of the result, or beside xarray's "
-            f"work on variables the plan left to it, left out"
+            f"; {self.n_gathering} that ran beside a gather of the result left out"
             if self.n_gathering
             else ""
         )
@@ -481,23 +456,6 @@ def _clear_of_gathers(ran: list[TaskRecord], every: list[TaskRecord]) -> list[Ta
     return clear or ran
 
 
-def _clear_of(
-    ran: list[TaskRecord], every: list[TaskRecord], beside: Collection[str]
-) -> list[TaskRecord]:
-    """A worker's operator records ``ran``, less those xarray's tasks beside the plan inflated.
-
-    Those tasks compute the Dataset's variables the plan left to xarray (:attr:`Run.beside`).
-    On a worker with several threads a record is its period's growth: an operator record
-    that ends after such a task began in its period carries what that task held (a 3-D depth
-    field broadcast along the 24 months of a resample: 78 MB). Left out, every one: unlike a
-    gather's (:func:`_clear_of_gathers`), that memory is never the operator's.
-    """
-    began = [(r.period, r.ended - r.seconds) for r in every if _named_after(r.name, beside)]
-    if not began:
-        return ran
-    return [r for r in ran if not any(r.period == p and r.ended > b for p, b in began if p)]
-
-
 def _run_end(records: list[TaskRecord], run: Run) -> float:
     """When the run's computation ended: the first gather or store closing after its tasks.
 
@@ -519,7 +477,12 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     of the result's own layers ran (all fused into a later step's), or nothing closed after
     them yet, no end is known: infinity.
     """
+    from dask.utils import key_split
+
     own = {key_split(name) for name in run.layers}
+
+    def of_result(name: str) -> bool:  # a fused task is named after all its layers
+        return any(name.startswith(f"{n}-") or f"-{n}-" in name for n in own)
 
     last = max((r.ended for r in records if r.name in run.layers), default=None)
     until = float("inf")
@@ -538,8 +501,7 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
             for r in records
             if r.ended > until
             and (
-                r.name in ran
-                or (run.started <= r.ended - r.seconds < until and _named_after(r.name, own))
+                r.name in ran or (run.started <= r.ended - r.seconds < until and of_result(r.name))
             )
         ]
         last = max(late, default=None)
@@ -654,7 +616,6 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
             if r.name not in run.input_layers
             and not r.name.startswith(FINALIZE_PREFIXES)
             and _token(r.name) not in others
-            and not _named_after(r.name, run.beside)
         ]
         for records in answers.values()
     ]
@@ -663,8 +624,6 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
     clean = [
         [r for r in w if r in c or r.name not in kept] for w, c in zip(ran, clean, strict=True)
     ]
-    # what xarray's tasks beside the plan inflated is left out, everywhere if need be
-    clean = [_clear_of(w, rs, run.beside) for w, rs in zip(clean, answers.values(), strict=True)]
     records = [r for worker in clean for r in _warm(worker)]
     setup = max((_setup_left_out(worker) or 0 for worker in clean), default=0)
     computed = any(_gathered(r) for w in answers.values() for r in w)
