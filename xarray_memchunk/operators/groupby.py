@@ -34,7 +34,7 @@ from ..errors import InfeasiblePlanError, MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .grouping import broadcast_by_xarray, not_calibrated_apart, uses_flox
+from .grouping import not_calibrated_apart, note_without_dim, uses_flox
 from .reductions import split_every, tree_shape
 
 __all__ = [
@@ -277,9 +277,9 @@ class Groupby(Operator):
         return _grouped(ds[keep], **kwargs)
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the grouped dim is broadcast along the groups, as by xarray."""
+        """A variable without the grouped dim: as xarray treats it (:func:`.note_without_dim`)."""
         if kwargs.get("dim") is not None and kwargs["dim"] not in da.dims:
-            return broadcast_by_xarray(da, kwargs["dim"], "groups", kwargs["reduction"])
+            return note_without_dim(da, kwargs["dim"], "groups", kwargs["reduction"])
         return f"{reason}: left out of the result"
 
 

@@ -9,7 +9,7 @@ import xarray as xr
 
 from ..errors import MemchunkError
 
-__all__ = ["broadcast_by_xarray", "not_calibrated_apart", "uses_flox"]
+__all__ = ["not_calibrated_apart", "note_without_dim", "uses_flox"]
 
 
 #: Reductions xarray runs on variables of any dtype (``numeric_only=False``); the others drop
@@ -17,8 +17,8 @@ __all__ = ["broadcast_by_xarray", "not_calibrated_apart", "uses_flox"]
 ANY_DTYPE_REDUCTIONS = ("count", "min", "max")
 
 
-def broadcast_by_xarray(da: xr.DataArray, dim: str, along: str, reduction: str) -> str:
-    """What xarray makes of a Dataset's variable ``da`` without ``dim``, for a plan's notes.
+def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> str:
+    """The plan's note on a Dataset's variable ``da`` without ``dim``: what xarray makes of it.
 
     Broadcast ``along`` the groups or bins; dropped by a reduction of numbers (``mean``) where
     its dtype is not one (text), as xarray drops it.

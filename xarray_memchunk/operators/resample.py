@@ -24,7 +24,7 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import has_dim, resolve_dim
-from .grouping import broadcast_by_xarray, not_calibrated_apart, uses_flox
+from .grouping import not_calibrated_apart, note_without_dim, uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -172,9 +172,9 @@ class Resample(Operator):
         return _resampled(ds[keep], **kwargs)
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the resampled dim is kept (broadcast along the bins, as xarray)."""
+        """A variable without the dim: as xarray treats it (:func:`.note_without_dim`)."""
         if not has_dim(da, kwargs["dim"]):
-            return broadcast_by_xarray(da, kwargs["dim"], "bins", kwargs["reduction"])
+            return note_without_dim(da, kwargs["dim"], "bins", kwargs["reduction"])
         return f"{reason}: left out of the result"
 
 
