@@ -280,7 +280,7 @@ class Groupby(Operator):
         """A variable without the grouped dim: as xarray treats it (:func:`.note_without_dim`)."""
         if kwargs.get("dim") is not None and kwargs["dim"] not in da.dims:
             return note_without_dim(da, kwargs["dim"], "groups", kwargs["reduction"])
-        return f"{reason}: left out of the result"
+        return super().skipped(da, reason, **kwargs)
 
 
 def _grouped(obj: Any, *, by: str, reduction: str, method: str, **_: Any) -> Any:

@@ -175,7 +175,7 @@ class Resample(Operator):
         """A variable without the dim: as xarray treats it (:func:`.note_without_dim`)."""
         if not has_dim(da, kwargs["dim"]):
             return note_without_dim(da, kwargs["dim"], "bins", kwargs["reduction"])
-        return f"{reason}: left out of the result"
+        return super().skipped(da, reason, **kwargs)
 
 
 def _resampled(obj: Any, *, freq: str, dim: str, reduction: str) -> Any:

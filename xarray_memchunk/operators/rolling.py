@@ -183,7 +183,7 @@ class Rolling(Operator):
         """A variable without the window's dim is kept as it is, as xarray keeps it."""
         if not has_dim(da, kwargs["dim"]):
             return f"has no dim {kwargs['dim']!r}: kept as it is, as xarray keeps it"
-        return f"{reason}: left out of the result"
+        return super().skipped(da, reason, **kwargs)
 
     def compute_dataset(
         self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
