@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,9 +125,31 @@ def test_accessor_writes_zarr_and_netcdf_with_plan_chunks(files, tmp_path, threa
     np.testing.assert_array_equal(back.dip.values, ds.load().memchunk.apply("gst3d").dip.values)
     nc = dip.memchunk.to_netcdf(tmp_path / "dip.nc")
     assert xr.open_dataset(nc).dip.encoding["chunksizes"] == back.dip.encoding["chunks"]
-    with pytest.raises(xm.MemchunkError, match="exists; pass overwrite=True to"):
+    with pytest.raises(xm.MemchunkError, match=re.escape("exists; pass overwrite=True (or")):
         dip.memchunk.to_zarr(tmp_path / "dip.zarr")
+    with pytest.raises(xm.MemchunkError, match=re.escape("overwrite=True (or mode='w') to")):
+        dip.memchunk.to_zarr(tmp_path / "dip.zarr", mode="w-")
     assert [p.name for p in tmp_path.iterdir() if "memchunk-" in p.name] == []
+
+
+def test_xarray_s_write_modes_replace_or_are_refused_before_anything_is_written(tmp_path):
+    """``mode="w"`` replaces a store as xarray's does; appending is refused, nothing written."""
+    ds = synthetic_climate(20, 6, 8).chunk({"time": 10})
+    mean = ds.memchunk.apply("mean", dim="time")
+    store = mean.memchunk.to_zarr(tmp_path / "mean.zarr")
+    doubled = (2 * ds).memchunk.apply("mean", dim="time")
+    doubled.memchunk.to_zarr(store, mode="w")
+    xr.testing.assert_allclose(xr.open_zarr(store).load(), 2 * mean.compute())
+    for mode in ("a", "r+"):
+        refused = re.escape(f"mode={mode!r}") + ".* does not append"
+        with pytest.raises(xm.MemchunkError, match=refused):
+            mean.memchunk.to_zarr(store, mode=mode)
+    with pytest.raises(xm.MemchunkError, match=r"takes 'w' .* or 'w-'"):
+        mean.memchunk.to_zarr(store, mode="x")
+    with pytest.raises(xm.MemchunkError, match="says both keep and replace"):
+        mean.memchunk.to_netcdf(tmp_path / "mean.nc", mode="w-", overwrite=True)
+    assert not (tmp_path / "mean.nc").exists()
+    xr.testing.assert_allclose(xr.open_zarr(store).load(), 2 * mean.compute())
 
 
 def test_planned_chunks_are_regular_and_irregular_ones_are_said_and_written_by_the_accessor(

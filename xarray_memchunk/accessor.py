@@ -9,7 +9,7 @@ from typing import Any
 import xarray as xr
 
 from . import api
-from .io import safe_write
+from .io import overwrite_by_mode, safe_write
 from .measure.runs import RunReport
 from .memory_limits import Budget, resolve_budget
 from .operators import Operator
@@ -87,26 +87,34 @@ class MemchunkAccessor:
         """
         return api.report(self._obj, learn)
 
-    def to_zarr(self, store: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    def to_zarr(
+        self, store: str | os.PathLike, *, overwrite: bool = False, mode: str | None = None
+    ) -> Path:
         """Compute and write this (lazy) object to a Zarr store, atomically.
 
         Chunks are written as they are (the plan's, after :meth:`apply`), made uniform as Zarr
         requires: balanced plans such as (17, 17, 17, 17, 16, 16), which plain ``.to_zarr()``
         refuses, are written as (17, ..., 15). The store appears only once complete. An existing
-        one is replaced only with ``overwrite=True``, and only if it is a dataset (a Zarr store,
-        a netCDF or HDF5 file), never another directory or file; a store that is a local file
-        this object's data are read from (a netCDF file; a Zarr directory, zip file or
-        ``file://`` URL), holds one, or lies inside one is refused. See
+        one is replaced only with ``overwrite=True`` (or xarray's ``mode="w"``), and only if it is
+        a dataset (a Zarr store, a netCDF or HDF5 file), never another directory or file; a store
+        that is a local file this object's data are read from (a netCDF file; a Zarr directory,
+        zip file or ``file://`` URL), holds one, or lies inside one is refused. Appending to a
+        store (``mode="a"``, ``"r+"``) is refused: it would not be atomic. See
         :func:`xarray_memchunk.io.safe_write`.
         """
-        return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr")
+        overwrite = overwrite_by_mode(mode, overwrite, "to_zarr")
+        return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr", option=_REPLACE)
 
-    def to_netcdf(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    def to_netcdf(
+        self, path: str | os.PathLike, *, overwrite: bool = False, mode: str | None = None
+    ) -> Path:
         """Compute and write this (lazy) object to a netCDF4 file, atomically, chunked as planned.
 
-        See :meth:`to_zarr` for the guarantees.
+        See :meth:`to_zarr` for the guarantees; unlike xarray's ``to_netcdf``, an existing file
+        is kept unless ``overwrite=True`` or ``mode="w"`` says to replace it.
         """
-        return safe_write(self._obj, path, overwrite=overwrite, fmt="netcdf")
+        overwrite = overwrite_by_mode(mode, overwrite, "to_netcdf")
+        return safe_write(self._obj, path, overwrite=overwrite, fmt="netcdf", option=_REPLACE)
 
     def budget(self, memory_limit: int | str | None = None) -> Budget:
         """The memory one task may use for this data, and where it came from.
@@ -115,6 +123,10 @@ class MemchunkAccessor:
         Dataset that mixes NumPy and CuPy variables is an error, as in :meth:`plan`.
         """
         return resolve_budget(memory_limit, api.data_device(self._obj))
+
+
+#: How a user of the accessor allows replacing an existing target, in messages.
+_REPLACE = "overwrite=True (or mode='w')"
 
 
 def register() -> None:

@@ -36,12 +36,14 @@ from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
+from .operators.kept_variables import KeptVariable, size_kept_variables
 from .operators.read_once import file_read_seconds, staged_if_faster
 from .operators.registry import is_builtin
 from .operators.sources import (
     chunk_in_memory,
     device_of,
     in_memory_data,
+    input_kind,
     read_chunked,
     read_through_dask,
     storage_chunks,
@@ -218,7 +220,7 @@ class Plan:
             result = result.rename(operator.name)
         if record_plan:
             result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
-        run = record_run(rechunked, result)
+        run = record_run(rechunked, result, prepared.kept)
         self._applied = True
         if run is not None:
             self.runs.append(run)
@@ -341,6 +343,8 @@ class _Prepared:
     staging: StagingSite | None = None
     # variable name -> the chunks its store is written in
     staging_chunks: Mapping[str, StagingChunks] = dataclasses.field(default_factory=dict)
+    # a Dataset's variables the operator keeps unplanned: xarray's tasks on them, sized
+    kept: Mapping[str, KeptVariable] = dataclasses.field(default_factory=dict)
 
 
 def data_device(obj: xr.DataArray | xr.Dataset) -> str:
@@ -672,7 +676,17 @@ def _prepare(
     if measure == "never":
         notes = (*notes, _nothing_measured(prepared))
     notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
-    return replace(prepared, plan=replace(prepared.plan, notes=notes))
+    kept = _kept(obj, prepared)
+    notes = (*notes, *(k.note(prepared.plan.budget) for k in kept.values()))
+    return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
+
+
+def _kept(obj: xr.DataArray | xr.Dataset, prepared: _Prepared) -> dict[str, KeptVariable]:
+    """The Dataset's variables the plan's operator keeps unplanned, their tasks sized."""
+    if isinstance(obj, xr.DataArray):
+        return {}
+    uses = {name: cost.uses for name, cost in prepared.costs.items()}
+    return size_kept_variables(obj, prepared.operator, uses, prepared.kwargs, prepared.plan.budget)
 
 
 #: Set while planning searches for the least memory a plan runs at: refusals inside are not
@@ -1297,13 +1311,35 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
             planned[name] = chunk_in_memory(da, own, copy=not is_builtin(prepared.operator))
             continue
         chunk_bytes = cost.dtype.itemsize * int(np.prod([max(c) for c in own.values()]))
-        limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
-        with dask.config.set(limits):
-            planned[name] = da.chunk(own)
+        planned[name] = _rechunked_in_graph(da, own, chunk_bytes)
     if isinstance(obj, xr.DataArray):
         return next(iter(planned.values()))
-    # the other variables stay as they are: the operator decides what to keep of them
+    # the other variables stay as they are (the operator decides what to keep of them), but
+    # where xarray's tasks on a kept one would not fit as it is chunked
+    for name, kept in prepared.kept.items():
+        if kept.chunks is not None:
+            planned[name] = _chunked_beside(obj[name], kept.chunks)
     return obj.assign(planned)
+
+
+def _chunked_beside(da: xr.DataArray, chunks: Mapping[str, int]) -> xr.DataArray:
+    """A kept variable in ``chunks``: read so from its file, else rechunked in the graph."""
+    from dask.array.core import normalize_chunks
+
+    sizes = tuple(chunks[str(d)] for d in da.dims)
+    tuples = dict(zip(map(str, da.dims), normalize_chunks(sizes, da.shape), strict=True))
+    if input_kind(da) is InputKind.FILE:
+        return read_chunked(da, tuples)
+    return _rechunked_in_graph(da, tuples, da.dtype.itemsize * math.prod(sizes))
+
+
+def _rechunked_in_graph(
+    da: xr.DataArray, chunks: Mapping[str, tuple[int, ...]], chunk_bytes: int
+) -> xr.DataArray:
+    """``da`` rechunked by Dask's tasks, its intermediate blocks capped at ``chunk_bytes``."""
+    limits = {"array.rechunk.method": "tasks", "array.chunk-size": f"{max(chunk_bytes, 1)}B"}
+    with dask.config.set(limits):
+        return da.chunk(chunks)
 
 
 def _plan_summary(chunk_plan: ChunkPlan) -> str:

@@ -50,6 +50,7 @@ __all__ = [
     "open_input",
     "open_segy",
     "output_format",
+    "overwrite_by_mode",
     "recover",
     "safe_write",
     "write_segy",
@@ -257,6 +258,39 @@ def _check_not_a_source(target: Path, sources: Iterable[str | os.PathLike]) -> N
         )
 
 
+def overwrite_by_mode(mode: str | None, overwrite: bool, method: str) -> bool:
+    """Whether a write replaces an existing target, from xarray's ``mode`` and ``overwrite``.
+
+    ``mode="w"`` replaces it, as in xarray; ``"w-"`` keeps it (the default here).
+
+    Raises
+    ------
+    MemchunkError
+        For a mode that appends or updates (``"a"``, ``"a-"``, ``"r+"``), which a write that
+        appears only once complete cannot do, or one that contradicts ``overwrite``.
+    """
+    if mode is None:
+        return overwrite
+    if mode not in ("w", "w-", "a", "a-", "r+"):
+        raise MemchunkError(
+            f"result.memchunk.{method}(mode={mode!r}): mode is one of xarray's, and memchunk "
+            f"takes 'w' (replace an existing target) or 'w-' (keep it: the default)"
+        )
+    if mode not in ("w", "w-"):
+        raise MemchunkError(
+            f"result.memchunk.{method}(mode={mode!r}): memchunk writes a whole new dataset, which "
+            f"appears only once complete, so it does not append or update one; use mode='w' (or "
+            f"overwrite=True) to replace it, or xarray's own result.{method}(..., mode={mode!r}), "
+            f"which writes in place"
+        )
+    if mode == "w-" and overwrite:
+        raise MemchunkError(
+            f"result.memchunk.{method}(mode='w-', overwrite=True) says both keep and replace an "
+            f"existing target: pass one of them"
+        )
+    return overwrite or mode == "w"
+
+
 def check_target(
     target: str | os.PathLike,
     overwrite: bool,
@@ -344,6 +378,7 @@ def safe_write(
     fmt: str | None = None,
     storage_chunks: Mapping[str, int] | None = None,
     sources: Iterable[str | os.PathLike] = (),
+    option: str = "overwrite=True",
 ) -> Path:
     """Write ``obj`` to a Zarr store or netCDF file (by suffix), atomically.
 
@@ -368,6 +403,8 @@ def safe_write(
         Paths of the inputs, which ``target`` may not be, hold, or lie inside; the files
         ``obj`` was opened from (its ``encoding["source"]``) and those its Dask graphs read
         (:func:`~xarray_memchunk.operators.sources.source_files`) are added.
+    option
+        How the caller's user allows replacing a target, in the messages (:func:`check_target`).
 
     Returns
     -------
@@ -391,7 +428,7 @@ def safe_write(
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
     read = {*map(str, sources), *_encoded_sources(ds), *source_files(ds)}
-    target = check_target(target, overwrite, read)
+    target = check_target(target, overwrite, read, option)
     chunks = _storage_chunks(ds, storage_chunks)
     if storage_chunks is None:  # each variable's chunks made uniform, on its own
         ds = ds.assign({n: ds[n].chunk(c) for n, c in chunks.items() if n in ds.data_vars})

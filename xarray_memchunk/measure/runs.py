@@ -17,7 +17,9 @@ why), and compares them with the plan's prediction.
   follows and counted: it is what the worker ran. The tasks of another run that is still held
   (its plan or its result), input and result layers alike, are not counted, nor what ran
   after the gather or store that closed the run (:func:`_run_end`); another computation
-  between ``apply`` and that compute would be.
+  between ``apply`` and that compute would be. Nor are xarray's tasks on a Dataset's variables
+  that the operator keeps unplanned (:attr:`Run.beside`), sized apart at plan time
+  (:mod:`~xarray_memchunk.operators.kept_variables`).
 - On a worker with several threads, tasks overlap: the worker's growth while its threads were
   busy is compared with the plan's prediction for that many tasks at once.
 - A single-threaded worker's first operator task, where it ran no more, loads the operator's
@@ -51,10 +53,12 @@ from __future__ import annotations
 import shlex
 import time
 import weakref
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from dask.utils import key_split
 
 from .._dask_compat import (
     graph_layers,
@@ -72,7 +76,7 @@ from ..planning.plan import ChunkPlan
 if TYPE_CHECKING:  # the plugin's module imports distributed: only where a cluster is in use
     from .task_peaks import TaskRecord
 
-__all__ = ["Run", "RunReport", "input_layers", "record_run", "report"]
+__all__ = ["Run", "RunReport", "beside_layers", "input_layers", "record_run", "report"]
 
 #: A measured task peak counts as above the prediction past this fraction (and
 #: :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK` bytes: allocator noise).
@@ -132,6 +136,15 @@ class Run:
         Where the result is too large to gather into one worker (``.compute()``), the
         sentence that says so (:meth:`~xarray_memchunk.planning.budget.Budget.gather_advice`);
         else empty.
+    beside
+        Names of the layers that only the result's kept variables have: a Dataset's variables
+        the operator keeps without planning them, which xarray computes beside the plan (a
+        static field a groupby broadcasts along its groups). Their tasks are not the
+        operator's, nor are operator records their memory inflated (:meth:`is_beside`).
+    beside_prefixes
+        Of those, the names without their tokens that no layer of the planned variables'
+        results has (``broadcast_to``): a task that Dask fused from one of them and later
+        layers (the write of a store) is named after it, and the last layer's token.
     """
 
     started: float
@@ -139,6 +152,15 @@ class Run:
     input_layers: frozenset[str]
     layers: frozenset[str]
     gather: str = ""
+    beside: frozenset[str] = frozenset()
+    beside_prefixes: frozenset[str] = frozenset()
+
+    def is_beside(self, task: str) -> bool:
+        """Whether the task named ``task`` computes a kept variable (:attr:`beside`)."""
+        if _token(task) in {_token(n) for n in self.beside}:
+            return True
+        parts = f"-{task.rsplit('-', 1)[0]}-"
+        return any(f"-{prefix}-" in parts for prefix in self.beside_prefixes)
 
 
 #: The runs held somewhere (on a plan or for a result), weakly: their layers are told apart
@@ -146,12 +168,13 @@ class Run:
 _HELD: weakref.WeakSet[Run] = weakref.WeakSet()
 
 
-def record_run(rechunked: Any, result: Any) -> Run | None:
+def record_run(rechunked: Any, result: Any, kept: Collection[str] = ()) -> Run | None:
     """Start measuring the tasks of ``result`` on the active cluster; None without one.
 
     ``rechunked`` is the input as rechunked for the plan, ``result`` the operator's lazy result
-    built from it. Registers :class:`~.task_peaks.TaskPeaks` on the workers unless the dask
-    config key ``memchunk.measure-tasks`` is False.
+    built from it, ``kept`` the names of its variables that the operator kept unplanned
+    (:attr:`Run.beside`). Registers :class:`~.task_peaks.TaskPeaks` on the workers unless the
+    dask config key ``memchunk.measure-tasks`` is False.
     """
     import dask
 
@@ -160,12 +183,29 @@ def record_run(rechunked: Any, result: Any) -> Run | None:
         return None
     inputs = input_layers(rechunked)
     run = Run(time.time(), weakref.ref(client), inputs, input_layers(result) - inputs)
+    run.beside, run.beside_prefixes = beside_layers(result, kept, inputs)
     _HELD.add(run)
     if dask.config.get("memchunk.measure-tasks", True):
         from .task_peaks import PLUGIN_NAME, TaskPeaks
 
         client.register_plugin(TaskPeaks(), name=PLUGIN_NAME)
     return run
+
+
+def beside_layers(
+    result: Any, kept: Collection[str], inputs: frozenset[str] = frozenset()
+) -> tuple[frozenset[str], frozenset[str]]:
+    """:attr:`Run.beside` and :attr:`Run.beside_prefixes` of ``result``'s ``kept`` variables.
+
+    ``inputs``: the layers of the input as rechunked for the plan, not the operator's either.
+    """
+    kept = [name for name in kept if name in getattr(result, "data_vars", {})]
+    if not kept:
+        return frozenset(), frozenset()
+    own = input_layers(result.drop_vars(kept))
+    beside = frozenset(input_layers(result[kept]) - own - inputs)
+    planned = {key_split(n) for n in own}
+    return beside, frozenset({key_split(n) for n in beside} - planned)
 
 
 def _token(name: str) -> str:
@@ -203,7 +243,8 @@ class RunReport:
         may run two per planned chunk: its chunk function, and a step that reshapes it).
     n_gathering
         Of those, the tasks left out on workers with several threads because the gather of
-        a result (``.compute()`` of a Dataset, a variable at a time) ran in their period.
+        a result (``.compute()`` of a Dataset, a variable at a time), or xarray's task on a
+        variable kept unplanned (:attr:`Run.beside`), ran in their period.
     measured_task_bytes
         The measured peak of the operator task furthest above what it was allowed (on workers
         with several threads, the worker's growth shared among its busy threads); None when
@@ -273,7 +314,8 @@ class RunReport:
             self.n_ran - self.n_gathering > self.n_tasks
         )
         gathering = (
-            f"; {self.n_gathering} that ran beside a gather of the result left out"
+            f"; {self.n_gathering} that ran beside a gather of the result, or beside xarray's "
+            f"tasks on a variable kept unplanned, left out"
             if self.n_gathering
             else ""
         )
@@ -437,19 +479,28 @@ def _gathered(record: TaskRecord) -> bool:
     return record.name.startswith(FINALIZE_PREFIXES[0]) and record.result_bytes > ABSOLUTE_SLACK
 
 
-def _clear_of_gathers(ran: list[TaskRecord], every: list[TaskRecord]) -> list[TaskRecord]:
+def _clear_of_gathers(
+    ran: list[TaskRecord],
+    every: list[TaskRecord],
+    beside: Callable[[str], bool] = lambda name: False,
+) -> list[TaskRecord]:
     """A worker's operator records ``ran``, less those its gathers of a result inflated.
 
     On a worker with several threads a record is its period's growth, and a ``finalize-``
     task that ran in the period (Dask concatenating one variable of a Dataset computed with
     ``.compute()``, while the others' tasks still run) holds its pieces and their whole there:
     the operator's records that end after it began carry them. A trial's rolling mean of three
-    variables, 2 workers x 2 threads, read x1.33-1.69 computed so and x0.86-0.92 written. They
-    are left out where the worker has others; kept where it has none (and, in :func:`report`,
-    a layer's where no worker has another of it). ``every``: all the worker's records of the
-    run.
+    variables, 2 workers x 2 threads, read x1.33-1.69 computed so and x0.86-0.92 written. So
+    does xarray's task on a kept variable (``beside`` of its name: :meth:`Run.is_beside`).
+    They are left out where the worker has others; kept where it has none (and, in
+    :func:`report`, a layer's where no worker has another of it). ``every``: all the worker's
+    records of the run.
     """
-    gathers = [(r.period, r.ended - r.seconds) for r in every if r.period and _gathered(r)]
+    gathers = [
+        (r.period, r.ended - r.seconds)
+        for r in every
+        if r.period and (_gathered(r) or beside(r.name))
+    ]
     if not gathers:
         return ran
     clear = [r for r in ran if not any(r.period == p and r.ended > b for p, b in gathers)]
@@ -477,8 +528,6 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     of the result's own layers ran (all fused into a later step's), or nothing closed after
     them yet, no end is known: infinity.
     """
-    from dask.utils import key_split
-
     own = {key_split(name) for name in run.layers}
 
     def of_result(name: str) -> bool:  # a fused task is named after all its layers
@@ -616,10 +665,13 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
             if r.name not in run.input_layers
             and not r.name.startswith(FINALIZE_PREFIXES)
             and _token(r.name) not in others
+            and not run.is_beside(r.name)
         ]
         for records in answers.values()
     ]
-    clean = [_clear_of_gathers(w, rs) for w, rs in zip(ran, answers.values(), strict=True)]
+    clean = [
+        _clear_of_gathers(w, rs, run.is_beside) for w, rs in zip(ran, answers.values(), strict=True)
+    ]
     kept = {r.name for worker in clean for r in worker}  # no layer left out everywhere
     clean = [
         [r for r in w if r in c or r.name not in kept] for w, c in zip(ran, clean, strict=True)

@@ -203,6 +203,10 @@ class Operator(abc.ABC):
     #: (a groupby's flox methods), rather than the first that fits (SVD: exact before
     #: compressed).
     chooses_fastest: bool = False
+    #: Whether :meth:`compute_dataset` keeps variables it does not apply to, computed by xarray
+    #: (a groupby broadcasts them along its groups): their tasks are then sized at plan time
+    #: (:mod:`~xarray_memchunk.operators.kept_variables`). Where False, it leaves them out.
+    keeps_unplanned_variables: bool = False
 
     @abc.abstractmethod
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:

@@ -160,6 +160,8 @@ class Groupby(Operator):
         flox's method; by default the plan prices both and takes the faster that fits.
     """
 
+    keeps_unplanned_variables = True
+
     name = "groupby"
     description = (
         "xarray .groupby(by).<reduction>() (by=, reduction=): flox's map-reduce or "

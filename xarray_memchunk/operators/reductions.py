@@ -163,6 +163,8 @@ class Reduction(Operator):
     ``method``.
     """
 
+    keeps_unplanned_variables = True
+
     #: xarray's reductions and ``numpy.nanmedian`` dispatch to CuPy on CuPy blocks.
     devices = ("cpu", "gpu")
 
@@ -235,7 +237,8 @@ class Reduction(Operator):
         if _has_dims(da, kwargs.get("dim")):
             return f"{reason}: dropped"
         if self._keeps_unreduced(da):
-            return "has none of the reduced dims: kept, as xarray keeps it"
+            zeros = " as zeros (its spread over no dim)" if self.spec.zeros_unreduced else ""
+            return f"has none of the reduced dims: kept{zeros}, as xarray keeps it"
         return f"has none of the reduced dims and {self.name} takes no {da.dtype}: dropped"
 
     def _keeps_unreduced(self, da: xr.DataArray) -> bool:

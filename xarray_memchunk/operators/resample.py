@@ -95,6 +95,8 @@ class Resample(Operator):
         One of :data:`REDUCTIONS`.
     """
 
+    keeps_unplanned_variables = True
+
     name = "resample"
     description = (
         "xarray .resample(time=freq) reduction (freq=, reduction=): chunks of whole bins, "

@@ -117,6 +117,8 @@ class Rolling(Operator):
         Least elements a window needs for a value (``window`` by default, as in xarray).
     """
 
+    keeps_unplanned_variables = True
+
     name = "rolling"
     description = (
         "moving-window reduction along one dim (dim=, window=, center=, reduction=): "
