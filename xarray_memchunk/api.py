@@ -225,7 +225,7 @@ class Plan:
         if run is not None:
             self.runs.append(run)
             _RESULTS.remember(result, prepared, run)  # what reporting needs: not the data
-            run.gather = prepared.plan.budget.gather_advice(int(result.nbytes))
+            run.gather = prepared.plan.budget.gather_advice(*_gathered(result))
             if run.gather:
                 warn_at_caller(run.gather, ResultGatherWarning)
         return result
@@ -1320,6 +1320,21 @@ def _rechunk(obj, prepared: _Prepared, staged: dict[str, xr.DataArray]):
         if kept.chunks is not None:
             planned[name] = _chunked_beside(obj[name], kept.chunks)
     return obj.assign(planned)
+
+
+def _gathered(result: xr.DataArray | xr.Dataset) -> tuple[int, str]:
+    """What ``.compute()`` gathers into one worker at once: bytes, and the variable (Dataset).
+
+    A Dataset's Dask-backed variables are gathered one at a time, each by a ``finalize-``
+    task of its own; NumPy-backed ones never reach a worker.
+    """
+    if isinstance(result, xr.DataArray):
+        return (int(result.nbytes) if result.chunks is not None else 0), ""
+    sizes = {str(n): int(v.nbytes) for n, v in result.variables.items() if v.chunks is not None}
+    if not sizes:
+        return 0, ""
+    largest = max(sizes, key=sizes.__getitem__)
+    return sizes[largest], largest
 
 
 def _chunked_beside(da: xr.DataArray, chunks: Mapping[str, int]) -> xr.DataArray:

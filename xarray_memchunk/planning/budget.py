@@ -168,21 +168,29 @@ class Budget:
             f"{threads} thread{'' if threads == 1 else 's'} {per}"
         )
 
-    def gather_advice(self, result_bytes: int) -> str:
+    def gather_advice(self, result_bytes: int, variable: str = "") -> str:
         """What gathering a result of ``result_bytes`` into one worker costs, where it pauses it.
 
         Dask's last task of ``.compute()`` concatenates every chunk of the result on one
         worker: the pieces and the whole, about twice the result, beside the worker's
-        baseline. Where that passes the pause threshold, the sentence that says so and what to
-        do instead; an empty string where it fits, or where nothing is known of the workers.
+        baseline. A Dataset is gathered a variable at a time (a ``finalize-`` task each):
+        ``result_bytes`` is then its largest Dask-backed variable's, named ``variable``.
+        Where that passes the pause threshold, the sentence that says so and what to do
+        instead; an empty string where it fits, or where nothing is known of the workers.
         """
         held = 2 * result_bytes + self.worker_baseline
         pause = self.pause_fraction * self.worker_memory
         if self.device != "cpu" or not self.worker_memory or held <= pause:
             return ""
+        what = (
+            f"each of its variables into one worker in turn, the largest ({variable!r}) "
+            f"{self.format(result_bytes)}"
+            if variable
+            else f"its {self.format(result_bytes)} into one worker"
+        )
         return (
-            f"computing the result in one piece (.compute(), .values, .load()) gathers its "
-            f"{self.format(result_bytes)} into one worker, where Dask's last task holds the "
+            f"computing the result in one piece (.compute(), .values, .load()) gathers "
+            f"{what}, where Dask's last task holds the "
             f"pieces and the whole (about {self.format(2 * result_bytes)}) beside the worker's "
             f"{self.format(self.worker_baseline)} baseline: over its "
             f"{self.format(pause)} pause threshold, that worker pauses or is killed whatever "
