@@ -31,6 +31,7 @@ from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole, Halo, halo_sides, widest_halo
 from .base import Cost, DimUse, Operator, padded_elements
+from .halo_reach import check_reach
 from .identity import Identity, arguments_identity, calibration_key, identify
 from .sources import map_blocks_with_halo
 
@@ -290,6 +291,7 @@ class BlockwiseOperator(Operator):
         self.identity_reason = identity.reason
         digest = identity.digest if identity.known else uuid.uuid4().hex
         self.calibration = f"{name}-{digest[:12]}"
+        # probed dtypes, and the arguments whose reach was checked (None)
         self._probed: dict[tuple, np.dtype | None] = {}
 
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
@@ -342,6 +344,7 @@ class BlockwiseOperator(Operator):
         if da is not None:
             self.dims(da)
             self.result_dtype(da, kwargs)
+            self._check_reach(da, kwargs)
             return dict(kwargs)
         try:
             signature = inspect.signature(self.func)
@@ -382,6 +385,22 @@ class BlockwiseOperator(Operator):
         if arguments.known:
             self._probed[key] = probed
         return probed
+
+    def _check_reach(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> None:
+        """Refuse a function that reads further than its halo along a dim plans may cut.
+
+        See :func:`~.halo_reach.check_reach`; done once per dtype, trial shape and arguments.
+        """
+        sizes = {str(d): int(n) for d, n in da.sizes.items()}
+        cut = {d: self.depth.get(d, 0) for d in sizes if d not in self.whole}
+        arguments = self.argument_identity(**kwargs)
+        key = ("reach", np.dtype(da.dtype).str, tuple(sizes.items()), arguments.digest)
+        if key in self._probed:
+            return
+        kept = [d for d in sizes if d not in self.drop_dims]
+        check_reach(self.func, sizes, np.dtype(da.dtype), cut, kwargs, self.name, kept)
+        if arguments.known:
+            self._probed[key] = None
 
     def _checked(self, da: xr.DataArray, dtype: np.dtype | None) -> CheckedBlockFunction:
         return CheckedBlockFunction(

@@ -1,0 +1,104 @@
+"""A user's block function that reads further than its declared halo is refused at plan time."""
+
+import re
+
+import numpy as np
+import pytest
+import xarray as xr
+from scipy import ndimage
+
+import xarray_memchunk as xm
+from xarray_memchunk.operators.halo_reach import check_reach
+
+SIZES = {"x": 64, "y": 48, "z": 40}
+
+
+def refused(func, cut, dtype="float32", **kwargs):
+    """The message ``check_reach`` raises, or None where it accepts."""
+    try:
+        check_reach(func, SIZES, np.dtype(dtype), cut, kwargs, "fn")
+    except xm.MemchunkError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_stencil_with_its_halo_passes_and_one_with_less_is_told_the_halo_that_agrees():
+    box = lambda b: ndimage.uniform_filter(b, 5)  # noqa: E731
+    assert refused(box, {"x": 2, "y": 2, "z": 2}) is None
+    message = refused(box, {"x": 1, "y": 2, "z": 2})
+    assert "reads further along 'x' than a halo of 1" in message
+    assert "declare depth={'x': 2, 'y': 2, 'z': 2}" in message
+
+
+def test_a_gaussian_reaches_four_sigmas_as_scipy_truncates_it():
+    gauss = lambda b: ndimage.gaussian_filter(b, 2.0)  # noqa: E731
+    assert "declare depth={'x': 8, 'y': 8, 'z': 8}" in refused(gauss, {"x": 6, "y": 8, "z": 8})
+    assert refused(gauss, {"x": 8, "y": 8, "z": 8}) is None
+    assert refused(gauss, {"x": (8, 8), "y": 8, "z": 8}) is None  # (before, after)
+
+
+def test_a_free_dim_the_function_filters_along_is_refused():
+    box = lambda b: ndimage.uniform_filter(b, 5)  # noqa: E731
+    message = refused(box, {"x": 2, "y": 2, "z": 0})
+    assert "along 'z' than no halo" in message
+    assert "declare depth={'x': 2, 'y': 2, 'z': 2}" in message
+
+
+@pytest.mark.parametrize(
+    ("func", "whole"),
+    [
+        (lambda b: b / b.max(), ["x", "y", "z"]),
+        (lambda b: np.cumsum(b, axis=0), ["x"]),
+        (lambda b: b - b.mean(axis=0), ["x"]),
+    ],
+    ids=["divided by its maximum", "cumulative sum", "anomaly"],
+)
+def test_a_function_of_the_whole_dim_is_told_to_keep_it_whole(func, whole):
+    message = refused(func, {"x": 0, "y": 0, "z": 0})
+    assert f"declare whole={whole}" in message
+
+
+def test_every_dim_read_further_is_named_at_once_whole_ones_left_out_of_the_depth():
+    def func(b):
+        return np.cumsum(ndimage.uniform_filter(b, 5), axis=0)
+
+    message = refused(func, {"x": 2, "y": 2, "z": 0})
+    assert "along 'x' than a halo of 2; along 'z' than no halo" in message
+    assert "declare depth={'y': 2, 'z': 2}" in message and "declare whole=['x']" in message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16", "bool"])
+def test_point_by_point_functions_pass_in_any_dtype(dtype):
+    assert refused(lambda b: b * 2 if b.dtype != bool else ~b, {"x": 0, "y": 0}, dtype) is None
+
+
+def test_a_reduction_over_a_dropped_dim_is_checked_along_the_dims_it_keeps():
+    mean = lambda b: b.mean(axis=2)  # noqa: E731
+    sizes = {"x": 64, "y": 48, "z": 40}
+    check_reach(mean, sizes, np.dtype("f4"), {"x": 0, "y": 0}, {}, "fn", kept=["x", "y"])
+    smooth_mean = lambda b: ndimage.uniform_filter(b, 3).mean(axis=2)  # noqa: E731
+    with pytest.raises(xm.MemchunkError, match="declare depth=\\{'x': 1\\}"):
+        check_reach(smooth_mean, sizes, np.dtype("f4"), {"x": 0}, {}, "fn", kept=["x", "y"])
+
+
+def test_a_function_that_fails_on_small_arrays_is_checked_when_it_runs_instead():
+    def needs_long(b):
+        if b.shape[0] < 100:
+            raise ValueError("too short")
+        return b
+
+    assert refused(needs_long, {"x": 0}) is None
+
+
+def test_a_plan_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    volume = xr.DataArray(np.zeros((64, 64, 64), "f4"), dims=("inline", "crossline", "sample"))
+
+    @xm.operator(depth={"inline": 2, "crossline": 2, "sample": 2}, register=False)
+    def smoothed(block):
+        return ndimage.gaussian_filter(block, 1.5)
+
+    every = "declare depth={'inline': 6, 'crossline': 6, 'sample': 6}"
+    with pytest.raises(xm.MemchunkError, match=re.escape(every)):
+        volume.chunk(32).memchunk.plan(smoothed)
+    assert not list(tmp_path.rglob("*.json"))  # refused before it was measured
