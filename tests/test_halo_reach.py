@@ -102,3 +102,39 @@ def test_a_plan_is_refused_before_anything_runs(tmp_path, monkeypatch):
     with pytest.raises(xm.MemchunkError, match=re.escape(every)):
         volume.chunk(32).memchunk.plan(smoothed)
     assert not list(tmp_path.rglob("*.json"))  # refused before it was measured
+
+
+def daily(days=730, lat=30, lon=40):
+    time = xr.date_range("2000-01-01", periods=days, freq="D", use_cftime=False)
+    values = np.random.default_rng(0).random((days, lat, lon), dtype="float32")
+    coords = {"time": time, "lat": np.linspace(-80, 80, lat)}
+    return xr.DataArray(values, dims=("time", "lat", "lon"), coords=coords, name="tas")
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda tas: tas.rolling(lat=3, center=True).mean(),
+        lambda tas: tas.differentiate("lon"),
+        lambda tas: tas - tas.mean("lon"),
+    ],
+    ids=["rolling along lat", "derivative along lon", "zonal anomaly"],
+)
+def test_an_xarray_function_that_reads_neighbours_along_a_free_dim_is_refused(func):
+    op = xm.operator(name="neighbours", whole=["time"], xarray=True, register=False)(func)
+    with pytest.raises(xm.MemchunkError, match=r"is declared free along .* declare them whole"):
+        daily().chunk({"time": 73}).memchunk.plan(op, measure="never")
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda tas: tas.groupby("time.month") - tas.groupby("time.month").mean(),
+        lambda tas: tas * np.cos(np.deg2rad(tas.lat)),
+    ],
+    ids=["monthly anomaly", "area weights"],
+)
+def test_an_xarray_function_point_by_point_along_its_free_dims_passes(func):
+    op = xm.operator(name="pointwise", whole=["time"], xarray=True, register=False)(func)
+    with pytest.raises(xm.MemchunkError, match="has no memory model"):  # past the check
+        daily().chunk({"time": 73}).memchunk.plan(op, measure="never")

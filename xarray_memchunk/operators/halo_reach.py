@@ -18,11 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import xarray as xr
 
 from ..errors import MemchunkError
 from ..planning.problem import halo_sides
 
-__all__ = ["MAX_REACH", "check_reach"]
+__all__ = ["MAX_REACH", "check_free_dims", "check_reach"]
 
 #: The widest halo the check tries before saying a dim must be whole.
 MAX_REACH = 64
@@ -121,6 +122,89 @@ def _least_agreeing(trials: Sequence[_Trial], least: int, most: int) -> int | No
         middle = (low + high) // 2
         low, high = (low, middle) if agree(middle) else (middle, high)
     return high
+
+
+def check_free_dims(
+    func: Callable[..., Any],
+    sample: xr.DataArray,
+    free: Sequence[str],
+    kwargs: Mapping[str, Any],
+    operator: str,
+) -> None:
+    """Refuse an xarray function whose values along a free dim depend on their neighbours.
+
+    ``sample`` is a small piece of the data with its coordinates (its whole dims entire);
+    its values are replaced by random ones. Along each free dim, the function's result on the
+    sample cut in two must equal its result on the whole sample: a task sees its chunk only.
+
+    Raises
+    ------
+    MemchunkError
+        Naming the free dims along which the halves differ: declare them whole.
+    """
+    if sample.dtype.kind not in "biufc":
+        return
+    data = _random(sample.shape, sample.dtype, 0)
+    for axis, end in ((0, 0), (sample.ndim - 1, -1)):
+        if sample.ndim:
+            _spike(data, axis, end)
+    sample = sample.copy(data=data)
+    whole = _xarray_call(func, sample, kwargs)
+    if whole is None:
+        return
+    differ = []
+    for dim in free:
+        if sample.sizes[dim] < 4:
+            continue
+        middle = sample.sizes[dim] // 2
+        halves = [
+            _xarray_call(func, sample.isel({dim: part}), kwargs)
+            for part in (slice(0, middle), slice(middle, None))
+        ]
+        if any(h is None for h in halves) or not _joined_equal(halves, whole, dim):
+            differ.append(dim)
+    if differ:
+        raise MemchunkError(
+            f"operator {operator!r} is declared free along {differ}, but its result there "
+            f"depends on neighbours: run on a small random piece of the data cut in two along "
+            f"each, its values differ from the uncut piece's, as they would between chunks; "
+            f"declare them whole (whole=[...]) or leave them out of free="
+        )
+
+
+def _xarray_call(func: Callable[..., Any], obj: xr.DataArray, kwargs: Any) -> Any:
+    """``func(obj)`` computed, or None where it fails (it is checked when it runs instead)."""
+    try:
+        with np.errstate(all="ignore"):
+            out = func(obj, **kwargs)
+        return out.compute() if isinstance(out, xr.DataArray | xr.Dataset) else None
+    except Exception:  # the user's function failed on the piece: not checked
+        return None
+
+
+def _joined_equal(halves: Sequence[Any], whole: Any, dim: str) -> bool:
+    """Whether ``halves`` of a result, joined along ``dim``, give ``whole``'s values."""
+    try:
+        joined = xr.concat(halves, dim=dim, data_vars="all", coords="minimal", compat="override")
+    except (ValueError, TypeError, KeyError):  # halves xarray cannot join: not compared
+        return True
+    pairs = (
+        [(joined[n], whole[n]) for n in whole.data_vars]
+        if isinstance(whole, xr.Dataset)
+        else [(joined, whole)]
+    )
+    for got, want in pairs:
+        if dim not in want.dims or got.shape != want.transpose(*got.dims).shape:
+            continue
+        a, b = np.asarray(got.values), np.asarray(want.transpose(*got.dims).values)
+        if b.dtype.kind not in "fc":
+            if not np.array_equal(a, b):
+                return False
+            continue
+        scale = float(np.nanmax(np.abs(b), initial=0.0)) or 1.0
+        if not np.allclose(a, b, rtol=_TOLERANCE, atol=_TOLERANCE * scale, equal_nan=True):
+            return False
+    return True
 
 
 def _random(shape: Sequence[int], dtype: np.dtype, seed: int) -> np.ndarray:

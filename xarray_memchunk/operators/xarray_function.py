@@ -36,8 +36,12 @@ from ..errors import DimensionError, MemchunkError, warn_at_caller
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import Cost, DimUse, Operator, padded_elements
-from .identity import calibration_key, identify
+from .halo_reach import check_free_dims
+from .identity import arguments_identity, calibration_key, identify
 from .sources import file_backend
+
+#: Length of each free dim in the piece a function is checked on (:func:`check_free_dims`).
+FREE_TRIAL_LENGTH = 16
 
 __all__ = ["XarrayFunctionOperator", "takes_xarray"]
 
@@ -184,6 +188,7 @@ class XarrayFunctionOperator(Operator):
         self.identity_reason = identity.reason
         digest = identity.digest if identity.known else uuid.uuid4().hex
         self.calibration = f"{name}-{digest[:12]}"
+        self._checked_free: set[tuple] = set()
 
     def __call__(self, obj: Any, **kwargs: Any) -> Any:
         """``func(obj, **kwargs)``, as xarray runs it: the decorated function still works."""
@@ -232,7 +237,25 @@ class XarrayFunctionOperator(Operator):
         if da is not None:
             self.dims(da)
             self.template(da, kwargs)
+            self._check_free_dims(da, kwargs)
         return dict(kwargs)
+
+    def _check_free_dims(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> None:
+        """Refuse a function whose values depend on neighbours along a dim plans may cut.
+
+        On a piece of ``da`` (its whole dims entire, at most :data:`FREE_TRIAL_LENGTH` of each
+        free one): :func:`~.halo_reach.check_free_dims`. Done once per dims, sizes and
+        arguments.
+        """
+        free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
+        arguments = arguments_identity(self.func, kwargs)
+        key = (np.dtype(da.dtype).str, tuple(da.sizes.items()), arguments.digest)
+        if not free or key in self._checked_free:
+            return
+        lengths = {d: min(FREE_TRIAL_LENGTH, da.sizes[d]) for d in free}
+        check_free_dims(self.func, _ones_like(da, lengths), free, kwargs, self.name)
+        if arguments.known:
+            self._checked_free.add(key)
 
     def template(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> xr.DataArray | xr.Dataset:
         """``func`` on a sample of ones shaped as ``da``: whole dims entire, 2 of each free one.
