@@ -736,3 +736,12 @@ def test_an_empty_dim_is_refused_before_any_block_is_computed():
     stations = xr.DataArray(np.zeros(0), dims="station")
     plan = xr.Dataset({"tas": full, "stations": stations}).memchunk.plan("median", dim="time")
     assert any(n.startswith("not planned: stations") for n in plan.notes)
+
+
+def test_a_variable_named_by_an_int_is_refused_before_it_is_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
+    double = xm.BlockwiseOperator("double-int-named", lambda block: block * 2)
+    ds = xr.Dataset({1: (("y", "x"), np.zeros((40, 30), "float32"))}).chunk({"y": 10})
+    with pytest.raises(xm.MemchunkError, match="not named by a string"):
+        ds.memchunk.plan(double)
+    assert not list(tmp_path.rglob("*.json"))  # nothing measured for a refusal

@@ -552,9 +552,8 @@ def _resolve(
         name = str(key)
         try:
             own = operator.check_arguments(kwargs, da)
-            costs[name] = _cost(operator, name, da, own, device, budget, notes, measure)
-        except (CalibrationError, InfeasiblePlanError):  # a broken file or measurement, or a
-            raise  # way of computing that cannot suit this variable: not the variable's fault
+        except (CalibrationError, InfeasiblePlanError):
+            raise
         except MemchunkError as exc:
             errors[name] = (da, exc)
             continue
@@ -564,6 +563,13 @@ def _resolve(
                 f"type {type(key).__name__}), and memchunk keys its plan by variable name: "
                 f"rename it first, e.g. ds.rename_vars({{{key!r}: {str(key)!r}}})"
             )
+        try:  # a variable refused above is never measured
+            costs[name] = _cost(operator, name, da, own, device, budget, notes, measure)
+        except (CalibrationError, InfeasiblePlanError):  # a broken file or measurement, or a
+            raise  # way of computing that cannot suit this variable: not the variable's fault
+        except MemchunkError as exc:
+            errors[name] = (da, exc)
+            continue
         variables[name], bound = da, bound or own
     if not variables:
         first = next(iter(errors.values()))[1]
