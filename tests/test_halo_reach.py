@@ -138,3 +138,89 @@ def test_an_xarray_function_point_by_point_along_its_free_dims_passes(func):
     op = xm.operator(name="pointwise", whole=["time"], xarray=True, register=False)(func)
     with pytest.raises(xm.MemchunkError, match="has no memory model"):  # past the check
         daily().chunk({"time": 73}).memchunk.plan(op, measure="never")
+
+
+def forward_fill(b):
+    """NaN filled from the last value before them along axis 0 (pandas' ffill)."""
+    index = np.where(np.isnan(b), 0, np.arange(b.shape[0]).reshape(-1, *[1] * (b.ndim - 1)))
+    return np.take_along_axis(b, np.maximum.accumulate(index, axis=0), axis=0)
+
+
+def test_functions_that_fill_gaps_from_across_the_cut_are_refused():
+    """Found by a review: random values hold no NaN, so a fill from neighbours passed."""
+    assert "declare whole=['x']" in refused(forward_fill, {"x": 2, "y": 0, "z": 0})
+
+
+def test_infinities_in_the_result_are_compared_where_they_are():
+    """Found by a review: an infinity made the tolerance infinite, and everything agreed."""
+
+    def over(b):
+        return ndimage.uniform_filter(b.astype("f8"), 9) / b  # inf where b is 0
+
+    assert "declare depth={'x': 4" in refused(over, {"x": 1, "y": 4, "z": 4}, "int16")
+
+
+@pytest.mark.parametrize(
+    ("size", "origin", "declared", "agreeing"),
+    [(7, 3, (4, 0), "(6, 0)"), (5, 2, (0, 4), "(4, 0)"), (5, -2, (4, 0), "(0, 4)")],
+    ids=["trailing, short", "trailing, wrong side", "leading, wrong side"],
+)
+def test_one_sided_halos_are_told_per_side(size, origin, declared, agreeing):
+    """A window of ``size`` shifted by ``origin`` reads only before (after) each element."""
+
+    def window(b):
+        return ndimage.uniform_filter1d(b, size, axis=0, origin=origin)
+
+    message = refused(window, {"x": declared})
+    assert f"declare depth={{'x': {agreeing}}}" in message
+
+
+def test_random_noise_is_not_checked():
+    def noisy(b):
+        return b + np.random.default_rng().standard_normal(b.shape).astype(b.dtype)
+
+    assert refused(noisy, {"x": 0, "y": 0, "z": 0}) is None
+
+
+def test_a_function_that_fails_on_longer_arrays_is_refused_with_what_the_short_ones_said():
+    def short_only(b):
+        if b.shape[0] > 40:
+            raise ValueError("too long")
+        return ndimage.uniform_filter(b, 5)
+
+    assert "declare depth={'x': 2" in refused(short_only, {"x": 1, "y": 2, "z": 2})
+
+
+def test_the_check_can_be_turned_off(tmp_path, monkeypatch):
+    import dask
+
+    box = lambda b: ndimage.uniform_filter(b, 5)  # noqa: E731
+    with dask.config.set({"memchunk.check-reach": False}):
+        op = xm.BlockwiseOperator("box-unchecked", box, depth={"x": 1, "y": 1})
+        field = xr.DataArray(np.zeros((64, 48), "f4"), dims=("x", "y")).chunk(16)
+        with pytest.raises(xm.MemchunkError, match="has no memory model"):  # past the check
+            field.memchunk.plan(op, measure="never")
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        lambda tas: tas.rolling(lon=21, center=True).mean(),
+        lambda tas: tas.where(tas > -1).interpolate_na("lat"),
+        lambda tas: tas.fillna(tas.mean("lon")),
+    ],
+    ids=["window wider than 16", "interpolating gaps", "filling with a zonal mean"],
+)
+def test_an_xarray_function_that_reaches_far_or_fills_gaps_along_a_free_dim_is_refused(func):
+    op = xm.operator(name="far", whole=["time"], xarray=True, register=False)(func)
+    with pytest.raises(xm.MemchunkError, match="is declared free along"):
+        daily(lat=40, lon=48).chunk({"time": 73}).memchunk.plan(op, measure="never")
+
+
+def test_an_xarray_function_with_noise_is_not_checked():
+    def noisy(tas):
+        return tas + np.random.default_rng().standard_normal(tas.shape).astype("f4")
+
+    op = xm.operator(name="noisy", whole=["time"], xarray=True, register=False)(noisy)
+    with pytest.raises(xm.MemchunkError, match="has no memory model"):  # past the check
+        daily().chunk({"time": 73}).memchunk.plan(op, measure="never")

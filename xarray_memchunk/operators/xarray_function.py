@@ -36,12 +36,9 @@ from ..errors import DimensionError, MemchunkError, warn_at_caller
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import Cost, DimUse, Operator, padded_elements
-from .halo_reach import check_free_dims
+from .halo_reach import check_free_dims, checking, piece_of
 from .identity import arguments_identity, calibration_key, identify
 from .sources import file_backend
-
-#: Length of each free dim in the piece a function is checked on (:func:`check_free_dims`).
-FREE_TRIAL_LENGTH = 16
 
 __all__ = ["XarrayFunctionOperator", "takes_xarray"]
 
@@ -50,18 +47,6 @@ def _input_features(padded: Mapping[str, np.ndarray], itemsize: int) -> dict[str
     """The task's input bytes (what the function makes of a block grows with them)."""
     elements = padded_elements(padded)
     return {"input_bytes": elements * itemsize}
-
-
-def _ones_like(da: xr.DataArray, lengths: Mapping[str, int]) -> xr.DataArray:
-    """NumPy ones of ``da``'s dtype and dims, cut to ``lengths``, with its coordinates."""
-    cut = {d: slice(0, n) for d, n in lengths.items()}
-    shape = tuple(lengths.get(str(d), n) for d, n in da.sizes.items())
-    coords = {
-        k: v.isel({d: cut[d] for d in v.dims if d in cut}).compute() for k, v in da.coords.items()
-    }
-    return xr.DataArray(
-        np.ones(shape, dtype=da.dtype), dims=da.dims, coords=coords, name=da.name, attrs=da.attrs
-    )
 
 
 def _on_block(
@@ -243,17 +228,15 @@ class XarrayFunctionOperator(Operator):
     def _check_free_dims(self, da: xr.DataArray, kwargs: Mapping[str, Any]) -> None:
         """Refuse a function whose values depend on neighbours along a dim plans may cut.
 
-        On a piece of ``da`` (its whole dims entire, at most :data:`FREE_TRIAL_LENGTH` of each
-        free one): :func:`~.halo_reach.check_free_dims`. Done once per dims, sizes and
-        arguments.
+        On pieces of ``da`` with random values: :func:`~.halo_reach.check_free_dims`. Done
+        once per dims, sizes and arguments.
         """
         free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
         arguments = arguments_identity(self.func, kwargs)
         key = (np.dtype(da.dtype).str, tuple(da.sizes.items()), arguments.digest)
-        if not free or key in self._checked_free:
+        if not free or key in self._checked_free or not checking():
             return
-        lengths = {d: min(FREE_TRIAL_LENGTH, da.sizes[d]) for d in free}
-        check_free_dims(self.func, _ones_like(da, lengths), free, kwargs, self.name)
+        check_free_dims(self.func, da, free, kwargs, self.name)
         if arguments.known:
             self._checked_free.add(key)
 
@@ -269,7 +252,7 @@ class XarrayFunctionOperator(Operator):
             Dataset, or reduces over a dim the plan may cut.
         """
         free = [d for d in da.dims if d not in self._whole_dims(da)]
-        sample = _ones_like(da, {d: min(2, da.sizes[d]) for d in free})
+        sample = piece_of(da, {d: min(2, da.sizes[d]) for d in free}, fill=1)
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
