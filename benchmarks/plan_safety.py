@@ -103,9 +103,13 @@ def stacked_copies(k: int):
 
 
 def gram(block):
-    """Memory quadratic in the block's second dim: ``g = b.T @ b``."""
+    """Memory quadratic in the block's second dim: ``g = b.T @ b``; returns the block.
+
+    ``nan_to_num``: a NaN in the block's first column would otherwise make every value NaN, a
+    function of the whole block along that dim (the plan's halo check refuses it).
+    """
     g = block.T @ block
-    return block + g[0, 0] * 0
+    return block + np.nan_to_num(g[0, 0]) * 0
 
 
 def learning_cases() -> list[SafetyCase]:

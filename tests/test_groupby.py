@@ -130,3 +130,14 @@ def test_day_of_year_map_reduce_is_refused_where_its_partials_outweigh_the_data(
     # ten years of float64: 29200 B per location against 23424 B of partials, so both are priced
     plan = daily(days=3650, dtype="float64").memchunk.plan("groupby", by="time.dayofyear")
     assert "map-reduce's combine tasks" not in plan.explain()
+
+
+def test_with_flox_off_the_notes_say_the_method_is_only_a_chunk_layout(threaded):
+    """xarray without flox reduces each group itself: a note naming flox's method misled."""
+    tas = daily(days=400, chunks={"time": 1})
+    with xr.set_options(use_flox=False):
+        plan = tas.memchunk.plan("groupby", by="time.month")
+        result = plan.apply().compute()
+    (chosen,) = [n for n in plan.notes if "chosen" in n]
+    assert "(flox is off: its chunk layout, xarray reduces) chosen" in chosen
+    xr.testing.assert_allclose(result, tas.groupby("time.month").mean().compute(), atol=1e-6)

@@ -34,7 +34,7 @@ from ..errors import InfeasiblePlanError, MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .grouping import not_calibrated_apart, note_without_dim, uses_flox
+from .grouping import flox_enabled, not_calibrated_apart, note_without_dim, uses_flox
 from .reductions import split_every, tree_shape
 
 __all__ = [
@@ -205,7 +205,9 @@ class Groupby(Operator):
             methods = list(METHODS)
         else:
             methods = ["blockwise"]
-        return [(f"method={m!r}", kwargs | {"method": m}, "") for m in methods]
+        # xarray without flox reduces each group itself: the method is the chunks' layout only
+        off = "" if flox_enabled() else " (flox is off: its chunk layout, xarray reduces)"
+        return [(f"method={m!r}{off}", kwargs | {"method": m}, "") for m in methods]
 
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list]:
         """None: a groupby groups the data's own coordinate, so it is measured on its first plan.

@@ -42,6 +42,12 @@ def not_calibrated_apart(operator: str, argument: str) -> MemchunkError:
     )
 
 
+def flox_enabled() -> bool:
+    """Whether xarray groups with flox: installed, and its ``use_flox`` option on."""
+    enabled = bool(xr.get_options().get("use_flox", True))
+    return enabled and importlib.util.find_spec("flox") is not None
+
+
 def uses_flox(obj: Any) -> bool:
     """Whether xarray reduces ``obj``'s groups with flox (installed, enabled, Dask data).
 
@@ -49,5 +55,4 @@ def uses_flox(obj: Any) -> bool:
     """
     arrays = obj.data_vars.values() if isinstance(obj, xr.Dataset) else [obj]
     chunked = any(v.chunks is not None for v in arrays)
-    enabled = bool(xr.get_options().get("use_flox", True))
-    return chunked and enabled and importlib.util.find_spec("flox") is not None
+    return chunked and flox_enabled()
