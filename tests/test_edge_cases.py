@@ -184,7 +184,7 @@ REFUSED = [
         "gst3d on text",
         lambda: xr.DataArray(np.array([["a"]]), dims=("x", "y")).memchunk.plan("gst3d"),
         xm.MemchunkError,
-        "convert the data first",
+        "which memchunk does not plan",
     ),
     # issue 27 item 9
     (

@@ -340,3 +340,24 @@ def test_a_regular_layout_that_would_be_the_source_chunks_unpriced_stays_balance
     assert _chunks_of(source, 36, 1) == (61,) * 32 + (60,) * 4  # priced as a rechunk: balanced
     assert _chunks_of(source, 36, 61) == (61,) * 35 + (57,)  # whole source chunks: as priced
     assert _chunks_of(DimSpec("time", 2192, storage_chunk=100), 36, 1) == (61,) * 35 + (57,)
+
+
+def test_a_variable_s_measured_range_caps_its_own_dims_not_the_others():
+    """A review's plain open_mfdataset: lat_bnds(time, lat, bnds), measured whole (its range
+    394,200 elements), capped tas(time, lat, lon)'s chunks too: 90 tasks where 30 fit."""
+    specs = (
+        DimSpec("time", 1000, DimRole.FREE),
+        DimSpec("lat", 100, DimRole.FREE),
+        DimSpec("lon", 100, DimRole.FREE),
+        DimSpec("bnds", 2, DimRole.WHOLE),
+    )
+    caps = ((("time", "lat", "bnds"), 1000 * 100 * 2.0), (("time", "lat", "lon"), 2.5e6))
+    problem = PlanProblem("op", specs, linear_peak(10.0), task_element_caps=caps)
+    plan = plan_chunks(problem, budget(10**9, threads=1))
+    tas_elements = math.prod(max(plan.dask_chunks[d]) for d in ("time", "lat", "lon"))
+    assert 2e5 < tas_elements <= 2.5e6  # tas's own range: lat_bnds's is over its own dims
+    # as one cap over every dim, the smaller range held tas to tasks of 200,000 elements
+    one = PlanProblem("op", specs, linear_peak(10.0), max_task_elements=2e5)
+    held = plan_chunks(one, budget(10**9, threads=1))
+    assert math.prod(max(c) for c in held.dask_chunks.values()) <= 2e5
+    assert held.n_chunks > 2 * plan.n_chunks

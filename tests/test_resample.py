@@ -109,3 +109,16 @@ def test_resample_on_a_cluster_reads_storage_chunks_and_is_safe(cluster_client, 
     assert plan.storage_aligned  # one-day storage chunks: whole months read as stored
     expected = tas.load().resample(time="1MS").median()
     xr.testing.assert_allclose(result, expected, atol=1e-6)
+
+
+def test_cftime_time_bounds_are_left_to_xarray_with_advice_that_works(threaded):
+    """A review's noleap files: time_bnds holds cftime dates (objects), and the note said to
+    convert them with .astype('float32'), which raises on cftime dates."""
+    time = xr.date_range("2000-01-01", periods=730, freq="D", calendar="noleap", use_cftime=True)
+    tas = xr.DataArray(np.zeros((730, 4, 5), "f4"), dims=("time", "lat", "lon"))
+    bounds = np.stack([time.values, time.values], axis=1)
+    ds = xr.Dataset({"tas": tas, "time_bnds": (("time", "bnds"), bounds)}, coords={"time": time})
+    plan = ds.chunk({"time": 73}).memchunk.plan("resample", freq="MS")
+    (note,) = [n for n in plan.notes if n.startswith("not planned: time_bnds")]
+    assert "compute such a variable (time bounds) with xarray itself" in note
+    assert ".astype" not in note

@@ -1045,8 +1045,8 @@ def _alternative(
         combine_seconds_per_chunk=max(c.combine_seconds_per_chunk for c in costs.values()),
         notes=(*fresh, *_notes(costs, skipped)),
         inputs=tuple(c.layout for c in costs.values()),
-        max_task_elements=min(
-            (c.max_task_elements for c in costs.values() if c.max_task_elements), default=None
+        task_element_caps=tuple(
+            (tuple(c.dims), c.max_task_elements) for c in costs.values() if c.max_task_elements
         ),
         max_extents=_max_extents(costs),
     )
@@ -1142,11 +1142,16 @@ def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[s
     kinds = {c.layout.kind for c in costs.values()}
     if InputKind.FILE in kinds:
         notes.append("input read straight from its file: each task reads its own block")
-    ranges = [c.max_task_elements for c in costs.values() if c.max_task_elements]
+    ranges = {n: c.max_task_elements for n, c in costs.items() if c.max_task_elements}
     if ranges:
+        each = (
+            "; ".join(f"{n}'s {r:,.0f} elements" for n, r in ranges.items())
+            if len(ranges) > 1
+            else f"{next(iter(ranges.values())):,.0f} elements"
+        )
         notes.append(
-            f"memory model measured on tasks of up to {min(ranges):,.0f} elements (by "
-            f"self-calibration): plans stay within them"
+            f"memory model measured on tasks of up to {each} (by self-calibration): plans stay "
+            f"within them"
         )
     caps = _max_extents(costs)
     if caps:

@@ -174,10 +174,14 @@ def bind_cost(
     """
     dtype = np.dtype(da.dtype)
     if dtype.kind not in operator.dtype_kinds:
-        raise MemchunkError(
-            f"{operator.name} does not compute on dtype {dtype}: convert the data first, e.g. "
-            f".astype('float32')"
+        # cftime dates (time bounds of a noleap calendar) are objects: no astype makes numbers
+        advice = (
+            "its values are dates or Python objects (cftime dates, strings), which memchunk "
+            "does not plan: compute such a variable (time bounds) with xarray itself"
+            if dtype.kind in "OMmSU"
+            else "convert the data first, e.g. .astype('float32')"
         )
+        raise MemchunkError(f"{operator.name} does not compute on dtype {dtype}: {advice}")
     return operator.dims(da, **kwargs), operator.cost(da, **kwargs)
 
 

@@ -184,6 +184,10 @@ class PlanProblem:
     max_task_elements
         Largest task (padded elements) the memory model was measured on, where it must not
         be extrapolated (a self-calibrated model); None: no such limit.
+    task_element_caps
+        The same, per variable of a Dataset: ``(dims, elements)``, a cap on the padded
+        elements of a chunk over that variable's dims alone (a small ``lat_bnds``'s
+        self-calibrated range says nothing of ``tas``'s tasks).
     max_extents
         Largest padded extent per dim the memory model was measured on, for dims along which
         it must not be extrapolated (memory grew faster than the block along them).
@@ -200,6 +204,7 @@ class PlanProblem:
     inputs: tuple[InputLayout, ...] = ()
     max_task_elements: float | None = None
     max_extents: Mapping[str, float] = field(default_factory=dict)
+    task_element_caps: tuple[tuple[tuple[str, ...], float], ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:

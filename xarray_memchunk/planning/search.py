@@ -178,6 +178,7 @@ def _measured_range(problem: PlanProblem) -> str:
     parts = []
     if problem.max_task_elements:
         parts.append(f"{problem.max_task_elements:,.0f} elements")
+    parts += [f"{cap:,.0f} elements over {', '.join(d)}" for d, cap in problem.task_element_caps]
     parts += [f"{name} <= {cap:,.0f}" for name, cap in problem.max_extents.items()]
     return ", ".join(parts)
 
@@ -225,6 +226,9 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     for name, cap in problem.max_extents.items():
         if name in cuts:
             measured = measured & (cuts[name].padded <= cap)
+    for dims, cap in problem.task_element_caps:  # a variable's chunk: over its own dims
+        own = np.prod([cuts[d].padded for d in dims if d in cuts], axis=0, dtype=np.float64)
+        measured = measured & (own <= cap)
     in_range = fits & measured
     if not measured.any() or (fits.any() and not in_range.any()):
         which = "it allows" if not measured.any() else "that fits the budget"
