@@ -75,9 +75,14 @@ def test_std_of_a_variable_without_time_is_sized_by_xarray_s_float64_moments(thr
 def test_a_kept_variable_that_fits_keeps_its_chunks(threaded):
     ds = with_depth(levels=2)
     plan = ds.memchunk.plan("resample", freq="MS", memory_limit="2GB")
-    assert plan._prepared.kept["deptho"].chunks is None
-    assert "within 50% of the per-task budget" in note_on(plan, "deptho")
+    kept = plan._prepared.kept["deptho"]
+    assert kept.chunks is None
     assert plan.apply().deptho.data.chunks[1:] == ((2,), (90,), (180,))
+    # a note where its task takes a tenth of its slot or more, none for a small one
+    assert not [n for n in plan.notes if n.startswith("deptho: xarray's task")]
+    larger = with_depth(levels=40).memchunk.plan("resample", freq="MS", memory_limit="2GB")
+    assert larger._prepared.kept["deptho"].chunks is None  # 121 MiB within a 281 MiB slot
+    assert "within 50% of the per-task budget" in note_on(larger, "deptho")
 
 
 def test_a_kept_variable_from_files_is_read_in_its_chunks(tmp_path, threaded):

@@ -683,7 +683,8 @@ def _prepare(
         notes = (*notes, _nothing_measured(prepared))
     notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
     kept = _kept(obj, prepared)
-    notes = (*notes, *(k.note(prepared.plan.budget) for k in kept.values()))
+    budget = prepared.plan.budget
+    notes = (*notes, *(k.note(budget) for k in kept.values() if k.worth_noting(budget)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
 
 

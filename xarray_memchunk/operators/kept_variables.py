@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .base import Operator
     from .dims import DimUse
 
-__all__ = ["KEPT_SHARE", "SAMPLE_ELEMENTS", "KeptVariable", "size_kept_variables"]
+__all__ = ["KEPT_SHARE", "NOTE_SHARE", "SAMPLE_ELEMENTS", "KeptVariable", "size_kept_variables"]
 
 #: Elements of the sample of a kept variable that xarray's work is measured on: small enough to
 #: take milliseconds, large enough that NumPy's fixed costs do not count.
@@ -50,6 +50,10 @@ SAMPLE_ELEMENTS = 1 << 18
 #: tasks sized to the whole slot (390 MiB measured, 413 MiB predicted), and ran without a pause
 #: in 2 of 2 runs sized to half of it (196 MiB measured).
 KEPT_SHARE = 0.5
+#: A kept variable gets a plan note where its chunks are cut, or where its task takes at least
+#: this share of its slot: a 1.4 kB ``lat_bnds`` said 8011x its chunk (the fixed cost of any
+#: computation, 11 MiB), which only made the notes longer.
+NOTE_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,11 @@ class KeptVariable:
     bytes_per_input_byte: float
     task_bytes: int
     chunks: dict[str, int] | None = None
+
+    def worth_noting(self, budget: Budget) -> bool:
+        """Whether the plan's notes say what a task on it holds (:data:`NOTE_SHARE`)."""
+        slot = KEPT_SHARE * budget.per_task
+        return self.chunks is not None or self.task_bytes >= NOTE_SHARE * slot
 
     def note(self, budget: Budget) -> str:
         """The plan's note on this variable: what a task holds, and the chunks given to it."""
