@@ -361,3 +361,15 @@ def test_a_variable_s_measured_range_caps_its_own_dims_not_the_others():
     held = plan_chunks(one, budget(10**9, threads=1))
     assert math.prod(max(c) for c in held.dask_chunks.values()) <= 2e5
     assert held.n_chunks > 2 * plan.n_chunks
+
+
+def test_chunks_of_your_own_beyond_the_measured_range_say_the_prediction_extrapolates():
+    """A review's whole-array chunk of 17,739,000 elements: the note said 'plans stay within'
+    a range of 16,836,720, and nothing said this one did not."""
+    specs = tuple(DimSpec(n, 200, DimRole.FREE) for n in "xyz")
+    ranged = PlanProblem("op", specs, linear_peak(100.0), max_task_elements=200**3 / 4)
+    beyond = plan_for_chunks(ranged, budget(10**12), {n: (200,) for n in "xyz"})
+    (note,) = [n for n in beyond.notes if "go beyond" in n]
+    assert "8,000,000 elements, measured up to 2,000,000" in note and "extrapolates" in note
+    within = plan_for_chunks(ranged, budget(10**12), {n: (100, 100) for n in "xyz"})
+    assert not [n for n in within.notes if "go beyond" in n]

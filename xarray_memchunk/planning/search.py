@@ -417,6 +417,13 @@ def plan_for_chunks(
         not d.storage_chunk or all(c % d.storage_chunk == 0 for c in dask_chunks[d.name][:-1])
         for d in problem.dims
     )
+    notes = list(problem.notes)
+    beyond = _beyond_measured_range(problem, cuts)
+    if beyond:
+        notes.append(
+            f"your chunks' tasks go beyond what the memory model was measured on ({beyond}): "
+            f"the prediction extrapolates its fit there"
+        )
     return _make_plan(
         problem,
         budget,
@@ -424,6 +431,24 @@ def plan_for_chunks(
         {k: int(np.ceil(getattr(terms, k)[0])) for k in Footprint.TERMS},
         Binding.USER_CHUNKS,
         seconds,
-        list(problem.notes),
+        notes,
         aligned=aligned,
     )
+
+
+def _beyond_measured_range(problem: PlanProblem, cuts: Mapping[str, DimCut]) -> str:
+    """Where one plan's chunks (``cuts``) pass the model's measured range, in words; or ""."""
+    past = []
+    total = float(np.prod([c.padded[0] for c in cuts.values()], dtype=np.float64))
+    if problem.max_task_elements and total > problem.max_task_elements:
+        past.append(f"{total:,.0f} elements, measured up to {problem.max_task_elements:,.0f}")
+    for dims, cap in problem.task_element_caps:
+        own = float(np.prod([cuts[d].padded[0] for d in dims if d in cuts], dtype=np.float64))
+        if own > cap:
+            past.append(f"{own:,.0f} elements over {', '.join(dims)}, measured up to {cap:,.0f}")
+    past += [
+        f"{name} {cuts[name].padded[0]:,.0f}, measured up to {cap:,.0f}"
+        for name, cap in problem.max_extents.items()
+        if name in cuts and cuts[name].padded[0] > cap
+    ]
+    return "; ".join(past)
