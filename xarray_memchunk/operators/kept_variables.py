@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
-from .sources import _is_dask
-
 if TYPE_CHECKING:
     from ..planning.budget import Budget
     from .base import Operator
@@ -119,7 +117,7 @@ def size_kept_variables(
     """
     if not operator.keeps_unplanned_variables:
         return {}
-    unplanned = [str(n) for n, v in ds.data_vars.items() if str(n) not in uses and _is_dask(v.data)]
+    unplanned = [str(n) for n, v in ds.data_vars.items() if str(n) not in uses and v.chunks]
     sized = {}
     for name in unplanned:
         ratio = _bytes_per_input_byte(ds, name, operator, uses, kwargs)
@@ -172,7 +170,7 @@ def _bytes_per_input_byte(
     """
     sample = _sample(ds, name)
     result = operator.compute_dataset(sample, uses, **kwargs)
-    if name not in result.data_vars or not _is_dask(result[name].data):
+    if name not in result.data_vars or result[name].chunks is None:
         return None
     lazy = result[name].data
     tracing = tracemalloc.is_tracing()
