@@ -373,3 +373,25 @@ def test_chunks_of_your_own_beyond_the_measured_range_say_the_prediction_extrapo
     assert "8,000,000 elements, measured up to 2,000,000" in note and "extrapolates" in note
     within = plan_for_chunks(ranged, budget(10**12), {n: (100, 100) for n in "xyz"})
     assert not [n for n in within.notes if "go beyond" in n]
+
+
+def test_each_variable_s_work_is_counted_over_its_own_dims():
+    """The second review's lat_bnds(time, lat, bnds): its seconds per element (high, measured
+    on a small array) times tas's elements over every dim made a groupby of tas and lat_bnds
+    look 7x as long, and the plan cut lon into 60 chunks where 12 ran alike."""
+    specs = (
+        DimSpec("time", 1000, DimRole.WHOLE),
+        DimSpec("lat", 100, DimRole.FREE),
+        DimSpec("lon", 100, DimRole.FREE),
+        DimSpec("bnds", 2, DimRole.WHOLE),
+    )
+    terms = ((("time", "lat", "lon"), 1e-8), (("time", "lat", "bnds"), 1e-6))
+    chunks = {"time": (1000,), "lat": (100,), "lon": (50, 50), "bnds": (2,)}
+    common = {"task_overhead_s": 0, "read_seconds_per_element": 0}
+    each = PlanProblem("op", specs, linear_peak(4.0), work_terms=terms, **common)
+    one = PlanProblem("op", specs, linear_peak(4.0), seconds_per_element=1e-6, **common)
+    per_task = 1e-8 * 1000 * 100 * 50 + 1e-6 * 1000 * 100 * 2  # tas 0.05 s + lat_bnds 0.2 s
+    as_one = 1e-6 * 1000 * 100 * 50 * 2  # the larger rate over every dim: 10 s
+    seconds = [plan_for_chunks(p, budget(10**9, threads=1), chunks) for p in (each, one)]
+    ratio = seconds[1].estimated_seconds / seconds[0].estimated_seconds
+    assert ratio == pytest.approx(as_one / per_task)  # the same waves of tasks

@@ -188,6 +188,10 @@ class PlanProblem:
         The same, per variable of a Dataset: ``(dims, elements)``, a cap on the padded
         elements of a chunk over that variable's dims alone (a small ``lat_bnds``'s
         self-calibrated range says nothing of ``tas``'s tasks).
+    work_terms
+        Per variable of a Dataset, ``(dims, seconds per element)``: a task's work is the sum
+        of each variable's seconds times its padded elements over its own dims. Empty: the
+        task's padded elements over every dim times :attr:`seconds_per_element`.
     max_extents
         Largest padded extent per dim the memory model was measured on, for dims along which
         it must not be extrapolated (memory grew faster than the block along them).
@@ -205,6 +209,7 @@ class PlanProblem:
     max_task_elements: float | None = None
     max_extents: Mapping[str, float] = field(default_factory=dict)
     task_element_caps: tuple[tuple[tuple[str, ...], float], ...] = ()
+    work_terms: tuple[tuple[tuple[str, ...], float], ...] = ()
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -75,14 +75,22 @@ def _waves(n_tasks: np.ndarray | int, budget: Budget) -> np.ndarray:
 
 
 def _estimated_seconds(
-    problem: PlanProblem, n_tasks, padded_elements, touched_elements, budget: Budget
+    problem: PlanProblem,
+    n_tasks,
+    padded_elements,
+    touched_elements,
+    budget: Budget,
+    cuts: Mapping[str, DimCut] | None = None,
 ):
     waves = _waves(n_tasks, budget)
-    per_task = (
-        problem.task_overhead_s
-        + problem.seconds_per_element * padded_elements
-        + problem.read_seconds_per_element * touched_elements
-    )
+    if problem.work_terms and cuts is not None:  # each variable's work over its own dims
+        work = sum(
+            seconds * np.prod([cuts[d].padded for d in dims if d in cuts], axis=0, dtype=float)
+            for dims, seconds in problem.work_terms
+        )
+    else:
+        work = problem.seconds_per_element * padded_elements
+    per_task = problem.task_overhead_s + work + problem.read_seconds_per_element * touched_elements
     return waves * per_task + problem.combine_seconds_per_chunk * np.asarray(n_tasks)
 
 
@@ -215,7 +223,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     touched = np.prod(
         [c.touched[i] for c, i in zip(per_dim, index, strict=True)], axis=0, dtype=np.float64
     )
-    seconds = _estimated_seconds(problem, n_chunks, elements, touched, budget)
+    seconds = _estimated_seconds(problem, n_chunks, elements, touched, budget, cuts)
     # near-ties in time (within TIME_RESOLUTION) go to fewer tasks, then to the smaller peak
     tied_seconds = np.round(np.log(seconds) / np.log1p(TIME_RESOLUTION))
     order = np.lexsort((peak, n_chunks, tied_seconds))
@@ -412,7 +420,9 @@ def plan_for_chunks(
     terms = _footprint(problem, budget, cuts)
     elements = float(np.prod([cut.padded[0] for cut in cuts.values()], dtype=np.float64))
     n_tasks = int(np.prod([len(dask_chunks[d.name]) for d in problem.dims]))
-    seconds = float(_estimated_seconds(problem, n_tasks, elements, elements, budget))
+    seconds = float(
+        np.ravel(_estimated_seconds(problem, n_tasks, elements, elements, budget, cuts))[0]
+    )
     aligned = all(
         not d.storage_chunk or all(c % d.storage_chunk == 0 for c in dask_chunks[d.name][:-1])
         for d in problem.dims
