@@ -1041,7 +1041,6 @@ def _alternative(
         operator=operator.name,
         dims=specs,
         peak_bytes=_peak_function(costs),
-        seconds_per_element=max(c.seconds_per_element for c in costs.values()),
         work_terms=tuple((tuple(c.dims), c.seconds_per_element) for c in costs.values()),
         task_overhead_s=task_overhead_seconds() * max(c.tasks_per_chunk for c in costs.values()),
         combine_seconds_per_chunk=max(c.combine_seconds_per_chunk for c in costs.values()),

@@ -50,6 +50,7 @@ per task (``benchmarks/task_measurement_overhead.py``).
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 import weakref
@@ -157,10 +158,11 @@ class Run:
 
     def is_beside(self, task: str) -> bool:
         """Whether the task named ``task`` computes a kept variable (:attr:`beside`)."""
-        if _token(task) in {_token(n) for n in self.beside}:
-            return True
-        parts = f"-{task.rsplit('-', 1)[0]}-"
-        return any(f"-{prefix}-" in parts for prefix in self.beside_prefixes)
+        return _token(task) in self._beside_tokens or _named_after(task, self.beside_prefixes)
+
+    @functools.cached_property
+    def _beside_tokens(self) -> frozenset[str]:  # asked of every task record
+        return frozenset(_token(n) for n in self.beside)
 
 
 #: The runs held somewhere (on a plan or for a result), weakly: their layers are told apart
@@ -182,8 +184,15 @@ def record_run(rechunked: Any, result: Any, kept: Collection[str] = ()) -> Run |
     if client is None:
         return None
     inputs = input_layers(rechunked)
-    run = Run(time.time(), weakref.ref(client), inputs, input_layers(result) - inputs)
-    run.beside, run.beside_prefixes = beside_layers(result, kept, inputs)
+    beside, prefixes = beside_layers(result, kept, inputs)
+    run = Run(
+        time.time(),
+        weakref.ref(client),
+        inputs,
+        input_layers(result) - inputs,
+        beside=beside,
+        beside_prefixes=prefixes,
+    )
     _HELD.add(run)
     if dask.config.get("memchunk.measure-tasks", True):
         from .task_peaks import PLUGIN_NAME, TaskPeaks
@@ -206,6 +215,15 @@ def beside_layers(
     beside = frozenset(input_layers(result[kept]) - own - inputs)
     planned = {key_split(n) for n in own}
     return beside, frozenset({key_split(n) for n in beside} - planned)
+
+
+def _named_after(task: str, names: Collection[str]) -> bool:
+    """Whether the task named ``task`` is of a layer named one of ``names`` (no tokens).
+
+    A task Dask fused from several layers is named after them all and the last one's token
+    (``broadcast_to-rechunk-merge-store-map-0282...``).
+    """
+    return any(task.startswith(f"{n}-") or f"-{n}-" in task for n in names)
 
 
 def _token(name: str) -> str:
@@ -529,10 +547,6 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
     them yet, no end is known: infinity.
     """
     own = {key_split(name) for name in run.layers}
-
-    def of_result(name: str) -> bool:  # a fused task is named after all its layers
-        return any(name.startswith(f"{n}-") or f"-{n}-" in name for n in own)
-
     last = max((r.ended for r in records if r.name in run.layers), default=None)
     until = float("inf")
     while last is not None:
@@ -550,7 +564,8 @@ def _run_end(records: list[TaskRecord], run: Run) -> float:
             for r in records
             if r.ended > until
             and (
-                r.name in ran or (run.started <= r.ended - r.seconds < until and of_result(r.name))
+                r.name in ran
+                or (run.started <= r.ended - r.seconds < until and _named_after(r.name, own))
             )
         ]
         last = max(late, default=None)

@@ -291,8 +291,8 @@ class BlockwiseOperator(Operator):
         self.identity_reason = identity.reason
         digest = identity.digest if identity.known else uuid.uuid4().hex
         self.calibration = f"{name}-{digest[:12]}"
-        # probed dtypes, and the arguments whose reach was checked (None)
         self._probed: dict[tuple, np.dtype | None] = {}
+        self._reach_checked: set[tuple] = set()  # dtype, sizes and arguments checked
 
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """Whole dims and halo dims as declared; each must exist in ``da``."""
@@ -394,13 +394,13 @@ class BlockwiseOperator(Operator):
         sizes = {str(d): int(n) for d, n in da.sizes.items()}
         cut = {d: self.depth.get(d, 0) for d in sizes if d not in self.whole}
         arguments = self.argument_identity(**kwargs)
-        key = ("reach", np.dtype(da.dtype).str, tuple(sizes.items()), arguments.digest)
-        if key in self._probed or not checking():
+        key = (np.dtype(da.dtype).str, tuple(sizes.items()), arguments.digest)
+        if key in self._reach_checked or not checking():
             return
         kept = [d for d in sizes if d not in self.drop_dims]
         check_reach(self.func, sizes, np.dtype(da.dtype), cut, kwargs, self.name, kept)
         if arguments.known:
-            self._probed[key] = None
+            self._reach_checked.add(key)
 
     def _checked(self, da: xr.DataArray, dtype: np.dtype | None) -> CheckedBlockFunction:
         return CheckedBlockFunction(

@@ -6,7 +6,8 @@ All candidates (a few per dim, combined across dims) are scored at once with num
   padded task extents, plus its assembled input and the chunks a worker holds for it, see
   :mod:`~xarray_memchunk.planning.footprint`) ``<= budget.per_task`` (a hard constraint);
 - estimated time: ``(waves + PIPELINE_TAIL) * (task_overhead_s + seconds_per_element * padded
-  elements per task + read_seconds_per_element * storage elements read per task) +
+  elements per task (each variable's, over its own dims) + read_seconds_per_element * storage
+  elements read per task) +
   combine_seconds_per_chunk * n_tasks`` (the serial steps that combine the tasks' results) with
   ``waves = ceil(n_tasks / compute_slots)`` (the budget's threads, at most the cores they
   share on this machine; one per GPU, which runs one task's kernels at a time, and no tail:
@@ -24,7 +25,7 @@ All candidates (a few per dim, combined across dims) are scored at once with num
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -77,19 +78,15 @@ def _waves(n_tasks: np.ndarray | int, budget: Budget) -> np.ndarray:
 def _estimated_seconds(
     problem: PlanProblem,
     n_tasks,
-    padded_elements,
+    cuts: Mapping[str, DimCut],
     touched_elements,
     budget: Budget,
-    cuts: Mapping[str, DimCut] | None = None,
 ):
     waves = _waves(n_tasks, budget)
-    if problem.work_terms and cuts is not None:  # each variable's work over its own dims
-        work = sum(
-            seconds * np.prod([cuts[d].padded for d in dims if d in cuts], axis=0, dtype=float)
-            for dims, seconds in problem.work_terms
-        )
+    if problem.work_terms:  # each variable's work over its own dims
+        work = sum(seconds * _padded_over(cuts, dims) for dims, seconds in problem.work_terms)
     else:
-        work = problem.seconds_per_element * padded_elements
+        work = problem.seconds_per_element * _padded_over(cuts, cuts)
     per_task = problem.task_overhead_s + work + problem.read_seconds_per_element * touched_elements
     return waves * per_task + problem.combine_seconds_per_chunk * np.asarray(n_tasks)
 
@@ -217,26 +214,19 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
     names = [d.name for d in problem.dims]
     cuts = {d.name: _cut(d, c, i) for d, c, i in zip(problem.dims, per_dim, index, strict=True)}
     n_chunks = np.prod([cut.n_chunks for cut in cuts.values()], axis=0)
-    elements = np.prod([cut.padded for cut in cuts.values()], axis=0, dtype=np.float64)
     terms = _footprint(problem, budget, cuts)
     peak = terms.total
     touched = np.prod(
         [c.touched[i] for c, i in zip(per_dim, index, strict=True)], axis=0, dtype=np.float64
     )
-    seconds = _estimated_seconds(problem, n_chunks, elements, touched, budget, cuts)
+    seconds = _estimated_seconds(problem, n_chunks, cuts, touched, budget)
     # near-ties in time (within TIME_RESOLUTION) go to fewer tasks, then to the smaller peak
     tied_seconds = np.round(np.log(seconds) / np.log1p(TIME_RESOLUTION))
     order = np.lexsort((peak, n_chunks, tied_seconds))
     fits = peak <= budget.per_task
-    measured = (
-        elements <= problem.max_task_elements if problem.max_task_elements else np.ones_like(fits)
-    )
-    for name, cap in problem.max_extents.items():
-        if name in cuts:
-            measured = measured & (cuts[name].padded <= cap)
-    for dims, cap in problem.task_element_caps:  # a variable's chunk: over its own dims
-        own = np.prod([cuts[d].padded for d in dims if d in cuts], axis=0, dtype=np.float64)
-        measured = measured & (own <= cap)
+    measured = np.ones_like(fits)
+    for _, counted, cap in _range_limits(problem, cuts):
+        measured = measured & (counted <= cap)
     in_range = fits & measured
     if not measured.any() or (fits.any() and not in_range.any()):
         which = "it allows" if not measured.any() else "that fits the budget"
@@ -418,11 +408,9 @@ def plan_for_chunks(
             halo=d.halo_depth > 0,
         )
     terms = _footprint(problem, budget, cuts)
-    elements = float(np.prod([cut.padded[0] for cut in cuts.values()], dtype=np.float64))
     n_tasks = int(np.prod([len(dask_chunks[d.name]) for d in problem.dims]))
-    seconds = float(
-        np.ravel(_estimated_seconds(problem, n_tasks, elements, elements, budget, cuts))[0]
-    )
+    read = _padded_over(cuts, cuts)  # a rechunk reads (copies) what the task holds
+    seconds = float(_estimated_seconds(problem, n_tasks, cuts, read, budget)[0])
     aligned = all(
         not d.storage_chunk or all(c % d.storage_chunk == 0 for c in dask_chunks[d.name][:-1])
         for d in problem.dims
@@ -448,17 +436,37 @@ def plan_for_chunks(
 
 def _beyond_measured_range(problem: PlanProblem, cuts: Mapping[str, DimCut]) -> str:
     """Where one plan's chunks (``cuts``) pass the model's measured range, in words; or ""."""
-    past = []
-    total = float(np.prod([c.padded[0] for c in cuts.values()], dtype=np.float64))
-    if problem.max_task_elements and total > problem.max_task_elements:
-        past.append(f"{total:,.0f} elements, measured up to {problem.max_task_elements:,.0f}")
-    for dims, cap in problem.task_element_caps:
-        own = float(np.prod([cuts[d].padded[0] for d in dims if d in cuts], dtype=np.float64))
-        if own > cap:
-            past.append(f"{own:,.0f} elements over {', '.join(dims)}, measured up to {cap:,.0f}")
-    past += [
-        f"{name} {cuts[name].padded[0]:,.0f}, measured up to {cap:,.0f}"
-        for name, cap in problem.max_extents.items()
-        if name in cuts and cuts[name].padded[0] > cap
+    return "; ".join(
+        f"{float(counted[0]):,.0f} {what}, measured up to {cap:,.0f}"
+        for what, counted, cap in _range_limits(problem, cuts)
+        if counted[0] > cap
+    )
+
+
+def _padded_over(cuts: Mapping[str, DimCut], dims: Iterable[str]) -> np.ndarray:
+    """A task's padded elements over ``dims`` (those of ``cuts``), per candidate."""
+    return np.prod([cuts[d].padded for d in dims if d in cuts], axis=0, dtype=np.float64)
+
+
+def _range_limits(
+    problem: PlanProblem, cuts: Mapping[str, DimCut]
+) -> list[tuple[str, np.ndarray, float]]:
+    """Each limit of the model's measured range: what it counts, per candidate, and its cap.
+
+    The task's padded elements (:attr:`PlanProblem.max_task_elements`), a variable's over its
+    own dims (:attr:`PlanProblem.task_element_caps`), a dim's padded extent
+    (:attr:`PlanProblem.max_extents`).
+    """
+    limits = []
+    if problem.max_task_elements:
+        limits.append(("elements", _padded_over(cuts, cuts), problem.max_task_elements))
+    limits += [
+        (f"elements over {', '.join(dims)}", _padded_over(cuts, dims), cap)
+        for dims, cap in problem.task_element_caps
     ]
-    return "; ".join(past)
+    limits += [
+        (f"along {name}", cuts[name].padded, cap)
+        for name, cap in problem.max_extents.items()
+        if name in cuts
+    ]
+    return limits
