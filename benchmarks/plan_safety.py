@@ -334,8 +334,6 @@ def main() -> None:
     elif args.xarray:
         name = "plan_safety_xarray.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
-    # what the runs teach stays in this run: never in the user's own calibration directory
-    os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", tempfile.mkdtemp(prefix="memchunk-"))
     if args.learning:
         cases = learning_cases()
     elif args.as_users:
@@ -348,6 +346,8 @@ def main() -> None:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []
     with tempfile.TemporaryDirectory() as root:
+        # what the runs teach stays in this run: never in the user's own calibration directory
+        os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", str(Path(root) / "calibrations"))
         for i, case in enumerate(cases, 1):
             result = run_case(case, Path(root))
             results.append(result)

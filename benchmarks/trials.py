@@ -19,6 +19,7 @@ memchunk's side runs again, and the record keeps the earlier run's Dask side (``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,18 +57,28 @@ def run(args: argparse.Namespace) -> None:
     """Run the trials of ``[start, stop)`` not yet in the JSONL, each in a process of its own."""
     done = _done(args.out, args.seed)
     deadline = time.monotonic() + 60 * args.max_minutes if args.max_minutes else None
-    # what the trials teach stays in this run: never in the user's own calibration directory
-    env = {**os.environ, "MEMCHUNK_CALIBRATION_DIR": tempfile.mkdtemp(prefix="memchunk-")}
-    for index in range(args.start, args.stop):
-        if index in done:
-            continue
-        if deadline is not None and time.monotonic() > deadline:
-            print(f"stopped at trial {index}: --max-minutes reached", flush=True)
-            return
-        record = _run_in_process(args.seed, index, env)
-        with args.out.open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        print(_line(record), flush=True)
+    with _calibrations() as env:
+        for index in range(args.start, args.stop):
+            if index in done:
+                continue
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"stopped at trial {index}: --max-minutes reached", flush=True)
+                return
+            record = _run_in_process(args.seed, index, env)
+            with args.out.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(_line(record), flush=True)
+
+
+@contextlib.contextmanager
+def _calibrations() -> Iterator[dict[str, str]]:
+    """The environment of a run's trial processes, whose calibration directory is the run's own.
+
+    What the trials teach stays in this run: never in the user's own calibration directory. It
+    is removed when the run ends.
+    """
+    with tempfile.TemporaryDirectory(prefix="memchunk-calibrations-") as directory:
+        yield {**os.environ, "MEMCHUNK_CALIBRATION_DIR": directory}
 
 
 def _run_in_process(
@@ -96,24 +108,26 @@ def again(args: argparse.Namespace) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    env = {**os.environ, "MEMCHUNK_CALIBRATION_DIR": tempfile.mkdtemp(prefix="memchunk-")}
-    for index in args.index:
-        (position,) = [
-            i for i, r in enumerate(records) if r["seed"] == args.seed and r["index"] == index
-        ]
-        earlier = records[position]
-        sides = ("memchunk",) if args.memchunk_only else SIDES
-        record = _run_in_process(args.seed, index, env, sides)
-        if args.memchunk_only and "crashed" not in record and "dask" in earlier:
-            record["dask"] = earlier["dask"]
-            # where Dask's side ran: an earlier rerun may have kept it too
-            record["dask_kept"] = earlier.get("dask_kept") or earlier.get("commit", "the first run")
-        kept = {k: v for k, v in earlier.items() if k not in ("earlier",)}
-        record["earlier"] = [*earlier.get("earlier", []), {**kept, "why": args.why}]
-        record["commit"] = commit
-        records[position] = record
-        args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
-        print(_line(record), flush=True)
+    with _calibrations() as env:
+        for index in args.index:
+            (position,) = [
+                i for i, r in enumerate(records) if r["seed"] == args.seed and r["index"] == index
+            ]
+            earlier = records[position]
+            sides = ("memchunk",) if args.memchunk_only else SIDES
+            record = _run_in_process(args.seed, index, env, sides)
+            if args.memchunk_only and "crashed" not in record and "dask" in earlier:
+                record["dask"] = earlier["dask"]
+                # where Dask's side ran: an earlier rerun may have kept it too
+                record["dask_kept"] = earlier.get("dask_kept") or earlier.get(
+                    "commit", "the first run"
+                )
+            kept = {k: v for k, v in earlier.items() if k not in ("earlier",)}
+            record["earlier"] = [*earlier.get("earlier", []), {**kept, "why": args.why}]
+            record["commit"] = commit
+            records[position] = record
+            args.out.write_text("".join(json.dumps(r) + "\n" for r in records))
+            print(_line(record), flush=True)
 
 
 def _crashed(trial: Any, why: str) -> dict[str, Any]:
