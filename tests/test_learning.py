@@ -447,6 +447,47 @@ def test_a_dataset_run_teaches_only_the_variable_that_set_the_prediction(user_di
     assert learned.scale(model) == pytest.approx(1.1, rel=0.02)  # not x2
 
 
+def test_a_task_that_reads_its_input_before_its_work_raises_the_next_prediction_to_it(
+    user_dir, tmp_path
+):
+    """A new user's run read x1.30 over its prediction three runs in a row.
+
+    Reading a block from its file (decoding the storage chunks it cuts) ends before the
+    operator's work starts: the slot predicts the larger of the two, not their sum. The run's
+    task was kept less the read's term, and the next plan's operator grew by what its read
+    term shrank: the prediction stayed where it was.
+    """
+    from xarray_memchunk.api import _prepare
+    from xarray_memchunk.measure import runs
+
+    @xm.operator(
+        depth={"x": 1, "y": 1, "z": 1},
+        memory_model=LinearMemoryModel({"input_bytes": 5.0}, intercept=0.0),
+    )
+    def holds_five_copies(block):
+        return block * 2
+
+    path = tmp_path / "volume.zarr"
+    volume = xr.Dataset({"a": (("x", "y", "z"), np.zeros((160, 160, 160), np.float32))})
+    volume.chunk({"x": 40, "y": 40, "z": 160}).to_zarr(path)
+    data = xr.open_zarr(path)["a"]
+    chunks = {"x": 80, "y": 40, "z": 160}
+    prepared = _prepare(data, holds_five_copies, "1GB", None, chunks, {})
+    plan = prepared.plan
+
+    def in_task(plan):
+        return plan.predicted_task_bytes + plan.gather_bytes + plan.produce_bytes
+
+    assert 0 < plan.gather_bytes < plan.predicted_task_bytes  # the read phase is the larger
+    measured = int(1.2 * in_task(plan))  # within x2 of the operator's prediction
+    runs._learn(prepared, measured, floor=False)
+    key = prepared.costs["a"].calibration_key
+    (observation,) = load_learned(key, "cpu", "float32").observations
+    assert observation.measured_bytes == pytest.approx(measured)  # all of it the operator's
+    again = _prepare(data, holds_five_copies, "1GB", None, chunks, {}).plan
+    assert in_task(again) >= 0.999 * measured
+
+
 @pytest.mark.cluster
 def test_a_gst3d_run_whose_workers_each_ran_one_task_teaches_nothing(user_dir, tmp_path):
     """Each worker's only task loaded Numba's runtime (123 MiB measured for a 7 MiB task).

@@ -339,6 +339,7 @@ class _Prepared:
     kwargs: dict[str, Any]
     costs: dict[str, TaskCost]  # variable name -> its resolved cost
     plan: ChunkPlan
+    problem: PlanProblem  # what the plan was made from (a staged plan's: reading the store)
     staged: tuple[str, ...] = ()  # variables written to a temporary store before the run
     staging: StagingSite | None = None
     # variable name -> the chunks its store is written in
@@ -1081,20 +1082,34 @@ def _prepare_one(
                 raise
             staged = plan_staged(costs, problem, resolved, in_memory, measure)
             prepared = _Prepared(
-                operator, kwargs, costs, staged.plan, staged.variables, staged.site, staged.chunks
+                operator,
+                kwargs,
+                costs,
+                staged.plan,
+                staged.problem,
+                staged.variables,
+                staged.site,
+                staged.chunks,
             )
             return prepared, []
         if measure == "never":
-            return _Prepared(operator, kwargs, costs, in_memory_plan), []
+            return _Prepared(operator, kwargs, costs, in_memory_plan, problem), []
         choice = staged_if_faster(costs, alternative.targets, in_memory_plan, problem, resolved)
         faster = choice.staged
         if faster is None:
             kept = in_memory_plan
             if choice.why_not:
                 kept = replace(kept, notes=(*kept.notes, choice.why_not))
-            return _Prepared(operator, kwargs, costs, kept), []
+            return _Prepared(operator, kwargs, costs, kept, problem), []
         prepared = _Prepared(
-            operator, kwargs, costs, faster.plan, faster.variables, faster.site, faster.chunks
+            operator,
+            kwargs,
+            costs,
+            faster.plan,
+            faster.problem,
+            faster.variables,
+            faster.site,
+            faster.chunks,
         )
         return prepared, []
     cautions: list[str] = []
@@ -1109,7 +1124,7 @@ def _prepare_one(
             f"over the per-task budget of {resolved.format(resolved.per_task)}: workers may "
             "pause or be killed. Leave chunks out to let memchunk choose."
         )
-    return _Prepared(operator, kwargs, costs, chunk_plan), cautions
+    return _Prepared(operator, kwargs, costs, chunk_plan, problem), cautions
 
 
 def _max_extents(costs: Mapping[str, TaskCost]) -> dict[str, float]:

@@ -73,6 +73,7 @@ from ..models.fitting import ABSOLUTE_SLACK
 from ..models.learned import Observation, record_observation
 from ..planning.candidates import padded_extent
 from ..planning.plan import ChunkPlan
+from ..planning.search import operator_peak_within
 
 if TYPE_CHECKING:  # the plugin's module imports distributed: only where a cluster is in use
     from .task_peaks import TaskRecord
@@ -775,8 +776,10 @@ def _learn(prepared: Any, measured: int, floor: bool) -> str:
     features = cost.features(padded(cost))
     observation = Observation(
         features={k: float(np.asarray(v).reshape(-1)[0]) for k, v in features.items()},
-        # the operator's part: less getting (reading, gathering, producing) its input
-        measured_bytes=float(max(0, measured - _in_task(plan) + plan.predicted_task_bytes)),
+        # the operator's part: where getting its input ends before its work, not less that
+        measured_bytes=operator_peak_within(
+            prepared.problem, plan.budget, plan.dask_chunks, measured
+        ),
         predicted_bytes=predicted(cost),
         floor=floor,
     )

@@ -69,12 +69,15 @@ class StagedPlan:
         Where the store is written.
     chunks
         Variable name -> the chunks its store is written in.
+    problem
+        What ``plan`` was made from: reading the store.
     """
 
     plan: ChunkPlan
     variables: tuple[str, ...]
     site: StagingSite
     chunks: Mapping[str, StagingChunks]
+    problem: PlanProblem
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,9 @@ def plan_staged(
     # the disk's speed only ranks plans: not measured for a refusal
     site = _site(nbytes, "never" if writes > budget.per_task else measure, in_memory)
     staging = _Staging(costs, graphs, problem, budget, site, nbytes, why or GRAPH_STAGING_WHY)
+    reading = _noted(staging, as_source, chosen=False)
     try:
-        first = plan_chunks(_noted(staging, as_source, chosen=False), budget)
+        first = plan_chunks(reading, budget)
     except InfeasiblePlanError as on_disk:
         if writes > budget.per_task:  # the writes first: the reads' figures come after them
             raise _writes_refusal(writes, budget, in_memory, on_disk) from None
@@ -180,8 +184,8 @@ def plan_staged(
         ) from None
     if writes > budget.per_task:
         raise _writes_refusal(writes, budget, in_memory)
-    chunk_plan, chosen = _settle(staging, as_source, first)
-    return StagedPlan(chunk_plan, tuple(graphs), site, chosen)
+    chunk_plan, chosen, reading = _settle(staging, as_source, first, reading)
+    return StagedPlan(chunk_plan, tuple(graphs), site, chosen, reading)
 
 
 def _stageable(cost: TaskCost) -> bool:
@@ -494,8 +498,11 @@ def _store_chunks(
 
 
 def _settle(
-    staging: _Staging, as_source: dict[str, StagingChunks], first: ChunkPlan
-) -> tuple[ChunkPlan, dict[str, StagingChunks]]:
+    staging: _Staging,
+    as_source: dict[str, StagingChunks],
+    first: ChunkPlan,
+    reading: PlanProblem,
+) -> tuple[ChunkPlan, dict[str, StagingChunks], PlanProblem]:
     """Choose the store's chunks for the plan and plan again for them, until they stay.
 
     A plan made for reading the store may cut the data otherwise: its store chunks are chosen
@@ -510,20 +517,23 @@ def _settle(
         Each variable stored in its source's chunks.
     first
         The plan for reading ``as_source``.
+    reading
+        The problem ``first`` was made from.
 
     Returns
     -------
-    tuple of ChunkPlan and dict of str to StagingChunks
-        The last plan found, and the store chunks it was made for.
+    tuple of ChunkPlan, dict of str to StagingChunks, and PlanProblem
+        The last plan found, the store chunks it was made for, and its problem.
     """
     chosen, chunk_plan = as_source, first
     for _ in range(STAGING_ROUNDS):
         again = _store_chunks(staging, chunk_plan, chosen)
         if again == chosen:
             break
+        problem = _noted(staging, again, chosen=True)
         try:
-            chunk_plan = plan_chunks(_noted(staging, again, chosen=True), staging.budget)
+            chunk_plan = plan_chunks(problem, staging.budget)
         except InfeasiblePlanError:  # not expected: the last plan's chunks fit reading it
             break
-        chosen = again
-    return chunk_plan, chosen
+        chosen, reading = again, problem
+    return chunk_plan, chosen, reading

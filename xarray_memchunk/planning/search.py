@@ -41,6 +41,7 @@ __all__ = [
     "ALIGNMENT_TOLERANCE",
     "MAX_COMBINATIONS",
     "PIPELINE_TAIL",
+    "operator_peak_within",
     "plan_chunks",
     "plan_for_chunks",
 ]
@@ -395,18 +396,7 @@ def plan_for_chunks(
     dask_chunks
         Chunk lengths per dim, for every dim of ``problem``.
     """
-    cuts = {}
-    for d in problem.dims:
-        chunks = tuple(int(c) for c in dask_chunks[d.name])
-        depth = d.depth if d.role is DimRole.HALO else 0
-        cuts[d.name] = DimCut(
-            size=d.size,
-            lengths=np.array([max(chunks)]),
-            n_chunks=np.array([len(chunks)]),
-            padded=np.array([padded_extent(max(chunks), len(chunks), depth)]),
-            units=np.array([math.gcd(*chunks[:-1]) if len(chunks) > 1 else chunks[0]]),
-            halo=d.halo_depth > 0,
-        )
+    cuts = _cuts_of(problem, dask_chunks)
     terms = _footprint(problem, budget, cuts)
     n_tasks = int(np.prod([len(dask_chunks[d.name]) for d in problem.dims]))
     read = _padded_over(cuts, cuts)  # a rechunk reads (copies) what the task holds
@@ -432,6 +422,80 @@ def plan_for_chunks(
         notes,
         aligned=aligned,
     )
+
+
+def _cuts_of(problem: PlanProblem, dask_chunks: Mapping[str, tuple[int, ...]]) -> dict[str, DimCut]:
+    """One chunking's cuts (of ``dask_chunks``, every dim of ``problem``), as the search's."""
+    cuts = {}
+    for d in problem.dims:
+        chunks = tuple(int(c) for c in dask_chunks[d.name])
+        depth = d.depth if d.role is DimRole.HALO else 0
+        cuts[d.name] = DimCut(
+            size=d.size,
+            lengths=np.array([max(chunks)]),
+            n_chunks=np.array([len(chunks)]),
+            padded=np.array([padded_extent(max(chunks), len(chunks), depth)]),
+            units=np.array([math.gcd(*chunks[:-1]) if len(chunks) > 1 else chunks[0]]),
+            halo=d.halo_depth > 0,
+        )
+    return cuts
+
+
+def operator_peak_within(
+    problem: PlanProblem,
+    budget: Budget,
+    dask_chunks: Mapping[str, tuple[int, ...]],
+    in_task_bytes: float,
+) -> float:
+    """The operator's own peak at which a plan's prediction inside a task is ``in_task_bytes``.
+
+    Inside a task, the plan predicts the operator's peak, getting its input (``gather``) and
+    producing it (``produce``). Where the input is read from a file, or made by a graph before
+    the operator runs, those phases end before its work starts and add only where they are
+    larger (:func:`~xarray_memchunk.planning.footprint.footprint`): the prediction is then the
+    largest phase, not the sum. A task measured at ``in_task_bytes`` is explained by the
+    operator's peak this returns: raising the operator's model to it raises the prediction to
+    the measurement, where subtracting the other phases' terms would leave the prediction where
+    it was (a read phase of 83 MiB beside a task of 40 MiB, measured at 159 MiB: the task is
+    159 MiB, not 76). Found by bisection: the prediction is at least the operator's peak and
+    grows with it.
+
+    Parameters
+    ----------
+    problem, budget
+        What the plan was made from.
+    dask_chunks
+        The plan's chunks.
+    in_task_bytes
+        A task's measured peak, less what the slot counts apart (compiled code).
+
+    Returns
+    -------
+    float
+        At most ``in_task_bytes``; 0 where the other phases alone reach it.
+    """
+    cuts = _cuts_of(problem, dask_chunks)
+
+    def in_task(operator: float) -> float:
+        terms = footprint(
+            np.array([operator]),
+            cuts,
+            problem.inputs,
+            threads_per_worker=budget.threads_per_worker,
+            n_workers=budget.n_workers,
+        )
+        return float(terms.task[0] + terms.gather[0] + terms.produce[0])
+
+    low, high = 0.0, max(0.0, float(in_task_bytes))
+    if in_task(low) >= high:
+        return low
+    while high - low > max(1.0, 1e-6 * high):
+        middle = (low + high) / 2
+        if in_task(middle) >= in_task_bytes:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _beyond_measured_range(problem: PlanProblem, cuts: Mapping[str, DimCut]) -> str:
