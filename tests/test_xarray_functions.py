@@ -188,6 +188,56 @@ def test_a_reduction_over_a_dim_the_plan_may_cut_is_refused():
         daily(years=1).memchunk.plan(zonal, memory_limit="1GB")
 
 
+def _selected(tas: xr.DataArray) -> xr.DataArray:
+    return tas.sel(lat=slice(-30, 30)).mean("time")
+
+
+def _coarsened(tas: xr.DataArray) -> xr.DataArray:
+    return tas.coarsen(lon=2, boundary="trim").mean()
+
+
+def _to_180(tas: xr.DataArray) -> xr.DataArray:
+    return tas.assign_coords(lon=((tas.lon + 180) % 360) - 180).sortby("lon").mean("time")
+
+
+def _rolled(tas: xr.DataArray) -> xr.DataArray:
+    return tas.roll(lon=3, roll_coords=True).mean("time")
+
+
+@pytest.mark.parametrize(
+    ("func", "what"),
+    [
+        (_selected, "the length of 'lat'"),
+        (_coarsened, "the length of 'lon'"),
+        (_to_180, "the labels of 'lon'"),
+        (_rolled, "the labels of 'lon'"),
+    ],
+)
+def test_a_function_that_changes_a_dim_the_plan_may_cut_is_refused(func, what):
+    """A new user's selection and coarsening gave results of the input's shape that failed
+    as they were written, and the CMIP idiom of longitudes from -180, sorted in each chunk,
+    gave the input's longitudes and values under the wrong ones, silently."""
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(func)
+    with pytest.raises(MemchunkError, match=f"changes {what}.*Declare '(lat|lon)' whole"):
+        daily(years=1, lon=36).memchunk.plan(op, memory_limit="1GB", chunks={"lat": 6, "lon": 9})
+
+
+def _with_cell_area(tas: xr.DataArray) -> xr.Dataset:
+    weight = np.cos(np.deg2rad(tas.lat))
+    mean = tas.mean("time").assign_coords(cell_area=weight * xr.ones_like(tas.lon))
+    return xr.Dataset({"mean": mean, "std": tas.std("time")}).assign_coords(weight=weight)
+
+
+def test_coordinates_the_function_makes_along_dims_the_plan_cuts_are_kept(threaded):
+    """They were dropped: a new user's ``cell_area`` was missing from the result."""
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(_with_cell_area)
+    data = daily(years=1)
+    result = data.memchunk.apply(op, memory_limit="1GB", chunks={"lat": 6, "lon": 8})
+    expected = _with_cell_area(data.load())
+    assert set(result.coords) == set(expected.coords) == {"lat", "lon", "cell_area", "weight"}
+    xr.testing.assert_allclose(result.compute(), expected)
+
+
 def test_each_task_reads_its_own_block_from_the_file(tmp_path):
     """One task per block calls the function, reading its block itself: no read task waits
     beside it, however many outputs the function has."""

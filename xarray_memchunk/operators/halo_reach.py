@@ -193,16 +193,25 @@ def check_free_dims(
         )
 
 
-def piece_of(data: xr.DataArray, lengths: Mapping[str, int], fill: float = 0) -> xr.DataArray:
+def piece_of(
+    data: xr.DataArray, lengths: Mapping[str, int], fill: float = 0, spread: bool = False
+) -> xr.DataArray:
     """NumPy ``fill`` of ``data``'s dtype and dims, cut to ``lengths``, with its coordinates.
 
-    Nothing of ``data``'s values is read; its coordinates (a Dask-backed one too) are computed.
+    Each dim of ``lengths`` keeps its first elements, or (``spread``) elements spread evenly
+    from its first to its last (2 of longitude: 0.5 and 359.5). Nothing of ``data``'s values
+    is read; its coordinates (a Dask-backed one too) are computed.
     """
-    cut = {d: slice(0, n) for d, n in lengths.items()}
+    cut: dict[str, Any] = {d: slice(0, n) for d, n in lengths.items()}
+    if spread:
+        cut = {
+            d: np.unique(np.linspace(0, data.sizes[d] - 1, n).round().astype(int))
+            for d, n in lengths.items()
+        }
     coords = {
         k: v.isel({d: cut[d] for d in v.dims if d in cut}).compute() for k, v in data.coords.items()
     }
-    shape = tuple(lengths.get(str(d), n) for d, n in data.sizes.items())
+    shape = tuple(len(np.arange(n)[cut[d]]) if d in cut else n for d, n in data.sizes.items())
     values = np.full(shape, fill, dtype=data.dtype)
     return xr.DataArray(values, dims=data.dims, coords=coords, name=data.name, attrs=data.attrs)
 

@@ -80,14 +80,38 @@ def _on_block(
         }
         block = np.asarray(source[tuple(slice(*location[d]) for d in dims)])
     own = {k: (d, v[tuple(slice(*location[dim]) for dim in d)]) for k, (d, v) in coords.items()}
-    out = function(xr.DataArray(block, dims=dims, coords=own, name=name_), **arguments)
-    arrays = {
-        name: np.asarray((out if name is None else out[name]).transpose(*order).data)
-        for name, order in orders.items()
-    }
+    given = xr.DataArray(block, dims=dims, coords=own, name=name_)
+    out = function(given, **arguments)
+    arrays = {}
+    for name, order in orders.items():
+        array = out if name is None else out[name]
+        # a coordinate the function made along some of the free dims: along all of them
+        missing = {d: given.sizes[d] for d in order if d not in array.dims}
+        arrays[name] = np.asarray(array.expand_dims(missing).transpose(*order).data)
     held = np.empty((1,) * len(block_info[None]["chunk-shape"]), dtype=object)
     held.flat[0] = arrays
     return held
+
+
+def _changed_along(out: xr.DataArray, sample: xr.DataArray, dim: Any) -> str:
+    """How ``out`` (the function of ``sample``) changes ``dim``, in words; "" where it does not.
+
+    Its length (a selection, a coarsening), or its labels (a sort, a roll, new longitudes).
+    """
+    before, after = sample.sizes[dim], out.sizes[dim]
+    if after != before:
+        return (
+            f"changes the length of {dim!r} ({after} of {before} elements of a sample: a "
+            f"selection or a coarsening)"
+        )
+    if dim in sample.indexes and dim in out.indexes:
+        labels, made = sample.indexes[dim], out.indexes[dim]
+        if not labels.equals(made):
+            return (
+                f"changes the labels of {dim!r} ({list(labels)} become {list(made)}: a sort, a "
+                f"roll or new coordinates)"
+            )
+    return ""
 
 
 def _take(results: np.ndarray, *, variable: Any) -> np.ndarray:
@@ -252,7 +276,7 @@ class XarrayFunctionOperator(Operator):
             Dataset, or reduces over a dim the plan may cut.
         """
         free = [d for d in da.dims if d not in self._whole_dims(da)]
-        sample = piece_of(da, {d: min(2, da.sizes[d]) for d in free}, fill=1)
+        sample = piece_of(da, {d: min(2, da.sizes[d]) for d in free}, fill=1, spread=True)
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -275,6 +299,14 @@ class XarrayFunctionOperator(Operator):
                     f"operator {self.name!r}: its function reduces over {lost}, which the plan "
                     f"may cut (free dims: {free}): declare them whole"
                 )
+            for dim in free:
+                changed = _changed_along(array, sample, dim)
+                if changed:
+                    raise MemchunkError(
+                        f"operator {self.name!r}: its function {changed}, a dim the plan may "
+                        f"cut: each task would do so to its own chunk alone. Declare {dim!r} "
+                        f"whole (@xm.operator(whole=[..., {dim!r}]))"
+                    )
         return out
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> Any:
@@ -292,6 +324,15 @@ class XarrayFunctionOperator(Operator):
         out = self.template(da, kwargs)
         arrays = dict(out.data_vars) if isinstance(out, xr.Dataset) else {None: out}
         free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
+        # coordinates the function makes along dims the plan may cut: taken from each task too,
+        # along every free dim (the first element of those they lack kept)
+        made = {
+            name: out[name].reset_coords(drop=True)
+            for name, coord in out.coords.items()
+            if name not in out.indexes and set(coord.dims) & set(free) and name not in da.coords
+        }
+        lacking = {name: [d for d in free if d not in c.dims] for name, c in made.items()}
+        arrays |= {name: c.expand_dims(lacking[name]) for name, c in made.items()}
         orders = {
             name: (*free, *(str(d) for d in like.dims if d not in free))
             for name, like in arrays.items()
@@ -327,9 +368,12 @@ class XarrayFunctionOperator(Operator):
             name: self._taken(da, results, like, name, free, orders[name])
             for name, like in arrays.items()
         }
+        coords = {
+            name: taken.pop(name).isel(dict.fromkeys(lacking[name], 0), drop=True) for name in made
+        }
         if isinstance(out, xr.Dataset):
-            return xr.Dataset(taken, attrs=out.attrs)
-        return taken[None]
+            return xr.Dataset(taken, coords=coords, attrs=out.attrs)
+        return taken[None].assign_coords(coords)
 
     def _taken(
         self,
