@@ -1,8 +1,10 @@
 """Zarr / netCDF end to end, safe writes, and the memchunk command line through subprocess."""
 
+import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -591,3 +593,32 @@ def test_an_input_whose_name_holds_a_bracket_is_opened_as_named(tmp_path):
     xr.Dataset({"x": ("i", np.full(3, 3.0))}).to_netcdf(tmp_path / "run1.nc")
     assert float(open_input(tmp_path / "run[1].nc")["x"][0]) == 5.0
     assert float(open_input(str(tmp_path / "run?.nc"))["x"][0]) == 3.0  # a pattern: run1.nc
+
+
+def test_an_interrupt_after_the_new_output_is_in_place_says_it_was_written(tmp_path, capsys):
+    """A new user's Ctrl-C while the report printed: the new output was in place and the old
+    one gone, and the line said 'partial output removed' (ingest: no line at all)."""
+    from xarray_memchunk import cli
+
+    target = tmp_path / "out.zarr"
+    xr.Dataset({"v": ("x", np.zeros(3))}).to_zarr(target)
+    args = argparse.Namespace(output=str(target))
+
+    def replaces_then_is_interrupted() -> None:
+        xr.Dataset({"v": ("x", np.ones(3))}).to_zarr(tmp_path / "new.zarr")
+        shutil.rmtree(target)
+        (tmp_path / "new.zarr").rename(target)
+        raise KeyboardInterrupt
+
+    def is_interrupted() -> None:
+        raise KeyboardInterrupt
+
+    for run, says in (
+        (is_interrupted, "nothing more written, partial output removed"),
+        (replaces_then_is_interrupted, f"{target} had been written whole before it"),
+    ):
+        with pytest.raises(KeyboardInterrupt) as caught:
+            cli._writing(args, run)
+        assert cli._interrupted(caught.value) == 130
+        assert capsys.readouterr().err == f"memchunk: interrupted by SIGINT: {says}\n"
+    np.testing.assert_array_equal(xr.open_zarr(target).v.values, np.ones(3))

@@ -630,10 +630,13 @@ def _writing(args: argparse.Namespace, run) -> int:
     """
     from .io import recover
 
+    before = _identity(args.output)
     try:
         run()
-    except (MemchunkError, KeyboardInterrupt):
+    except (MemchunkError, KeyboardInterrupt) as exc:
         recover(args.output)  # the computation has stopped: remove what it wrote meanwhile
+        if isinstance(exc, KeyboardInterrupt) and _identity(args.output) not in (None, before):
+            exc.written = args.output  # in place before the interrupt: said so, not removed
         raise
     except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
         recover(args.output)
@@ -644,6 +647,19 @@ def _writing(args: argparse.Namespace, run) -> int:
         return 1
     print(f"wrote {args.output}")
     return 0
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """``path``'s device and inode, None where it does not exist.
+
+    A new output is another file or directory (written beside the old one, then swapped in):
+    its inode differs, where an old one moved aside and back keeps its own.
+    """
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _quiet_distributed() -> None:
@@ -834,10 +850,13 @@ def _interrupt(signum: int, frame: object) -> None:
 def _interrupted(exc: KeyboardInterrupt) -> int:
     """Say in one line that the command was interrupted; its exit status, 128 + the signal."""
     signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-    line = (
-        f"memchunk: interrupted by {signal.Signals(signum).name}: nothing more written, "
-        f"partial output removed\n"
+    written = getattr(exc, "written", None)
+    what = (
+        f"{written} had been written whole before it"
+        if written
+        else "nothing more written, partial output removed"
     )
+    line = f"memchunk: interrupted by {signal.Signals(signum).name}: {what}\n"
     if isinstance(exc, Interrupted):
         os.write(exc.stderr, line.encode())
     else:
@@ -850,9 +869,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for interrupt in INTERRUPTS:  # first: an interrupt at any later moment ends cleanly
         signal.signal(interrupt, _interrupt)
     try:
-        return _main(argv)
+        status = _main(argv)
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
+    for interrupt in INTERRUPTS:  # done: an interrupt now would only cut the exit short
+        signal.signal(interrupt, signal.SIG_IGN)
+    return status
 
 
 def _main(argv: Sequence[str] | None) -> int:
