@@ -622,3 +622,23 @@ def test_an_interrupt_after_the_new_output_is_in_place_says_it_was_written(tmp_p
         assert cli._interrupted(caught.value) == 130
         assert capsys.readouterr().err == f"memchunk: interrupted by SIGINT: {says}\n"
     np.testing.assert_array_equal(xr.open_zarr(target).v.values, np.ones(3))
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path, monkeypatch
+):
+    """A new user's run on a read-only mount planned, started its cluster and failed 7 s later
+    with 'OSError: [Errno 30] Read-only file system'."""
+    from xarray_memchunk import io
+
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    if os.access(locked, os.W_OK):  # root: permissions do not stop it, a read-only mount would
+        real = os.access
+        monkeypatch.setattr(
+            io.os, "access", lambda path, mode: Path(path) != locked and real(path, mode)
+        )
+    mean = synthetic_climate(20, 4, 5, chunks={"time": 10}).memchunk.apply("mean", dim="time")
+    with pytest.raises(xm.MemchunkError, match=r"'.*locked' cannot be written"):
+        mean.memchunk.to_zarr(locked / "mean.zarr")
+    assert list(locked.iterdir()) == []

@@ -750,3 +750,22 @@ def test_records_beside_a_gather_of_the_result_are_left_out_where_others_remain(
         *before,
         *beside,
     ]
+
+
+def test_forgetting_in_a_directory_that_cannot_be_written_is_one_clear_error(user_dir, monkeypatch):
+    """A new user's `memchunk calibrate KEY --forget` on a read-only mount gave a traceback."""
+    import errno
+    from pathlib import Path
+
+    from xarray_memchunk.models.learned import forget_learned
+
+    features = {"input_bytes": 1e8}
+    path = record_observation("std", "cpu", "float64", Observation(features, 1e9, 4e8))
+
+    def read_only_unlink(self, missing_ok=False):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only_unlink)
+    with pytest.raises(xm.CalibrationError, match=r"cannot remove .*Read-only file system"):
+        forget_learned("std")
+    assert path.is_file()

@@ -321,14 +321,20 @@ def check_target(
     Raises
     ------
     MemchunkError
-        When the target's directory does not exist or is not a directory, the target overlaps
-        an input, or it exists and either ``overwrite`` is False or it is not a dataset.
+        When the target's directory does not exist, is not a directory or cannot be written,
+        the target overlaps an input, or it exists and either ``overwrite`` is False or it is
+        not a dataset.
     """
     target = Path(target)
     if not target.parent.exists():
         raise MemchunkError(f"output directory {str(target.parent)!r} does not exist")
     if not target.parent.is_dir():
         raise MemchunkError(f"output directory {str(target.parent)!r} is not a directory")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # a read-only mount too, for root
+        raise MemchunkError(
+            f"output directory {str(target.parent)!r} cannot be written (read-only, or no "
+            f"permission): choose an output path in a directory you can write"
+        )
     _check_not_a_source(target, sources)
     if not (target.exists() or target.is_symlink()):
         return target

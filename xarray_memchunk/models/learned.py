@@ -306,12 +306,24 @@ def read_only(path: Path) -> bool:
 
 
 def forget_learned(calibration: str, device: str | None = None) -> list[Path]:
-    """Delete what runs taught about ``calibration`` (every device when None); the files removed."""
+    """Delete what runs taught about ``calibration`` (every device when None); the files removed.
+
+    Raises
+    ------
+    CalibrationError
+        When a file cannot be removed (its directory read-only): those before it are gone.
+    """
     devices = [device] if device else ["cpu", "gpu"]
     removed = []
     for each in devices:
         path = learned_path(calibration, each)
         if path.is_file():
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise CalibrationError(
+                    f"cannot remove {path} ({exc.strerror}): make its directory "
+                    f"{path.parent} writable, or set MEMCHUNK_CALIBRATION_DIR to another"
+                ) from None
             removed.append(path)
     return removed
