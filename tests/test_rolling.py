@@ -116,6 +116,10 @@ def test_dataset_is_rolled_as_xarray_rolls_it(threaded):
         ({"dim": "time", "window": 3, "center": "yes"}, "center must be True or False"),
         ({"dim": "time", "window": 3, "stride": 2}, "unexpected arguments ['stride']"),
         ({"dim": "time", "window": 3, "center": 2}, "center must be True or False"),
+        # a new user's window=2000 on 730 days: refused after 10 s of measuring, as beyond
+        # the measured range
+        ({"dim": "time", "window": 101}, "no window holds 101 values"),
+        ({"dim": "time", "window": 120, "min_periods": 101}, "no window holds 101 values"),
     ],
 )
 def test_bad_arguments_are_refused_before_running(kwargs, message):

@@ -140,13 +140,23 @@ class Rolling(Operator):
         Raises
         ------
         MemchunkError
-            On a missing or invalid argument, an unknown one, or a window longer than ``dim``.
+            On a missing or invalid argument, an unknown one, or ``min_periods`` (the window by
+            default) longer than ``dim``: every element NaN.
         DimensionError
             When ``da`` has no such dim.
         """
         if da is None:
             return _arguments(**kwargs)
-        return dict(kwargs) | {"dim": resolve_dim(da, kwargs["dim"])}
+        dim = resolve_dim(da, kwargs["dim"])
+        size, least = da.sizes[dim], kwargs.get("min_periods") or kwargs["window"]
+        if least > size:  # a longer window with fewer min_periods is xarray's, and planned
+            raise MemchunkError(
+                f"rolling window {kwargs['window']} with min_periods={least} on {dim!r} of "
+                f"{size} elements: no window holds {least} values, and xarray gives NaN for "
+                f"every element. Use a window of at most {size}, or min_periods of at most "
+                f"{size} for windows cut by the ends of the dim"
+            )
+        return dict(kwargs) | {"dim": dim}
 
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
         """``dim="time"``, ``window=30`` unless given; blocks of 0.1 to 24 million elements."""
