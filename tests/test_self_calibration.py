@@ -229,6 +229,33 @@ def test_functions_that_outgrow_a_line_never_exceed_the_budget(func, user_dir, q
     assert outcome.peak_bytes < 0.8 * to_bytes("600MB")
 
 
+def holds_eight_copies(block):
+    """Eight copies of the block: memory that grows with it."""
+    return sum(block + i for i in range(8)) / 8
+
+
+def test_a_calibration_for_a_larger_budget_stays_within_the_measuring_workers_room(
+    user_dir, cluster_client
+):
+    """A new user's plan that no memory fits searched the least memory_limit by planning at
+    it, and measured blocks for its 315.8 MiB tasks in a 500 MB worker, which was killed."""
+    from xarray_memchunk.models.profiling import measuring_worker
+    from xarray_memchunk.testing import watch
+
+    make, Client = cluster_client
+    op = xm.BlockwiseOperator("selfcal-eight-copies", holds_eight_copies)
+    data = field((6000, 4000), (250, 4000))
+    with make("500MB") as cluster, Client(cluster) as client:
+        worker = client.scheduler_info()["workers"][measuring_worker(client)]
+        room = 0.8 * worker["memory_limit"] - worker["metrics"]["memory"]  # pause less held
+        # a budget this worker lacks
+        outcome = watch(client, "selfcal", lambda: self_calibrate(op, data, {}, per_task=2 * 10**9))
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    profiles = load_calibration(op.calibration, "cpu", "float32").profiles
+    assert max(p["peak_bytes"] for p in profiles) <= room
+
+
 def kills_its_worker(block):
     """Touches 2 GB whatever the block: past any small worker's memory limit."""
     waste = np.ones(2 * 10**9 // 8)

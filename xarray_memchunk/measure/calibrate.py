@@ -774,7 +774,8 @@ def self_calibrate(
     (:data:`WARM_UP_ELEMENTS`: a process's first run of a function pays for its imports).
     Blocks of the array's proportions double in size
     until a time bound or until the next would need more than one task's budget
-    (``per_task``, extrapolated from the blocks before it); at least three are measured. Where
+    (``per_task``, extrapolated from the blocks before it; at most what the measuring worker
+    has room for: :func:`_room_in`); at least three are measured. Where
     a block and the next would both run too short to stop at
     (:data:`MIN_LARGEST_TASK_SECONDS`) and the one after would not, the next is skipped
     (:func:`_step`). Then the block before the largest is measured again halved along each
@@ -910,15 +911,17 @@ def self_calibrate(
                 # to stop at (`_step`) and time and budget hold it; its peak is extrapolated
                 # from the last two blocks' growth (at least in proportion): a function whose
                 # memory grows faster than its block stops in time
+                # no more than the measuring worker has room for now (a larger budget's plan)
+                most = min(per_task, _room_in(profiler))
                 for step in sorted({_step(profiles), 2.0}, reverse=True):  # the larger first
                     following = min(index + round(math.log2(step)), len(shapes) - 1)
                     growth = math.prod(shapes[following].values()) / math.prod(extents.values())
                     after = _after(operator, kwargs, extents, whole, growth)
                     grow = _grow(profiles, bound - (now - start), after, overhead, growth)
                     next_peak = _next_peak(profiles, growth)
-                    if grow and next_peak <= per_task:
+                    if grow and next_peak <= most:
                         break
-                if next_peak > per_task:
+                if next_peak > most:
                     # the range stops at this budget's blocks, where a larger one is left: a
                     # larger budget measures again, also where time would have stopped here (a
                     # busy machine's blocks run slower; trial 548's re-run at its stated
@@ -976,6 +979,36 @@ def self_calibrate(
         squared_dims=tuple(squared),
         measured_in=measured_in,
     )
+
+
+def _room_in(profiler) -> float:
+    """What one block may hold in the cluster worker that measures it, in bytes (else inf).
+
+    Its pause threshold less what its process holds now (what earlier blocks left grows it),
+    asked before each larger block. Planning for more memory than the cluster has (the least
+    ``memory_limit`` a refusal states is searched by planning there) asks for blocks as large
+    as that budget's tasks: a new user's 500 MB workers were killed by blocks sized for
+    315.8 MiB tasks. A child process of this one, or this process, has no limit of a worker's.
+    """
+    from ..clusters import memory_threshold
+
+    if not hasattr(profiler, "ncores"):
+        return math.inf
+    address = measuring_worker(profiler)
+    worker = profiler.scheduler_info(n_workers=-1)["workers"].get(address, {})
+    limit = worker.get("memory_limit") or 0
+    if not limit:
+        return math.inf
+    # its process now (what earlier blocks left grows it), not its last heartbeat's
+    held = profiler.run(_process_memory, workers=[address]).get(address, 0)
+    return max(0.0, memory_threshold("pause", "terminate", otherwise=0.8) * limit - held)
+
+
+def _process_memory() -> int:
+    """The resident memory of the process it runs in, as distributed's memory monitor reads it."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def _measured_in(profiler, here: bool) -> str:
