@@ -469,6 +469,25 @@ def test_killed_run_leaves_old_target_intact(files, tmp_path):
     assert all(p.name.startswith(".dip.zarr.memchunk-partial-") for p in leftovers)
 
 
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_ctrl_c_at_a_terminal_is_one_line(tmp_path):
+    """A terminal sends Ctrl-C to the command's whole process group: a new user's run printed
+    67 lines, the tracebacks of the cluster's computing workers, around its own one."""
+    source = tmp_path / "volume.zarr"
+    synthetic_seismic((160, 160, 160), chunks=80).to_zarr(source)
+    target = tmp_path / "dip.zarr"
+    proc = start(MEMCHUNK, "run", "gst3d", source, target, "--memory-limit", "1GB")
+    wait_for(lambda: any("memchunk-" in p.name for p in tmp_path.iterdir()), proc=proc)
+    time.sleep(0.5)  # its workers computing
+    os.killpg(proc.pid, signal.SIGINT)
+    stderr = finish(proc)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        "memchunk: interrupted by SIGINT: nothing more written, partial output removed"
+    ]
+
+
 def test_cli_help_reads_well():
     result = memchunk("run", "--help")
     assert result.returncode == 0

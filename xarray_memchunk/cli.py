@@ -372,6 +372,7 @@ def _client(args: argparse.Namespace) -> Iterator[Any]:
             memory_limit=_worker_memory(args),
             dashboard_address=":0",
             silence_logs=logging.CRITICAL,  # it sets the level of distributed's logs
+            preload=["xarray_memchunk.worker_preload"],  # a terminal's Ctrl-C ends them quietly
         ) as cluster,
         Client(cluster) as client,
     ):
