@@ -184,8 +184,36 @@ def test_a_reduction_over_a_dim_the_plan_may_cut_is_refused():
     def zonal(tas: xr.DataArray) -> xr.DataArray:
         return tas.mean("lon")  # lon is free: a block's mean is not the mean
 
-    with pytest.raises(MemchunkError, match=r"reduces over \['lon'\].*declare them whole"):
+    lacks = r"lacks \['lon'\] \(reduced over, or renamed\).*declare them whole"
+    with pytest.raises(MemchunkError, match=lacks):
         daily(years=1).memchunk.plan(zonal, memory_limit="1GB")
+
+
+def test_whole_dims_may_be_named_by_their_cf_axis(user_dir, threaded):
+    """A new user's whole=["T"] was refused ('needs dims ['T']'), where dim="T" works."""
+    data = daily(years=1, chunks={"time": 365})
+    data.time.attrs["axis"] = "T"
+
+    @xm.operator(whole=["T"], register=False)
+    def anomaly(tas: xr.DataArray) -> xr.DataArray:
+        return tas - tas.mean("time")
+
+    plan = data.memchunk.plan(anomaly, memory_limit="1GB", chunks={"lat": 6})
+    assert plan.chunks["time"] == data.sizes["time"] and plan.chunks["lat"] == 6
+    xr.testing.assert_allclose(plan.apply().compute(), anomaly(data.load()), atol=1e-6)
+
+
+def test_a_function_written_for_a_dataset_is_told_it_gets_one_variable():
+    """A new user's ``ds.tas.where(ds.sftlf < 50)`` failed per variable, with no word why."""
+
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def ocean(ds: xr.Dataset) -> xr.DataArray:
+        return ds.tas.where(ds.sftlf < 50).mean("time")
+
+    data = daily(years=1).to_dataset()
+    data["sftlf"] = data.tas.isel(time=0, drop=True) * 0
+    with pytest.raises(MemchunkError, match=r"called once per variable.*set_coords"):
+        data.memchunk.plan(ocean, memory_limit="1GB")
 
 
 def _selected(tas: xr.DataArray) -> xr.DataArray:

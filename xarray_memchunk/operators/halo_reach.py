@@ -185,11 +185,10 @@ def check_free_dims(
                 break
     if differ:
         raise MemchunkError(
-            f"operator {operator!r} is declared free along {differ}, but its result there "
-            f"depends on neighbours: run on small random pieces of the data cut in two along "
-            f"each, its values differ from the uncut piece's, as they would between chunks; "
-            f"declare them whole (whole=[...], e.g. a periodic longitude) or leave them out of "
-            f"free="
+            f"operator {operator!r} may be cut along {differ} (not declared whole), but its "
+            f"result there depends on neighbours: run on small random pieces of the data cut "
+            f"in two along each, its values differ from the uncut piece's, as they would "
+            f"between chunks; declare them whole (whole=[...]) or leave them out of free="
         )
 
 

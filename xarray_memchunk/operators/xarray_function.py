@@ -36,6 +36,7 @@ from ..errors import DimensionError, MemchunkError, warn_at_caller
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import Cost, DimUse, Operator, padded_elements
+from .dims import resolve_dim
 from .halo_reach import check_free_dims, checking, piece_of
 from .identity import arguments_identity, calibration_key, identify
 from .sources import file_backend
@@ -119,20 +120,30 @@ def _take(results: np.ndarray, *, variable: Any) -> np.ndarray:
     return results.flat[0][variable]
 
 
-def takes_xarray(func: Callable[..., Any]) -> bool:
-    """Whether ``func``'s first parameter is annotated as an xarray DataArray or Dataset."""
+def _first_annotation(func: Callable[..., Any]) -> Any:
+    """The annotation of ``func``'s first parameter (a string where it is postponed); None."""
     import inspect
 
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
-        return False
-    if not parameters:
-        return False
-    annotation = parameters[0].annotation
+        return None
+    if not parameters or parameters[0].annotation is inspect.Parameter.empty:
+        return None
+    return parameters[0].annotation
+
+
+def _annotated(func: Callable[..., Any], *classes: type) -> bool:
+    """Whether ``func``'s first parameter is annotated as one of ``classes`` (or names one)."""
+    annotation = _first_annotation(func)
     if isinstance(annotation, str):
-        return any(name in annotation for name in ("DataArray", "Dataset"))
-    return isinstance(annotation, type) and issubclass(annotation, (xr.DataArray, xr.Dataset))
+        return any(c.__name__ in annotation for c in classes)
+    return isinstance(annotation, type) and issubclass(annotation, classes)
+
+
+def takes_xarray(func: Callable[..., Any]) -> bool:
+    """Whether ``func``'s first parameter is annotated as an xarray DataArray or Dataset."""
+    return _annotated(func, xr.DataArray, xr.Dataset)
 
 
 class XarrayFunctionOperator(Operator):
@@ -198,24 +209,49 @@ class XarrayFunctionOperator(Operator):
         digest = identity.digest if identity.known else uuid.uuid4().hex
         self.calibration = f"{name}-{digest[:12]}"
         self._checked_free: set[tuple] = set()
+        self._resolved: dict[tuple[str, ...], tuple[str, ...]] = {}  # see _named
 
     def __call__(self, obj: Any, **kwargs: Any) -> Any:
         """``func(obj, **kwargs)``, as xarray runs it: the decorated function still works."""
         return self.func(obj, **kwargs)
 
-    def _whole_dims(self, da: xr.DataArray) -> tuple[str, ...]:
-        if self.free is None:
-            return self.whole
-        return tuple(str(d) for d in da.dims if d not in self.free)
+    def _named(self, da: xr.DataArray) -> tuple[str, ...]:
+        """The dims ``whole=`` (or ``free=``) names, resolved in ``da``.
 
-    def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
-        """The whole dims (given, or every dim but the free ones); each must exist in ``da``."""
+        A name may be a CF axis such as "T" or a coordinate's standard name, as the built-in
+        operators' ``dim=``. Kept per dims: a measuring process's blocks carry the
+        coordinates' values, not the attributes that name their axes.
+
+        Raises
+        ------
+        DimensionError
+            Naming those ``da`` lacks.
+        """
+        dims = tuple(map(str, da.dims))
+        if dims in self._resolved:
+            return self._resolved[dims]
         named = self.whole if self.free is None else self.free
-        missing = [d for d in named if d not in da.dims]
+        found, missing = [], []
+        for key in named:
+            try:
+                found.append(resolve_dim(da, key))
+            except DimensionError:
+                missing.append(key)
         if missing:
             raise DimensionError(
                 f"operator {self.name!r} needs dims {missing}, missing from dims {tuple(da.dims)}"
             )
+        self._resolved[dims] = tuple(found)
+        return self._resolved[dims]
+
+    def _whole_dims(self, da: xr.DataArray) -> tuple[str, ...]:
+        named = self._named(da)
+        if self.free is None:
+            return named
+        return tuple(str(d) for d in da.dims if d not in named)
+
+    def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
+        """The whole dims (given, or every dim but the free ones); each must exist in ``da``."""
         return {d: DimUse(DimRole.WHOLE) for d in self._whole_dims(da)}
 
     def cost(self, da: xr.DataArray, **kwargs: Any) -> Cost:
@@ -282,9 +318,16 @@ class XarrayFunctionOperator(Operator):
                 warnings.simplefilter("ignore")
                 out = self.func(sample, **kwargs)
         except Exception as exc:
+            hint = ""
+            if _annotated(self.func, xr.Dataset):
+                hint = (
+                    ". It is called once per variable, with that variable alone (a DataArray): "
+                    "use the array it is given, and make the variables it reads beside it "
+                    "coordinates first (ds.set_coords('sftlf'))"
+                )
             raise MemchunkError(
                 f"operator {self.name!r}: its function raised {type(exc).__name__} on a sample "
-                f"of the input ({da.name or 'array'}, its whole dims entire): {exc}"
+                f"of the input ({da.name or 'array'}, its whole dims entire): {exc}{hint}"
             ) from exc
         if not isinstance(out, xr.DataArray | xr.Dataset):
             raise MemchunkError(
@@ -296,8 +339,9 @@ class XarrayFunctionOperator(Operator):
             lost = [d for d in free if d not in array.dims]
             if lost:
                 raise MemchunkError(
-                    f"operator {self.name!r}: its function reduces over {lost}, which the plan "
-                    f"may cut (free dims: {free}): declare them whole"
+                    f"operator {self.name!r}: its function's result lacks {lost} (reduced over, "
+                    f"or renamed), which the plan may cut (free dims: {free}): declare them "
+                    f"whole"
                 )
             for dim in free:
                 changed = _changed_along(array, sample, dim)
