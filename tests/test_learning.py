@@ -769,3 +769,21 @@ def test_forgetting_in_a_directory_that_cannot_be_written_is_one_clear_error(use
     with pytest.raises(xm.CalibrationError, match=r"cannot remove .*Read-only file system"):
         forget_learned("std")
     assert path.is_file()
+
+
+def test_a_learned_file_that_cannot_be_read_names_the_key_that_forgets_it(user_dir):
+    """A new user's corrupt learned file of a function said `memchunk calibrate OP --forget`:
+    the key a function is known by (NAME-DIGEST) is what the command needs."""
+    from xarray_memchunk.models.learned import learned_path, load_learned
+
+    key = "my_dip-0123456789ab"
+    learned_path(key, "cpu").write_text("{ truncated")
+    with pytest.raises(xm.CalibrationError, match=f"memchunk calibrate {key} --forget"):
+        load_learned(key, "cpu", "float32")
+
+
+def test_the_dim_given_twice_on_the_command_line_is_refused():
+    from xarray_memchunk import cli
+
+    with pytest.raises(xm.MemchunkError, match="--dim and -o dim=lat both name the dim"):
+        cli._op_kwargs("mean", ["dim=lat"], ["time"])

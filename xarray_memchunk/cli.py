@@ -63,6 +63,10 @@ def _op_kwargs(op: str, options: list[str] | None, dims: list[str] | None = None
 
     kwargs = dict(_parse_option(o) for o in options or [])
     if dims:
+        if "dim" in kwargs:
+            raise MemchunkError(
+                f"--dim and -o dim={kwargs['dim']} both name the dim: give one of them"
+            )
         kwargs["dim"] = dims if len(dims) > 1 else dims[0]
     get_operator(op).check_arguments(kwargs)
     return kwargs

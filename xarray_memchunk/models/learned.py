@@ -165,11 +165,17 @@ def learned_path(calibration: str, device: str, directory: Path | None = None) -
     return (directory or calibration_dir()) / name.replace(".json", ".learned.json")
 
 
-#: What to do about a learned file that cannot be read.
-FORGET = "delete it (memchunk calibrate OP --forget) to forget what runs taught"
+def _forget(calibration: str) -> str:
+    """What to do about a learned file of ``calibration`` that cannot be read."""
+    import shlex
+
+    return (
+        f"forget what runs taught with `memchunk calibrate {shlex.quote(calibration)} "
+        f"--forget`, or delete the file"
+    )
 
 
-def _parse(entry: Any, path: Path) -> Observation:
+def _parse(entry: Any, path: Path, calibration: str) -> Observation:
     """One observation of a learned file, validated as calibrations are."""
     try:
         fields = _object(entry, "an observation")
@@ -177,7 +183,7 @@ def _parse(entry: Any, path: Path) -> Observation:
         measured = _number(fields.get("measured_bytes"), "its measured_bytes")
         predicted = _number(fields.get("predicted_bytes"), "its predicted_bytes")
     except _Invalid as exc:
-        raise CalibrationError(f"invalid {path}: {exc}; {FORGET}") from None
+        raise CalibrationError(f"invalid {path}: {exc}; {_forget(calibration)}") from None
     return Observation(
         features=features,
         measured_bytes=measured,
@@ -187,8 +193,8 @@ def _parse(entry: Any, path: Path) -> Observation:
     )
 
 
-def _read(path: Path) -> dict[str, Any]:
-    document = read_json(path, "learned file", FORGET)
+def _read(path: Path, calibration: str) -> dict[str, Any]:
+    document = read_json(path, "learned file", _forget(calibration))
     if not isinstance(document, dict) or document.get("format") != LEARNED_FORMAT:
         raise CalibrationError(
             f"{path} is not an xarray-memchunk learned file (format {LEARNED_FORMAT!r}); delete it"
@@ -207,10 +213,10 @@ def load_learned(calibration: str, device: str, dtype: str) -> Learned | None:
     path = learned_path(calibration, device)
     if not path.is_file():
         return None
-    entries = _read(path).get("dtypes", {}).get(dtype, [])
+    entries = _read(path, calibration).get("dtypes", {}).get(dtype, [])
     if not isinstance(entries, list):
         raise CalibrationError(f"{path}: observations of {dtype} must be a list")
-    observations = tuple(_parse(e, path) for e in entries)
+    observations = tuple(_parse(e, path, calibration) for e in entries)
     if read_only(path):  # frozen by its owner: it cannot be marked settled, so it asks nothing
         observations = tuple(replace(o, settled=True) for o in observations)
     return Learned(path, observations) if observations else None
@@ -240,7 +246,7 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
         ) from None
     document: dict[str, Any] = {"format": LEARNED_FORMAT, "calibration": calibration}
     if path.is_file():
-        document = _read(path) | document
+        document = _read(path, calibration) | document
     document["device"] = device
     entries = list(document.setdefault("dtypes", {}).get(dtype, []))
     entries.append(
@@ -278,7 +284,7 @@ def settle_observations(calibration: str, device: str, dtype: str) -> str:
         return ""
     if read_only(path):
         return f"{path} is read-only: left as it is (its observations ask for no measurement)"
-    document = _read(path)
+    document = _read(path, calibration)
     entries = document.get("dtypes", {}).get(dtype, [])
     for entry in entries:
         if isinstance(entry, dict):
