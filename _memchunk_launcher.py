@@ -28,9 +28,13 @@ def main() -> int:
     """Handle interrupts, then run :func:`xarray_memchunk.cli.main` (which takes them over)."""
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, _interrupted_while_starting)
+    from xarray_memchunk.cli import INTERRUPTS
     from xarray_memchunk.cli import main as run
 
-    return run()
+    status = run()
+    for interrupt in INTERRUPTS:  # done: an interrupt now would only cut the exit short
+        signal.signal(interrupt, signal.SIG_IGN)
+    return status
 
 
 if __name__ == "__main__":

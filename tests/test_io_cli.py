@@ -661,3 +661,13 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_anything_r
     with pytest.raises(xm.MemchunkError, match=r"'.*locked' cannot be written"):
         mean.memchunk.to_zarr(locked / "mean.zarr")
     assert list(locked.iterdir()) == []
+
+
+def test_the_command_run_in_python_gives_back_the_callers_signal_handlers(capsys):
+    """A review found SIGINT and SIGTERM ignored after ``cli.main`` in a Python session."""
+    from xarray_memchunk import cli
+
+    before = {s: signal.getsignal(s) for s in cli.INTERRUPTS}
+    assert cli.main(["operators"]) == 0
+    assert {s: signal.getsignal(s) for s in cli.INTERRUPTS} == before
+    assert "gst3d" in capsys.readouterr().out

@@ -266,6 +266,71 @@ def test_coordinates_the_function_makes_along_dims_the_plan_cuts_are_kept(thread
     xr.testing.assert_allclose(result.compute(), expected)
 
 
+CALLS: list[int] = []
+
+
+def _counted_cell_area(tas: xr.DataArray) -> xr.DataArray:
+    CALLS.append(tas.size)
+    weight = np.cos(np.deg2rad(tas.lat)) * xr.ones_like(tas.lon)
+    return tas.mean("time").assign_coords(cell_area=weight)
+
+
+def test_a_datasets_coordinate_made_by_the_function_leaves_apply_lazy(threaded):
+    """A review found apply() computing every block: each variable brought its own lazy
+    ``cell_area``, and xarray computed them to compare them."""
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(_counted_cell_area)
+    ds = daily(years=1).to_dataset()
+    ds["pr"] = ds.tas * 2
+    plan = ds.memchunk.plan(op, memory_limit="1GB", chunks={"lat": 6, "lon": 8})
+    CALLS.clear()
+    result = plan.apply()
+    assert all(n <= 365 * 2 * 2 for n in CALLS)  # the templates' samples only: no block
+    expected = xr.Dataset({v: _counted_cell_area(ds[v].load()) for v in ("tas", "pr")})
+    xr.testing.assert_allclose(result.compute(), expected)
+
+
+def _rescaled(tas: xr.DataArray) -> xr.DataArray:
+    return tas.mean("time").assign_coords(area=tas.area * 6.371e6**2)
+
+
+def _dropped(tas: xr.DataArray) -> xr.DataArray:
+    return tas.mean("time").drop_vars("area")
+
+
+@pytest.mark.parametrize("func", [_rescaled, _dropped])
+def test_coordinates_the_function_changes_or_drops_are_its_own(func, threaded):
+    """A review found the input's ``area`` back in the result, rescaled or dropped."""
+    data = daily(years=1)
+    data = data.assign_coords(area=np.cos(np.deg2rad(data.lat)) * xr.ones_like(data.lon))
+    op = xm.operator(whole=["time"], memory_model=MODEL, register=False)(func)
+    result = data.memchunk.apply(op, memory_limit="1GB", chunks={"lat": 6, "lon": 8})
+    xr.testing.assert_allclose(result.compute(), func(data.load()))
+    assert set(result.coords) == set(func(data).coords)
+
+
+def test_labels_dropped_inside_a_block_are_a_clear_error(threaded):
+    """Which labels a selection keeps inside a block, the sample of a dim's first and last
+    cannot tell: the task that finds its block changed says so."""
+
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def gap(tas: xr.DataArray) -> xr.DataArray:
+        return tas.where((tas.lon < 40) | (tas.lon > 60), drop=True).mean("time")
+
+    result = daily(years=1).memchunk.apply(gap, memory_limit="1GB", chunks={"lon": 8})
+    with pytest.raises(MemchunkError, match=r"changed the length of \['lon'\] in a task"):
+        result.compute()
+
+
+def test_labels_given_to_a_dim_without_them_are_refused():
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def numbered(tas: xr.DataArray) -> xr.DataArray:
+        return tas.mean("time").assign_coords(lon=np.arange(tas.sizes["lon"]))
+
+    data = daily(years=1).drop_vars("lon")
+    with pytest.raises(MemchunkError, match="gives 'lon' labels of its own"):
+        data.memchunk.plan(numbered, memory_limit="1GB", chunks={"lon": 8})
+
+
 def test_each_task_reads_its_own_block_from_the_file(tmp_path):
     """One task per block calls the function, reading its block itself: no read task waits
     beside it, however many outputs the function has."""

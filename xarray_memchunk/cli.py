@@ -871,15 +871,16 @@ def _interrupted(exc: KeyboardInterrupt) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memchunk`` console script."""
+    previous = {interrupt: signal.getsignal(interrupt) for interrupt in INTERRUPTS}
     for interrupt in INTERRUPTS:  # first: an interrupt at any later moment ends cleanly
         signal.signal(interrupt, _interrupt)
     try:
-        status = _main(argv)
+        return _main(argv)
     except KeyboardInterrupt as exc:
         return _interrupted(exc)
-    for interrupt in INTERRUPTS:  # done: an interrupt now would only cut the exit short
-        signal.signal(interrupt, signal.SIG_IGN)
-    return status
+    finally:  # a caller in Python (a notebook) gets its own handlers back
+        for interrupt, handler in previous.items():
+            signal.signal(interrupt, handler)
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -88,7 +88,15 @@ def _on_block(
         array = out if name is None else out[name]
         # a coordinate the function made along some of the free dims: along all of them
         missing = {d: given.sizes[d] for d in order if d not in array.dims}
-        arrays[name] = np.asarray(array.expand_dims(missing).transpose(*order).data)
+        array = array.expand_dims(missing)
+        changed = [d for d in free if array.sizes[d] != given.sizes[d]]
+        if changed:  # in this block only (dropped labels inside it): the sample could not tell
+            raise MemchunkError(
+                f"the function changed the length of {changed} in a task "
+                f"({', '.join(f'{given.sizes[d]} -> {array.sizes[d]}' for d in changed)}), "
+                f"which the plan cuts: declare {changed} whole"
+            )
+        arrays[name] = np.asarray(array.transpose(*order).data)
     held = np.empty((1,) * len(block_info[None]["chunk-shape"]), dtype=object)
     held.flat[0] = arrays
     return held
@@ -105,6 +113,8 @@ def _changed_along(out: xr.DataArray, sample: xr.DataArray, dim: Any) -> str:
             f"changes the length of {dim!r} ({after} of {before} elements of a sample: a "
             f"selection or a coarsening)"
         )
+    if dim in out.indexes and dim not in sample.indexes:
+        return f"gives {dim!r} labels of its own, where it had none"
     if dim in sample.indexes and dim in out.indexes:
         labels, made = sample.indexes[dim], out.indexes[dim]
         if not labels.equals(made):
@@ -113,6 +123,11 @@ def _changed_along(out: xr.DataArray, sample: xr.DataArray, dim: Any) -> str:
                 f"roll or new coordinates)"
             )
     return ""
+
+
+def _same_coord(made: xr.DataArray, given: xr.DataArray | None) -> bool:
+    """Whether the function's coordinate ``made`` is the sample's ``given`` as it was."""
+    return given is not None and made.variable.equals(given.variable)
 
 
 def _take(results: np.ndarray, *, variable: Any) -> np.ndarray:
@@ -309,8 +324,14 @@ class XarrayFunctionOperator(Operator):
         ------
         MemchunkError
             When ``func`` raises on the sample, returns something other than a DataArray or a
-            Dataset, or reduces over a dim the plan may cut.
+            Dataset, reduces over a dim the plan may cut or changes its length or labels.
         """
+        return self._sampled(da, kwargs)[0]
+
+    def _sampled(
+        self, da: xr.DataArray, kwargs: Mapping[str, Any]
+    ) -> tuple[xr.DataArray | xr.Dataset, xr.DataArray]:
+        """:meth:`template`, and the sample it was made from."""
         free = [d for d in da.dims if d not in self._whole_dims(da)]
         sample = piece_of(da, {d: min(2, da.sizes[d]) for d in free}, fill=1, spread=True)
         try:
@@ -351,7 +372,7 @@ class XarrayFunctionOperator(Operator):
                         f"cut: each task would do so to its own chunk alone. Declare {dim!r} "
                         f"whole (@xm.operator(whole=[..., {dim!r}]))"
                     )
-        return out
+        return out, sample
 
     def compute(self, da: xr.DataArray, uses: Mapping[str, DimUse], **kwargs: Any) -> Any:
         """``func`` on each block, lazily: one call per planned chunk.
@@ -365,15 +386,17 @@ class XarrayFunctionOperator(Operator):
 
         if da.chunks is None:
             return self.func(da, **kwargs)
-        out = self.template(da, kwargs)
+        out, sample = self._sampled(da, kwargs)
         arrays = dict(out.data_vars) if isinstance(out, xr.Dataset) else {None: out}
         free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
-        # coordinates the function makes along dims the plan may cut: taken from each task too,
-        # along every free dim (the first element of those they lack kept)
+        # coordinates the function makes or changes along dims the plan may cut: taken from
+        # each task too, along every free dim (the first element of those they lack kept)
         made = {
             name: out[name].reset_coords(drop=True)
             for name, coord in out.coords.items()
-            if name not in out.indexes and set(coord.dims) & set(free) and name not in da.coords
+            if name not in out.indexes
+            and set(coord.dims) & set(free)
+            and not _same_coord(coord, sample.coords.get(name))
         }
         lacking = {name: [d for d in free if d not in c.dims] for name, c in made.items()}
         arrays |= {name: c.expand_dims(lacking[name]) for name, c in made.items()}
@@ -393,6 +416,7 @@ class XarrayFunctionOperator(Operator):
             "coords": coords,
             "name_": da.name,
             "orders": orders,
+            "free": tuple(free),
             "chunks": tuple((1,) * len(da.chunks[da.get_axis_num(d)]) for d in free),
             "dtype": object,
             "meta": np.empty((0,) * len(free), dtype=object),
@@ -402,14 +426,12 @@ class XarrayFunctionOperator(Operator):
         if backend is not None:  # each task reads its own block: no read task beside it
             pairs = zip(da.dims, da.chunks, strict=True)
             bounds = {str(d): tuple(np.cumsum((0, *c)).tolist()) for d, c in pairs}
-            results = dask.array.map_blocks(
-                _on_block, backend, free=tuple(free), bounds=bounds, **common
-            )
+            results = dask.array.map_blocks(_on_block, backend, bounds=bounds, **common)
         else:
             drop = [da.get_axis_num(d) for d in da.dims if d not in free]
             results = dask.array.map_blocks(_on_block, da.data, drop_axis=drop, **common)
         taken = {
-            name: self._taken(da, results, like, name, free, orders[name])
+            name: self._taken(da, results, like, name, free, orders[name], set(made))
             for name, like in arrays.items()
         }
         coords = {
@@ -427,8 +449,14 @@ class XarrayFunctionOperator(Operator):
         name: Any,
         free: Sequence[str],
         order: tuple[str, ...],
+        made: set[Any],
     ) -> xr.DataArray:
-        """Output ``name`` (``like``, from the template) taken from each task's results."""
+        """Output ``name`` (``like``, from the template) taken from each task's results.
+
+        Its coordinates along the free dims are the input's where the function kept them as
+        they were (the template's are a sample's); those it ``made`` (or changed) are taken
+        from the tasks apart, and those it dropped stay out.
+        """
         other = order[len(free) :]
         chunks = [da.chunks[da.get_axis_num(d)] for d in free] + [(like.sizes[d],) for d in other]
         data = results.map_blocks(
@@ -441,7 +469,13 @@ class XarrayFunctionOperator(Operator):
             meta=np.empty((0,) * len(order), dtype=like.dtype),
         )
         own = {k: v for k, v in like.coords.items() if not set(v.dims) & set(free)}
-        own.update({k: v for k, v in da.coords.items() if set(v.dims) <= set(free)})
+        own.update(
+            {
+                k: v
+                for k, v in da.coords.items()
+                if set(v.dims) <= set(free) and k in like.coords and k not in made
+            }
+        )
         result = xr.DataArray(data, dims=order, coords=own, attrs=like.attrs)
         result.name = like.name  # None stays None (not the Dask array's name)
         return result.transpose(*like.dims)
@@ -466,6 +500,14 @@ class XarrayFunctionOperator(Operator):
                 results.update({f"{name}_{v}": out[v] for v in out.data_vars})
             else:
                 results[name] = out
+        # a coordinate the function makes comes with each variable, lazily: the first planned
+        # variable's is kept, unread (xarray would compute each to compare them)
+        merged = xr.merge(
+            [array.rename(name) for name, array in results.items()],
+            compat="override",
+            join="exact",
+            combine_attrs="drop",
+        )
         left = [name for name in ds.data_vars if str(name) not in uses]
         if left:
             names = ", ".join(map(repr, left))
@@ -475,4 +517,4 @@ class XarrayFunctionOperator(Operator):
                 f"Compute them with xarray, outside the plan, where you need them",
                 UserWarning,
             )
-        return xr.Dataset(results, attrs=ds.attrs)
+        return merged.assign_attrs(ds.attrs)
