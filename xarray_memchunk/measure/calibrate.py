@@ -1000,7 +1000,8 @@ def _room_in(profiler) -> float:
     if not limit:
         return math.inf
     # its process now (what earlier blocks left grows it), not its last heartbeat's
-    held = profiler.run(_process_memory, workers=[address]).get(address, 0)
+    # (a worker that died meanwhile answers nothing: its next block says so)
+    held = profiler.run(_process_memory, workers=[address], on_error="ignore").get(address, 0)
     return max(0.0, memory_threshold("pause", "terminate", otherwise=0.8) * limit - held)
 
 

@@ -340,7 +340,7 @@ class XarrayFunctionOperator(Operator):
                 out = self.func(sample, **kwargs)
         except Exception as exc:
             hint = ""
-            if _annotated(self.func, xr.Dataset):
+            if _annotated(self.func, xr.Dataset) and not _annotated(self.func, xr.DataArray):
                 hint = (
                     ". It is called once per variable, with that variable alone (a DataArray): "
                     "use the array it is given, and make the variables it reads beside it "
