@@ -35,7 +35,7 @@ FORBIDDEN_IN_PLANNING = {"xarray", "distributed", "cupy", "cf_xarray", "zarr", "
 #: own layer and those below. ``__init__`` is the package itself, which imports the API it
 #: exposes; only the command line, above it, imports the package whole.
 LAYERS = (
-    ("_version", "errors", "units"),
+    ("_version", "errors", "units", "worker_preload"),
     ("planning",),
     ("models",),
     ("_dask_compat", "clusters"),
