@@ -122,3 +122,21 @@ def test_cftime_time_bounds_are_left_to_xarray_with_advice_that_works(threaded):
     (note,) = [n for n in plan.notes if n.startswith("not planned: time_bnds")]
     assert "compute such a variable (time bounds) with xarray itself" in note
     assert ".astype" not in note
+
+
+@pytest.mark.parametrize(
+    ("op", "kwargs", "expected"),
+    [
+        ("resample", {"freq": "1MS"}, lambda ds: ds.resample(time="1MS").mean()),
+        ("groupby", {"by": "time.month"}, lambda ds: ds.groupby("time.month").mean()),
+        ("mean", {"dim": "time"}, lambda ds: ds.mean("time")),
+    ],
+)
+def test_a_coordinate_along_a_dim_no_variable_has_is_kept_as_xarray_keeps_it(
+    op, kwargs, expected, threaded
+):
+    """A new user's ``lev``, left after ``deptho`` was dropped, was lost by all three."""
+    ds = daily(days=120).to_dataset().assign_coords(lev=("lev", np.arange(5.0)))
+    result = ds.memchunk.apply(op, memory_limit="1GB", **kwargs)
+    assert "lev" in result.coords
+    xr.testing.assert_allclose(result.compute(), expected(ds).compute(), atol=1e-6)

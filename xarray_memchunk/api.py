@@ -215,6 +215,8 @@ class Plan:
             result = operator.compute(rechunked, own, **kwargs)
         else:
             result = operator.compute_dataset(rechunked, uses, **kwargs)
+            if operator.keeps_unplanned_variables:  # xarray's own methods: as xarray keeps them
+                result = _with_untouched_coords(result, rechunked)
         check_halo_reads(result, rechunked, uses, operator.name)
         if isinstance(result, xr.DataArray) and result.name is None:
             result = result.rename(operator.name)
@@ -1362,6 +1364,28 @@ def _gathered(result: xr.DataArray | xr.Dataset) -> tuple[int, str]:
         return 0, ""
     largest = max(sizes, key=sizes.__getitem__)
     return sizes[largest], largest
+
+
+def _with_untouched_coords(result: xr.Dataset, source: xr.Dataset) -> xr.Dataset:
+    """``result`` with the coordinates of ``source`` along dims the operator left as they were.
+
+    xarray's reductions, ``groupby``, ``resample`` and ``rolling`` keep a Dataset's coordinates
+    along dims they do not reduce or resize: a ``lev`` that no variable is left along, after
+    ``deptho`` was dropped, was lost (a new user's trial). A dim is changed where a variable of
+    ``source`` has it and ``result`` lacks it or has another length.
+    """
+    changed = {
+        d
+        for d in source.dims
+        if (d in result.dims and result.sizes[d] != source.sizes[d])
+        or (d not in result.dims and any(d in v.dims for v in source.data_vars.values()))
+    }
+    kept = {
+        name: coord
+        for name, coord in source.coords.items()
+        if name not in result.variables and not set(coord.dims) & changed
+    }
+    return result.assign_coords(kept) if kept else result
 
 
 def _chunked_beside(da: xr.DataArray, chunks: Mapping[str, int]) -> xr.DataArray:
