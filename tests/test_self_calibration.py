@@ -61,6 +61,7 @@ def test_a_function_calibrates_itself_once_and_again_when_changed(user_dir, thre
     data = field()
     first = data.memchunk.plan(op, memory_limit="2GB")
     note = next(n for n in first.notes if n.startswith("memory model calibrated now"))
+    assert "(the plan ran the operator, on float32 data)" in note  # one note per dtype measured
     assert int(note.split(": ")[1].split(" blocks")[0]) >= 3
     saved = json.loads((user_dir / f"{op.calibration}-cpu.json").read_text())
     for package in calibrate.RECORDED_PACKAGES:

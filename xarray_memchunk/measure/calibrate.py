@@ -668,6 +668,9 @@ class SelfCalibration:
     measured_in
         The process the blocks ran in: a cluster's worker, or a child process of this one
         (no cluster, or an adaptive one with no worker running).
+    dtype
+        The data type measured: a Dataset of float32 and float64 variables is measured once
+        for each, in one file.
     """
 
     path: Path
@@ -679,6 +682,7 @@ class SelfCalibration:
     worst_under_pct: float
     squared_dims: tuple[str, ...] = ()
     measured_in: str = "a worker process"
+    dtype: str = ""
 
     def _within(self) -> str:
         """Where the worst under-prediction is large, that it is within the fit's allowance.
@@ -697,7 +701,8 @@ class SelfCalibration:
     def explain(self) -> str:
         """One sentence for the plan's notes."""
         text = (
-            f"memory model calibrated now (the plan ran the operator): {self.n_profiles} "
+            f"memory model calibrated now (the plan ran the operator"
+            f"{f', on {self.dtype} data' if self.dtype else ''}): {self.n_profiles} "
             f"blocks measured in {self.measured_in}, up to {self.largest_elements:,} elements, in "
             f"{self.seconds:.1f} s; median |error| {self.median_abs_pct_error:.1f}%, worst "
             f"under-prediction {self.worst_under_pct:.1f}%{self._within()}; trusted up to "
@@ -978,6 +983,7 @@ def self_calibrate(
         worst_under_pct=stats["worst_under_pct"],
         squared_dims=tuple(squared),
         measured_in=measured_in,
+        dtype=dtype,
     )
 
 
