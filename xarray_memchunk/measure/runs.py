@@ -51,7 +51,6 @@ per task (``benchmarks/task_measurement_overhead.py``).
 from __future__ import annotations
 
 import functools
-import shlex
 import time
 import weakref
 from collections.abc import Callable, Collection
@@ -70,7 +69,7 @@ from .._dask_compat import (
 from ..clusters import active_client, memory_threshold
 from ..errors import CalibrationError
 from ..models.fitting import ABSOLUTE_SLACK
-from ..models.learned import Observation, record_observation
+from ..models.learned import Observation, forget_command, record_observation
 from ..planning.candidates import padded_extent
 from ..planning.plan import ChunkPlan
 from ..planning.search import operator_peak_within
@@ -787,8 +786,8 @@ def _learn(prepared: Any, measured: int, floor: bool) -> str:
     what = "at least" if floor else "the measured"
     return (
         f"kept {what} {plan.budget.format(measured)} task beside the calibration "
-        f"(the next plan raises its prediction, at most x2; forget it with `memchunk calibrate "
-        f"{shlex.quote(cost.calibration_key)} --forget`)"
+        f"(the next plan raises its prediction, at most x2; forget it with "
+        f"{forget_command(cost.calibration_key)})"
         + (": a worker was killed; a NumPy function is measured again first" if floor else "")
         + f": {path}"
     )

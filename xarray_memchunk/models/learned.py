@@ -45,6 +45,7 @@ __all__ = [
     "MAX_SCALE_PER_RUN",
     "Learned",
     "Observation",
+    "forget_command",
     "forget_learned",
     "learned_path",
     "load_learned",
@@ -165,14 +166,16 @@ def learned_path(calibration: str, device: str, directory: Path | None = None) -
     return (directory or calibration_dir()) / name.replace(".json", ".learned.json")
 
 
-def _forget(calibration: str) -> str:
-    """What to do about a learned file of ``calibration`` that cannot be read."""
+def forget_command(calibration: str) -> str:
+    """The command line that forgets what runs taught about ``calibration``, quoted."""
     import shlex
 
-    return (
-        f"forget what runs taught with `memchunk calibrate {shlex.quote(calibration)} "
-        f"--forget`, or delete the file"
-    )
+    return f"`memchunk calibrate {shlex.quote(calibration)} --forget`"
+
+
+def _forget(calibration: str) -> str:
+    """What to do about a learned file of ``calibration`` that cannot be read."""
+    return f"forget what runs taught with {forget_command(calibration)}, or delete the file"
 
 
 def _parse(entry: Any, path: Path, calibration: str) -> Observation:

@@ -265,6 +265,10 @@ class XarrayFunctionOperator(Operator):
             return named
         return tuple(str(d) for d in da.dims if d not in named)
 
+    def _free_dims(self, da: xr.DataArray) -> list[str]:
+        """The dims plans may cut: every dim not whole."""
+        return [str(d) for d in da.dims if d not in self._whole_dims(da)]
+
     def dims(self, da: xr.DataArray, **kwargs: Any) -> dict[str, DimUse]:
         """The whole dims (given, or every dim but the free ones); each must exist in ``da``."""
         return {d: DimUse(DimRole.WHOLE) for d in self._whole_dims(da)}
@@ -306,7 +310,7 @@ class XarrayFunctionOperator(Operator):
         On pieces of ``da`` with random values: :func:`~.halo_reach.check_free_dims`. Done
         once per dims, sizes and arguments.
         """
-        free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
+        free = self._free_dims(da)
         arguments = arguments_identity(self.func, kwargs)
         key = (np.dtype(da.dtype).str, tuple(da.sizes.items()), arguments.digest)
         if not free or key in self._checked_free or not checking():
@@ -332,7 +336,7 @@ class XarrayFunctionOperator(Operator):
         self, da: xr.DataArray, kwargs: Mapping[str, Any]
     ) -> tuple[xr.DataArray | xr.Dataset, xr.DataArray]:
         """:meth:`template`, and the sample it was made from."""
-        free = [d for d in da.dims if d not in self._whole_dims(da)]
+        free = self._free_dims(da)
         sample = piece_of(da, {d: min(2, da.sizes[d]) for d in free}, fill=1, spread=True)
         try:
             with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -388,7 +392,7 @@ class XarrayFunctionOperator(Operator):
             return self.func(da, **kwargs)
         out, sample = self._sampled(da, kwargs)
         arrays = dict(out.data_vars) if isinstance(out, xr.Dataset) else {None: out}
-        free = [str(d) for d in da.dims if d not in self._whole_dims(da)]
+        free = self._free_dims(da)
         # coordinates the function makes or changes along dims the plan may cut: taken from
         # each task too, along every free dim (the first element of those they lack kept)
         made = {

@@ -99,10 +99,17 @@ def _grid(problem: PlanProblem) -> tuple[list[DimCandidates], np.ndarray]:
     return per_dim, index
 
 
-def _footprint(problem: PlanProblem, budget: Budget, cuts: Mapping[str, DimCut]) -> Footprint:
-    padded = {name: cut.padded for name, cut in cuts.items()}
-    task = np.asarray(problem.peak_bytes(padded), dtype=np.float64)
-    task = np.broadcast_to(task, next(iter(padded.values())).shape)
+def _footprint(
+    problem: PlanProblem,
+    budget: Budget,
+    cuts: Mapping[str, DimCut],
+    task: np.ndarray | None = None,
+) -> Footprint:
+    """The slot's terms per candidate; ``task``: the operator's peak, else its model's."""
+    if task is None:
+        padded = {name: cut.padded for name, cut in cuts.items()}
+        task = np.asarray(problem.peak_bytes(padded), dtype=np.float64)
+        task = np.broadcast_to(task, next(iter(padded.values())).shape)
     return footprint(
         task,
         cuts,
@@ -477,13 +484,7 @@ def operator_peak_within(
     cuts = _cuts_of(problem, dask_chunks)
 
     def in_task(operator: float) -> float:
-        terms = footprint(
-            np.array([operator]),
-            cuts,
-            problem.inputs,
-            threads_per_worker=budget.threads_per_worker,
-            n_workers=budget.n_workers,
-        )
+        terms = _footprint(problem, budget, cuts, np.array([operator]))
         return float(terms.task[0] + terms.gather[0] + terms.produce[0])
 
     low, high = 0.0, max(0.0, float(in_task_bytes))
