@@ -28,8 +28,8 @@ def main() -> int:
     """Handle interrupts, then run :func:`xarray_memchunk.cli.main` (which takes them over)."""
     for interrupt in (signal.SIGINT, signal.SIGTERM):
         signal.signal(interrupt, _interrupted_while_starting)
-    from xarray_memchunk.cli import INTERRUPTS
     from xarray_memchunk.cli import main as run
+    from xarray_memchunk.interrupts import INTERRUPTS
 
     status = run()
     for interrupt in INTERRUPTS:  # done: an interrupt now would only cut the exit short

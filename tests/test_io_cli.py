@@ -18,6 +18,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
+from xarray_memchunk import interrupts
 from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
 from xarray_memchunk.io import check_target, is_dataset
 
@@ -45,6 +46,36 @@ cli._computer = slow_computer
 sys.exit(cli.main(sys.argv[1:]))
 """,
 ]
+#: Ways a ``SLOW_WRITE`` interrupted is kept from ending, each set up before it runs; its
+#: deadline is 3 s.
+STUCK = {
+    "a cluster that does not stop": """
+import contextlib
+own_client = cli._client
+
+@contextlib.contextmanager
+def stuck_client(args):
+    with own_client(args) as client:
+        try:
+            yield client
+        finally:
+            time.sleep(600)
+
+cli._client = stuck_client
+""",
+    "an interrupt a library caught": """
+def swallowing_computer(client):
+    compute = slow_computer(client)
+    def swallowing(delayed):
+        try:
+            compute(delayed)
+        except BaseException:
+            time.sleep(600)
+    return swallowing
+
+cli._computer = swallowing_computer
+""",
+}
 
 
 def memchunk(*args, timeout=300):
@@ -71,8 +102,17 @@ def start(command, *args):
 
 
 def finish(proc, timeout=60):
-    """Wait for a command from :func:`start` to end; what it wrote to stderr."""
-    proc.wait(timeout=timeout)
+    """Wait for a command from :func:`start` to end; what it wrote to stderr.
+
+    One that does not end in time is killed, with the processes it started: a failed test
+    leaves no cluster behind.
+    """
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"the command had not ended {timeout} s later:\n{stderr_of(proc)}")
     return stderr_of(proc)
 
 
@@ -390,6 +430,52 @@ def test_interrupted_run_is_one_line_and_keeps_the_old_output(
 
 @pytest.mark.cluster
 @pytest.mark.slow
+@pytest.mark.parametrize("stuck", sorted(STUCK))
+def test_an_interrupted_run_that_cannot_stop_ends_at_its_deadline(files, tmp_path, stuck):
+    """CI: a SIGTERM while the worker ran a 60 s task, and the command had not ended 60 s
+    later. Whatever keeps it, the command ends at its deadline, its cluster's processes with
+    it, the old output kept and the partial one removed."""
+    target = tmp_path / "mean.zarr"
+    xr.Dataset({"tas": ("x", np.arange(5.0))}).to_zarr(target)
+    setup = "from xarray_memchunk import interrupts\ninterrupts.STOP_DEADLINE_S = 3\n"
+    setup += STUCK[stuck]
+    script = SLOW_WRITE[2].replace("sys.exit(", f"{setup}\nsys.exit(")
+    args = ["run", "mean", files / "tas.nc", target, "--dim", "time", "--overwrite"]
+    proc = start([sys.executable, "-c", script], *args, "--nworkers", "1", "--memory-limit", "1GB")
+    wait_for(lambda: pieces(tmp_path), proc=proc)
+    time.sleep(1)  # the sleeping task has started
+    began = time.time()
+    proc.send_signal(signal.SIGTERM)
+    stderr = finish(proc)
+    assert proc.returncode == 143, stderr
+    assert time.time() - began < 30, stderr
+    assert stderr.strip().splitlines() == [
+        "memchunk: interrupted by SIGTERM: its cluster had not stopped 3 s later and was "
+        "killed; nothing more written, partial output removed"
+    ]
+    wait_for(lambda: not _group_alive(proc.pid), timeout=10)
+    np.testing.assert_array_equal(xr.open_zarr(target).tas.values, np.arange(5.0))
+    assert pieces(tmp_path) == []
+
+
+def _group_alive(group: int) -> bool:
+    """Whether a process of the process group ``group`` is alive (a zombie is not)."""
+    return any(
+        p.info["status"] != psutil.STATUS_ZOMBIE
+        for p in psutil.process_iter(["status"])
+        if _group_of(p) == group
+    )
+
+
+def _group_of(process: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(process.pid)
+    except OSError:
+        return None
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_next_run_removes_what_a_killed_run_left(files, tmp_path):
     target = tmp_path / "mean.zarr"
     xr.Dataset({"tas": ("x", np.arange(5.0))}).to_zarr(target)
@@ -638,7 +724,7 @@ def test_an_interrupt_after_the_new_output_is_in_place_says_it_was_written(tmp_p
     ):
         with pytest.raises(KeyboardInterrupt) as caught:
             cli._writing(args, run)
-        assert cli._interrupted(caught.value) == 130
+        assert interrupts.report(caught.value, getattr(caught.value, "written", None)) == 130
         assert capsys.readouterr().err == f"memchunk: interrupted by SIGINT: {says}\n"
     np.testing.assert_array_equal(xr.open_zarr(target).v.values, np.ones(3))
 
@@ -667,7 +753,7 @@ def test_the_command_run_in_python_gives_back_the_callers_signal_handlers(capsys
     """A review found SIGINT and SIGTERM ignored after ``cli.main`` in a Python session."""
     from xarray_memchunk import cli
 
-    before = {s: signal.getsignal(s) for s in cli.INTERRUPTS}
+    before = {s: signal.getsignal(s) for s in interrupts.INTERRUPTS}
     assert cli.main(["operators"]) == 0
-    assert {s: signal.getsignal(s) for s in cli.INTERRUPTS} == before
+    assert {s: signal.getsignal(s) for s in interrupts.INTERRUPTS} == before
     assert "gst3d" in capsys.readouterr().out

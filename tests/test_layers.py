@@ -43,7 +43,7 @@ LAYERS = (
     ("measure",),
     ("memory_limits", "io", "seismic"),
     ("api",),
-    ("accessor", "datasets", "demo", "testing"),
+    ("accessor", "datasets", "demo", "interrupts", "testing"),
     ("__init__",),
     ("cli",),
 )

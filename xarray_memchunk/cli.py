@@ -15,13 +15,13 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import interrupts
 from .errors import MemchunkError, ResultGatherWarning
 
 DEMO_SIZE = 200
@@ -34,8 +34,6 @@ PROGRESS_PERIOD_S = 10.0
 MAX_WORKERS_PER_CPU = 4
 #: Seconds to wait for a ``--scheduler`` to answer, when connecting and when reconnecting.
 SCHEDULER_TIMEOUT_S = 10
-#: Signals that end a command cleanly: partial output removed, one line, 128 + the number.
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 #: The dask config key of the scheduler's queue depth: root tasks sent per worker thread.
 WORKER_SATURATION_KEY = "distributed.scheduler.worker-saturation"
 #: The queue depth of the LocalCluster ``run`` starts, where the user did not choose one: a
@@ -368,6 +366,7 @@ def _client(args: argparse.Namespace) -> Iterator[Any]:
         with _scheduler_client(args.scheduler) as client:
             yield client
         return
+    interrupts.quiet_resource_tracker()  # before the LocalCluster starts its workers with it
     with (
         dask.config.set(_own_cluster_config()),
         LocalCluster(
@@ -635,16 +634,20 @@ def _writing(args: argparse.Namespace, run) -> int:
     """
     from .io import recover
 
-    before = _identity(args.output)
+    before = interrupts.identity(args.output)
     try:
-        run()
+        with interrupts.writing(args.output):
+            run()
     except (MemchunkError, KeyboardInterrupt) as exc:
-        recover(args.output)  # the computation has stopped: remove what it wrote meanwhile
-        if isinstance(exc, KeyboardInterrupt) and _identity(args.output) not in (None, before):
+        with interrupts.recovering():  # the computation has stopped: remove what it wrote
+            recover(args.output)
+        written = interrupts.identity(args.output) not in (None, before)
+        if isinstance(exc, KeyboardInterrupt) and written:
             exc.written = args.output  # in place before the interrupt: said so, not removed
         raise
     except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
-        recover(args.output)
+        with interrupts.recovering():
+            recover(args.output)
         print(
             f"memchunk: the computation failed: {type(exc).__name__}: {_first_line(exc)}",
             file=sys.stderr,
@@ -652,19 +655,6 @@ def _writing(args: argparse.Namespace, run) -> int:
         return 1
     print(f"wrote {args.output}")
     return 0
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """``path``'s device and inode, None where it does not exist.
-
-    A new output is another file or directory (written beside the old one, then swapped in):
-    its inode differs, where an old one moved aside and back keeps its own.
-    """
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
 
 
 def _quiet_distributed() -> None:
@@ -822,65 +812,13 @@ def _cmd_operators(args: argparse.Namespace) -> int:
     return 0
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM received: the command ends, its partial output removed.
-
-    Parameters
-    ----------
-    signum
-        The signal's number.
-    stderr
-        A file descriptor of the command's stderr, kept for the one line that says so: fd 2
-        itself is silenced, so that the shutdown of a cluster cut short prints nothing more.
-    """
-
-    def __init__(self, signum: int, stderr: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.stderr = stderr
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    """End the command as Ctrl-C does; ignore further interrupts while it cleans up."""
-    for interrupt in INTERRUPTS:
-        signal.signal(interrupt, signal.SIG_IGN)
-    sys.stderr.flush()
-    stderr = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    raise Interrupted(signum, stderr)
-
-
-def _interrupted(exc: KeyboardInterrupt) -> int:
-    """Say in one line that the command was interrupted; its exit status, 128 + the signal."""
-    signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
-    written = getattr(exc, "written", None)
-    what = (
-        f"{written} had been written whole before it"
-        if written
-        else "nothing more written, partial output removed"
-    )
-    line = f"memchunk: interrupted by {signal.Signals(signum).name}: {what}\n"
-    if isinstance(exc, Interrupted):
-        os.write(exc.stderr, line.encode())
-    else:
-        sys.stderr.write(line)
-    return 128 + signum
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memchunk`` console script."""
-    previous = {interrupt: signal.getsignal(interrupt) for interrupt in INTERRUPTS}
-    for interrupt in INTERRUPTS:  # first: an interrupt at any later moment ends cleanly
-        signal.signal(interrupt, _interrupt)
-    try:
-        return _main(argv)
-    except KeyboardInterrupt as exc:
-        return _interrupted(exc)
-    finally:  # a caller in Python (a notebook) gets its own handlers back
-        for interrupt, handler in previous.items():
-            signal.signal(interrupt, handler)
+    with interrupts.handled():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt as exc:
+            return interrupts.report(exc, written=getattr(exc, "written", None))
 
 
 def _main(argv: Sequence[str] | None) -> int:
