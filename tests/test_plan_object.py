@@ -412,3 +412,20 @@ def test_an_alternative_not_taken_states_both_estimates():
     label, why = _slower("method='map-reduce'", prepared(3.47), prepared(3.43))
     assert label == "method='map-reduce'"
     assert "1.01x as long (3.5 s against 3.4 s" in why
+
+
+def test_the_most_tasks_a_plan_may_have_is_the_dask_config_key_memchunk_max_tasks():
+    ds = synthetic_climate(365, 180, 360)  # 94.6 MB: over one task of 400 MB workers
+    plan = ds.memchunk.plan("median", dim="time", memory_limit="400MB")
+    assert plan.n_chunks > 2
+    with (
+        dask.config.set({"memchunk.max-tasks": 2}),
+        pytest.raises(xm.InfeasiblePlanError, match="only chunkings of more than 2 tasks") as err,
+    ):
+        ds.memchunk.plan("median", dim="time", memory_limit="400MB")
+    assert err.value.minimum_memory_limit > xm.units.to_bytes("400MB")
+    with (
+        dask.config.set({"memchunk.max-tasks": "many"}),
+        pytest.raises(xm.MemchunkError, match=r"memchunk\.max-tasks must be a whole number"),
+    ):
+        ds.memchunk.plan("median", dim="time", memory_limit="400MB")

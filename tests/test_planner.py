@@ -1,6 +1,7 @@
 """Properties of the pure planner, over many random problems (hypothesis)."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -283,6 +284,23 @@ def test_a_stated_minimum_is_one_at_which_a_chunking_within_the_measured_range_f
     plan = plan_chunks(problem, at_minimum)  # runs where the refusal said it would
     assert math.prod(max(c) for c in plan.dask_chunks.values()) <= n * n / 4
     assert plan.predicted_peak_bytes <= at_minimum.per_task
+
+
+def test_a_plan_of_more_tasks_than_the_cap_is_refused_with_a_minimum_that_keeps_within_it():
+    """A new user's groupby planned at a refusal's stated minimum had 2,803,200 tasks: its
+    input held 1.5 GiB per task whatever the chunks, and only the smallest fitted beside it."""
+    specs = (DimSpec("time", 1000, DimRole.WHOLE), DimSpec("x", 2000), DimSpec("y", 500))
+    problem = PlanProblem("op", specs, linear_peak(8.0, constant=100e6), max_tasks=1000)
+    per_task = 100e6 + 8 * 1000 * 125  # time x 125 elements fit: 8,000 tasks
+    fits_only_many = make_budget(int(per_task / 0.72), 1, 1, "test", worker_baseline=0)
+    assert plan_chunks(replace(problem, max_tasks=10**6), fits_only_many).n_chunks > 1000
+    with pytest.raises(InfeasiblePlanError, match="only chunkings of more than 1,000 tasks") as err:
+        plan_chunks(problem, fits_only_many)
+    assert "memchunk.max-tasks" in str(err.value)
+    least = err.value.minimum_memory_limit
+    at_minimum = make_budget(least, 1, 1, "test", worker_baseline=0)
+    plan = plan_chunks(problem, at_minimum)
+    assert plan.n_chunks <= 1000 and plan.predicted_peak_bytes <= at_minimum.per_task
 
 
 def test_a_range_below_every_chunking_is_refused_for_the_range_with_no_minimum():

@@ -34,6 +34,7 @@ from .memory_limits import Budget, budget_with_memory, resolve_budget
 from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
+from .operators.chunk_caches import CHUNK_CACHE_REMEDY, chunk_cache_note, held_in_chunk_caches
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.kept_variables import KeptVariable, size_kept_variables
@@ -54,7 +55,7 @@ from .operators.user_chunks import Chunks, normalize_user_chunks
 from .planning.budget import format_size, with_baseline
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
-from .planning.problem import PlanProblem
+from .planning.problem import DEFAULT_MAX_TASKS, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
 from .units import format_seconds
@@ -1017,6 +1018,51 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
         ) from None
 
 
+def _max_tasks() -> int:
+    """The dask config key ``memchunk.max-tasks``: most chunks a chosen plan may have."""
+    value = dask.config.get("memchunk.max-tasks", DEFAULT_MAX_TASKS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MemchunkError(
+            f"the dask config key memchunk.max-tasks must be a whole number of at least 1 "
+            f"(the most chunks a plan may have), not {value!r}"
+        )
+    return value
+
+
+def _held_in_chunk_caches(
+    budget: Budget, operator: Operator, alternative: _Alternative
+) -> tuple[Budget, PlanProblem]:
+    """``budget`` for workers that keep the chunk caches of the netCDF4 files a graph reads.
+
+    Variables produced by a Dask graph (:attr:`InputKind.GRAPH`) read their files through
+    xarray, whose netCDF4 files keep each variable's decompressed chunks
+    (:mod:`~xarray_memchunk.operators.chunk_caches`): the baseline is raised by what a worker
+    may still fill, and the problem gets a note that says how to keep none.
+    """
+    graph_inputs = [
+        alternative.targets[name]
+        for name, cost in alternative.costs.items()
+        if cost.layout.kind is InputKind.GRAPH
+    ]
+    if budget.device != "cpu" or not graph_inputs:
+        return budget, alternative.problem
+    caches = held_in_chunk_caches(graph_inputs)
+    if not caches.nbytes:
+        return budget, alternative.problem
+    source = f"netCDF chunk caches ({format_size(caches.nbytes)}) a worker keeps reading the input"
+    try:
+        budget = with_baseline(
+            budget, budget.worker_baseline + caches.nbytes, source, CHUNK_CACHE_REMEDY
+        )
+    except BudgetError as exc:  # a refusal like any other: the alternatives are tried
+        raise InfeasiblePlanError(
+            f"{operator.name!r}: {exc} (its baseline: {source}); or {CHUNK_CACHE_REMEDY}",
+            minimum_memory_limit=exc.minimum_memory_limit,
+        ) from None
+    problem = alternative.problem
+    return budget, replace(problem, notes=(*problem.notes, chunk_cache_note(caches)))
+
+
 def _alternative(
     obj: xr.DataArray | xr.Dataset,
     operator: Operator,
@@ -1074,8 +1120,10 @@ def _prepare_one(
     ``staging``: where no plan fits in memory, try staging the graph's data on disk (its
     write speed measured unless ``measure="never"``).
     """
-    kwargs, costs, problem = alternative.kwargs, alternative.costs, alternative.problem
+    kwargs, costs = alternative.kwargs, alternative.costs
     resolved = _held_after_running(resolved, operator, costs)
+    resolved, problem = _held_in_chunk_caches(resolved, operator, alternative)
+    problem = replace(problem, max_tasks=_max_tasks())
     if chunks is None:
         try:
             in_memory_plan = plan_chunks(problem, resolved)

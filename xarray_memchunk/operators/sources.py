@@ -53,6 +53,7 @@ from .zarr_reads import direct_reader, with_direct_zarr_reads
 __all__ = [
     "BoundedReads",
     "ConcatenatedReads",
+    "backend_array",
     "chunk_in_memory",
     "in_memory_data",
     "contiguous_storage",
@@ -194,12 +195,12 @@ def _one_file(graph: Any, name: str, shape: tuple[int, ...]) -> Any | None:
     backend = from_array_source(graph, name)
     if backend is None or isinstance(backend, np.ndarray):
         return None
-    if _backend_array(backend) is None or tuple(getattr(backend, "shape", ())) != shape:
+    if backend_array(backend) is None or tuple(getattr(backend, "shape", ())) != shape:
         return None
     return backend
 
 
-def _backend_array(array: Any) -> Any | None:
+def backend_array(array: Any) -> Any | None:
     """The backend's own array under xarray's lazily indexed wrappers, or None."""
     from xarray.backends.common import BackendArray
 
@@ -212,7 +213,7 @@ def _drop_chunk_cache(array: Any) -> None:
     """Keep at most :data:`NETCDF4_CHUNK_CACHE_BYTES` of a netCDF4 variable's chunks cached."""
     from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
 
-    inner = _backend_array(array)
+    inner = backend_array(array)
     if isinstance(inner, NetCDF4ArrayWrapper):
         with inner.datastore.lock:  # as xarray's own reads: HDF5 is not thread-safe
             variable = inner.get_array(needs_lock=False)
@@ -369,7 +370,7 @@ def _netcdf4_arrays(da: xr.DataArray) -> list[Any] | None:
     if backend is None:
         return None
     parts = backend.parts if isinstance(backend, ConcatenatedReads) else [backend]
-    arrays = [_backend_array(part) for part in parts]
+    arrays = [backend_array(part) for part in parts]
     return arrays if all(isinstance(a, NetCDF4ArrayWrapper) for a in arrays) else None
 
 

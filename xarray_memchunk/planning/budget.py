@@ -106,6 +106,9 @@ class Budget:
     in_this_process
         The workers run in this Python process (``processes=False``): planned as one worker of
         all their threads, each pausing on all the process holds.
+    baseline_remedies
+        How to free what the baseline counts beyond an idle worker, where there is a way: a
+        refusal names them.
     """
 
     worker_memory: int
@@ -121,6 +124,7 @@ class Budget:
     decimal: bool = False
     cores: int = 0
     in_this_process: bool = False
+    baseline_remedies: tuple[str, ...] = ()
 
     @property
     def total_threads(self) -> int:
@@ -267,12 +271,13 @@ class Budget:
         )
 
 
-def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
+def with_baseline(budget: Budget, baseline: int, source: str, remedy: str = "") -> Budget:
     """``budget`` for workers that hold ``baseline`` bytes between tasks, where that is more.
 
     A budget whose ``per_task`` was given by hand, or whose baseline is already as large, is
     returned as it is. ``source`` says where the larger baseline comes from; it is appended to
     a source already given (memory the workers hold now stays named, with its remedy).
+    ``remedy``, where given, says how to free what the rise holds: a refusal names it.
 
     Raises
     ------
@@ -291,7 +296,14 @@ def with_baseline(budget: Budget, baseline: int, source: str) -> Budget:
     )
     if budget.baseline_source:
         source = f"{budget.baseline_source}, and {source}"
-    return replace(budget, per_task=per_task, worker_baseline=baseline, baseline_source=source)
+    remedies = (*budget.baseline_remedies, remedy) if remedy else budget.baseline_remedies
+    return replace(
+        budget,
+        per_task=per_task,
+        worker_baseline=baseline,
+        baseline_source=source,
+        baseline_remedies=remedies,
+    )
 
 
 #: The smallest per-task budget a plan is made for where the workers run in this process: the

@@ -172,6 +172,7 @@ def _infeasible(
     remedy = held_memory_remedy(budget.worker_baseline, budget.baseline_source)
     if remedy:
         advice.append(remedy)
+    advice += [f"or {remedy}" for remedy in budget.baseline_remedies]
     if whole:
         advice.append(
             f"or select a shorter range of {', '.join(whole)} (the operator needs "
@@ -243,18 +244,26 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
             f"model was measured on ({_measured_range(problem)}); calibrate it on larger "
             f"blocks (xarray_memchunk.calibrate with shapes=...)"
         )
-    fits = in_range
+    few_enough = n_chunks <= problem.max_tasks
+    allowed = measured & few_enough if (measured & few_enough).any() else measured
+    fits = in_range & allowed
     if not fits.any():
-        # the least a chunking within the measured range needs: the minimum a refusal states
-        # is one at which the plan it names is allowed
-        smallest = int(np.argmin(np.where(measured, peak, np.inf)))
+        # the least an allowed chunking needs (within the measured range, of few enough
+        # tasks): the minimum a refusal states is one at which the plan it names is allowed
+        smallest = int(np.argmin(np.where(allowed, peak, np.inf)))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
         least = {k: float(getattr(terms, k)[smallest]) for k in Footprint.TERMS}
         needed = budget.minimum_memory_limit(sum(least.values()))
-        raise InfeasiblePlanError(
-            _infeasible(problem, budget, least, shape, needed),
-            minimum_memory_limit=needed,
-        )
+        message = _infeasible(problem, budget, least, shape, needed)
+        if in_range.any():  # chunkings of more tasks fit: say why they are not planned
+            message = (
+                f"{problem.operator!r}: only chunkings of more than {problem.max_tasks:,} "
+                f"tasks fit the per-task budget (at least {int(n_chunks[in_range].min()):,}; "
+                "a graph that large takes minutes to build and schedule, and memory in the "
+                "client: raise the dask config key memchunk.max-tasks to plan one anyway). "
+                + message
+            )
+        raise InfeasiblePlanError(message, minimum_memory_limit=needed)
     ranked = order[fits[order]]
     fastest = int(ranked[0])
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)

@@ -1,0 +1,152 @@
+"""The chunk caches netCDF4 keeps per variable of each open file: counted for graph inputs.
+
+A new user's trial: ``open_mfdataset`` of 4 yearly files, ``.where(mask)`` and
+``.chunk(time=100)``, a ``groupby`` planned at 99% of its budget; the worker paused in 2 of 3
+runs. Its first task grew it by 228 MiB that stayed: the files' chunk caches.
+"""
+
+import gc
+import math
+
+import netCDF4
+import numpy as np
+import pandas as pd
+import psutil
+import pytest
+import xarray as xr
+
+import xarray_memchunk  # noqa: F401  (registers the accessor)
+from xarray_memchunk.errors import InfeasiblePlanError
+from xarray_memchunk.memory_limits import configured_baseline
+from xarray_memchunk.operators.chunk_caches import held_in_chunk_caches
+from xarray_memchunk.testing import watch
+
+YEARS = (2001, 2002, 2003, 2004)
+SHAPE = (365, 96, 192)
+STORAGE = (183, 48, 96)
+#: Bytes of the decompressed chunks of one variable in one file: 2 x 2 x 2 chunks.
+CHUNKS_PER_FILE_BYTES = 8 * int(np.prod(STORAGE)) * 4
+
+
+@pytest.fixture(scope="module")
+def yearly(tmp_path_factory):
+    """4 yearly files of tas and pr in zlib chunks of 183 x 48 x 96, and a contiguous mask."""
+    root = tmp_path_factory.mktemp("yearly")
+    rng = np.random.default_rng(0)
+    for year in YEARS:
+        data = {
+            name: (("time", "lat", "lon"), rng.standard_normal(SHAPE, dtype="float32"))
+            for name in ("tas", "pr")
+        }
+        data["sftlf"] = (("lat", "lon"), rng.uniform(0, 100, SHAPE[1:]).astype("float32"))
+        ds = xr.Dataset(
+            data,
+            coords={
+                "time": pd.date_range(f"{year}-01-01", periods=SHAPE[0], freq="D"),
+                "lat": np.linspace(-89.0, 89.0, SHAPE[1]),
+                "lon": np.linspace(0.0, 358.0, SHAPE[2]),
+            },
+        )
+        chunked = {"zlib": True, "complevel": 1, "chunksizes": STORAGE}
+        ds.to_netcdf(root / f"nl_{year}.nc", encoding={"tas": chunked, "pr": chunked})
+    return str(root / "nl_*.nc")
+
+
+def _graph(pattern: str) -> xr.Dataset:
+    """The trial's graph: unit conversions and a land mask over the files, in 100-day chunks."""
+    ds = xr.open_mfdataset(pattern, data_vars="minimal", coords="minimal", compat="override")
+    land = ds.sftlf > 50
+    graph = xr.Dataset({"tas": (ds.tas - 273.15).where(land), "pr": ds.pr * 86400})
+    return graph.chunk({"time": 100, "lat": -1, "lon": -1})
+
+
+def test_each_chunked_variable_of_each_file_counts_up_to_the_cache(yearly):
+    graph = _graph(yearly)
+    caches = held_in_chunk_caches([graph.tas, graph.pr])
+    assert caches.cache_bytes == netCDF4.get_chunk_cache()[0]
+    assert (caches.files, caches.variables) == (4, 8)  # the contiguous sftlf keeps none
+    assert caches.nbytes == 8 * min(CHUNKS_PER_FILE_BYTES, caches.cache_bytes)
+    size, nelems, preemption = netCDF4.get_chunk_cache()
+    netCDF4.set_chunk_cache(CHUNKS_PER_FILE_BYTES // 16)  # smaller than one chunk: none cached
+    try:
+        assert held_in_chunk_caches([graph.tas, graph.pr]).nbytes == 0
+    finally:
+        netCDF4.set_chunk_cache(size, nelems, preemption)
+
+
+def _one_worker(memory_limit: str):
+    """A LocalCluster of one 1-thread worker process, and its client."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=1, threads_per_worker=1, memory_limit=memory_limit, dashboard_address=":0"
+    )
+    return cluster, Client(cluster)
+
+
+def _memory_after_collecting() -> int:
+    gc.collect()
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("cache", ["default", "none"])
+def test_what_is_counted_is_what_a_worker_holds_while_it_reads(yearly, quiet_distributed, cache):
+    graph = _graph(yearly)
+    cluster, client = _one_worker("2GB")
+    with cluster, client:
+        if cache == "none":  # the remedy the plan's note gives
+            client.run(netCDF4.set_chunk_cache, 0)
+        counted = held_in_chunk_caches([graph.tas, graph.pr]).nbytes
+        client.run(lambda: np.zeros(1).sum())  # the worker's first task, before measuring
+        (before,) = client.run(_memory_after_collecting).values()
+        outcome = watch(client, "sum", lambda: (graph.tas.sum() + graph.pr.sum()).compute())
+    assert outcome.completed, outcome.error
+    held = outcome.peak_bytes - before  # the caches, netCDF4's import, a file's 27 MB blocks
+    if cache == "none":
+        assert counted == 0 and held < 0.5 * 8 * CHUNKS_PER_FILE_BYTES, held
+    else:
+        assert counted == 8 * CHUNKS_PER_FILE_BYTES
+        assert 0.8 * counted < held < counted + 64 * 2**20, (held, counted)
+
+
+def _open_and_read(pattern: str) -> None:
+    """Open the files in this process, keep them open, and read every variable whole."""
+    opened = xr.open_mfdataset(pattern, data_vars="minimal", coords="minimal", compat="override")
+    opened.load()
+    _open_and_read.kept = opened  # files open, their caches full
+
+
+@pytest.mark.cluster
+def test_files_a_worker_has_open_count_no_more(yearly, quiet_distributed):
+    """Their caches are in the memory the worker holds now, which its budget counts."""
+    graph = _graph(yearly)
+    cluster, client = _one_worker("2GB")
+    with cluster, client:
+        assert held_in_chunk_caches([graph.tas]).nbytes == 4 * CHUNKS_PER_FILE_BYTES
+        client.run(_open_and_read, yearly)
+        assert held_in_chunk_caches([graph.tas, graph.pr]).nbytes == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_graph_over_netcdf_files_is_refused_where_their_caches_leave_no_room(
+    yearly, quiet_distributed
+):
+    """Planned before with 38% of its budget, the run paused its 520 MB worker twice (its
+    caches took 206 MiB). Now refused, with the least memory_limit; there it runs unpaused."""
+    graph = _graph(yearly)
+    cluster, client = _one_worker("520MB")
+    with cluster, client, pytest.raises(InfeasiblePlanError) as refused:
+        graph.memchunk.plan("std", dim="time")
+    assert "netCDF chunk caches (205.88 MiB)" in str(refused.value)
+    assert "client.run(netCDF4.set_chunk_cache, 0)" in str(refused.value)
+    least = refused.value.minimum_memory_limit
+    cluster, client = _one_worker(f"{math.ceil(least / 1e6)}MB")
+    with cluster, client:
+        plan = graph.memchunk.plan("std", dim="time")
+        assert plan.budget.worker_baseline >= configured_baseline() + 8 * CHUNKS_PER_FILE_BYTES
+        assert any("netCDF chunk caches" in note for note in plan.notes)
+        outcome = watch(client, "std", lambda: plan.apply().compute())
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
