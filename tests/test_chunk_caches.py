@@ -24,6 +24,8 @@ from xarray_memchunk.testing import watch
 YEARS = (2001, 2002, 2003, 2004)
 SHAPE = (365, 96, 192)
 STORAGE = (183, 48, 96)
+#: What an idle worker is taken to hold: the configured baseline.
+IDLE = configured_baseline()
 #: Bytes of the decompressed chunks of one variable in one file: 2 x 2 x 2 chunks.
 CHUNKS_PER_FILE_BYTES = 8 * int(np.prod(STORAGE)) * 4
 
@@ -62,14 +64,14 @@ def _graph(pattern: str) -> xr.Dataset:
 
 def test_each_chunked_variable_of_each_file_counts_up_to_the_cache(yearly):
     graph = _graph(yearly)
-    caches = held_in_chunk_caches([graph.tas, graph.pr])
+    caches = held_in_chunk_caches([graph.tas, graph.pr], IDLE)
     assert caches.cache_bytes == netCDF4.get_chunk_cache()[0]
     assert (caches.files, caches.variables) == (4, 8)  # the contiguous sftlf keeps none
     assert caches.nbytes == 8 * min(CHUNKS_PER_FILE_BYTES, caches.cache_bytes)
     size, nelems, preemption = netCDF4.get_chunk_cache()
     netCDF4.set_chunk_cache(CHUNKS_PER_FILE_BYTES // 16)  # smaller than one chunk: none cached
     try:
-        assert held_in_chunk_caches([graph.tas, graph.pr]).nbytes == 0
+        assert held_in_chunk_caches([graph.tas, graph.pr], IDLE).nbytes == 0
     finally:
         netCDF4.set_chunk_cache(size, nelems, preemption)
 
@@ -97,7 +99,7 @@ def test_what_is_counted_is_what_a_worker_holds_while_it_reads(yearly, quiet_dis
     with cluster, client:
         if cache == "none":  # the remedy the plan's note gives
             client.run(netCDF4.set_chunk_cache, 0)
-        counted = held_in_chunk_caches([graph.tas, graph.pr]).nbytes
+        counted = held_in_chunk_caches([graph.tas, graph.pr], IDLE).nbytes
         client.run(lambda: np.zeros(1).sum())  # the worker's first task, before measuring
         (before,) = client.run(_memory_after_collecting).values()
         outcome = watch(client, "sum", lambda: (graph.tas.sum() + graph.pr.sum()).compute())
@@ -123,9 +125,60 @@ def test_files_a_worker_has_open_count_no_more(yearly, quiet_distributed):
     graph = _graph(yearly)
     cluster, client = _one_worker("2GB")
     with cluster, client:
-        assert held_in_chunk_caches([graph.tas]).nbytes == 4 * CHUNKS_PER_FILE_BYTES
+        assert held_in_chunk_caches([graph.tas], IDLE).nbytes == 4 * CHUNKS_PER_FILE_BYTES
         client.run(_open_and_read, yearly)
-        assert held_in_chunk_caches([graph.tas, graph.pr]).nbytes == 0
+        assert held_in_chunk_caches([graph.tas, graph.pr], IDLE).nbytes == 0
+
+
+@pytest.mark.cluster
+def test_a_full_worker_and_a_fresh_one_are_not_both_counted(yearly, quiet_distributed):
+    """A review: the baseline is the fullest worker's memory (its caches in it), and a fresh
+    worker's caches were added on top. Each worker's own memory and caches are weighed."""
+    from distributed import Client, LocalCluster
+
+    graph = _graph(yearly)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="2GB") as cluster,
+        Client(cluster) as client,
+    ):
+        full, _ = sorted(client.scheduler_info()["workers"])
+        client.run(_open_and_read, yearly, workers=[full])
+        (held,) = client.run(_memory_after_collecting, workers=[full]).values()
+        added = held_in_chunk_caches([graph.tas, graph.pr], IDLE).nbytes
+    caches = 8 * CHUNKS_PER_FILE_BYTES
+    assert added < caches  # not added whole on top of the full worker's memory
+    # the fresh worker's caches above what the full one holds (its memory read twice)
+    assert abs(added - max(0, IDLE + caches - held)) < 8 * 2**20, (added, held)
+
+
+@pytest.mark.cluster
+def test_workers_in_this_process_count_the_files_it_opened(yearly, quiet_distributed):
+    """A review: they share this process's open files, opened for metadata with empty
+    caches, and counted none."""
+    from distributed import Client, LocalCluster
+
+    graph = _graph(yearly)
+    with (
+        LocalCluster(n_workers=1, processes=False, memory_limit="2GB") as cluster,
+        Client(cluster),
+    ):
+        caches = held_in_chunk_caches([graph.tas, graph.pr], 0)
+    assert caches.nbytes >= 8 * CHUNKS_PER_FILE_BYTES
+
+
+def test_a_budget_given_by_hand_gets_no_note_of_what_it_does_not_count(yearly):
+    from xarray_memchunk import Budget
+
+    given = Budget(
+        worker_memory=2 * 10**9,
+        threads_per_worker=1,
+        n_workers=1,
+        per_task=400 * 2**20,
+        source="by hand",
+    )
+    plan = _graph(yearly).memchunk.plan("std", dim="time", budget=given)
+    assert plan.budget.per_task == given.per_task
+    assert not any("netCDF chunk caches" in note for note in plan.notes)
 
 
 @pytest.mark.cluster

@@ -1,6 +1,7 @@
 """Properties of the pure planner, over many random problems (hypothesis)."""
 
 import math
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -69,6 +70,9 @@ def test_plans_fit_are_balanced_and_respect_roles(dims, bpe, per_task, threads):
         smallest = math.prod(
             s.size if s.role is DimRole.WHOLE else (min(s.size, 3 * max(1, s.depth))) for s in specs
         )
+        if "memchunk.max-tasks" in str(err):  # only chunkings of more than the cap fit
+            assert problem.max_tasks < math.prod(s.size for s in specs)
+            return
         assert bpe * smallest > per_task or "cannot fit" in str(err)
         assert "per task" in str(err) and "memory_limit" in str(err)
         return
@@ -294,13 +298,35 @@ def test_a_plan_of_more_tasks_than_the_cap_is_refused_with_a_minimum_that_keeps_
     per_task = 100e6 + 8 * 1000 * 125  # time x 125 elements fit: 8,000 tasks
     fits_only_many = make_budget(int(per_task / 0.72), 1, 1, "test", worker_baseline=0)
     assert plan_chunks(replace(problem, max_tasks=10**6), fits_only_many).n_chunks > 1000
-    with pytest.raises(InfeasiblePlanError, match="only chunkings of more than 1,000 tasks") as err:
+    with pytest.raises(InfeasiblePlanError, match="has more than 1,000 chunks") as err:
         plan_chunks(problem, fits_only_many)
+    assert re.search(r"\(at least [\d,]+\)", str(err.value))
     assert "memchunk.max-tasks" in str(err.value)
+    assert "cannot fit one task" not in str(err.value)  # it can: in more chunks
     least = err.value.minimum_memory_limit
     at_minimum = make_budget(least, 1, 1, "test", worker_baseline=0)
     plan = plan_chunks(problem, at_minimum)
     assert plan.n_chunks <= 1000 and plan.predicted_peak_bytes <= at_minimum.per_task
+
+
+def test_a_plan_the_cap_kept_from_more_chunks_says_so():
+    """A review: with max-tasks 2, a median planned in 36 chunks for parallelism had 2, and
+    blamed the model's measured range."""
+    specs = (DimSpec("time", 1000, DimRole.WHOLE), DimSpec("x", 2000))
+    problem = PlanProblem("op", specs, linear_peak(8.0))
+    assert plan_chunks(problem, budget(10**9, threads=8)).n_chunks > 2
+    capped = plan_chunks(replace(problem, max_tasks=2), budget(10**9, threads=8))
+    assert capped.n_chunks <= 2 and capped.binding == Binding.MAX_TASKS
+
+
+def test_the_cap_holds_where_no_chunking_within_it_is_in_the_measured_range():
+    """A new user's max-tasks of 2 gave a plan of 22 tasks, silently: no chunking of 2 was
+    within the self-calibrated model's range, and the cap was dropped for it."""
+    specs = (DimSpec("x", 1000), DimSpec("y", 1000))
+    problem = PlanProblem("op", specs, linear_peak(8.0), max_task_elements=10_000, max_tasks=2)
+    with pytest.raises(InfeasiblePlanError, match="measured on") as err:
+        plan_chunks(problem, make_budget(10**9, 1, 1, "test", worker_baseline=0))
+    assert "memchunk.max-tasks" in str(err.value)
 
 
 def test_a_range_below_every_chunking_is_refused_for_the_range_with_no_minimum():

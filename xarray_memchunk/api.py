@@ -30,7 +30,7 @@ from .errors import (
 from .measure.calibrate import self_calibrate
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
-from .memory_limits import Budget, budget_with_memory, resolve_budget
+from .memory_limits import Budget, budget_with_memory, configured_baseline, resolve_budget
 from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
@@ -930,11 +930,12 @@ def _choose(
         if not over_budget:
             if len(alternatives) == 1 and len(refusals) == 1:
                 raise refusals[0]
-            limits = [e.minimum_memory_limit for e in refusals]
+            limits = [e.minimum_memory_limit for e in refusals if e.minimum_memory_limit]
             raise InfeasiblePlanError(
                 "; ".join(f"{what}: {why}" for what, why in failures),
-                # any alternative runs at its own minimum, where every one states one
-                minimum_memory_limit=min(limits) if limits and None not in limits else None,
+                # an alternative runs at its own minimum: the least of those stated (one that
+                # states none runs at no memory, and the others' still hold)
+                minimum_memory_limit=min(limits, default=None),
             )
         chosen = min(over_budget, key=lambda c: c[1].plan.predicted_peak_bytes)
     return chosen, failures
@@ -1021,12 +1022,13 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
 def _max_tasks() -> int:
     """The dask config key ``memchunk.max-tasks``: most chunks a chosen plan may have."""
     value = dask.config.get("memchunk.max-tasks", DEFAULT_MAX_TASKS)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    whole = isinstance(value, int | float) and not isinstance(value, bool)
+    if not whole or not math.isfinite(value) or value != int(value) or value < 1:
         raise MemchunkError(
             f"the dask config key memchunk.max-tasks must be a whole number of at least 1 "
-            f"(the most chunks a plan may have), not {value!r}"
+            f"(the most chunks a plan may have; 1e6 is one), not {value!r}"
         )
-    return value
+    return int(value)
 
 
 def _held_in_chunk_caches(
@@ -1046,12 +1048,12 @@ def _held_in_chunk_caches(
     ]
     if budget.device != "cpu" or not graph_inputs:
         return budget, alternative.problem
-    caches = held_in_chunk_caches(graph_inputs)
+    caches = held_in_chunk_caches(graph_inputs, configured_baseline())
     if not caches.nbytes:
         return budget, alternative.problem
     source = f"netCDF chunk caches ({format_size(caches.nbytes)}) a worker keeps reading the input"
     try:
-        budget = with_baseline(
+        raised = with_baseline(
             budget, budget.worker_baseline + caches.nbytes, source, CHUNK_CACHE_REMEDY
         )
     except BudgetError as exc:  # a refusal like any other: the alternatives are tried
@@ -1060,7 +1062,9 @@ def _held_in_chunk_caches(
             minimum_memory_limit=exc.minimum_memory_limit,
         ) from None
     problem = alternative.problem
-    return budget, replace(problem, notes=(*problem.notes, chunk_cache_note(caches)))
+    if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
+        return budget, problem
+    return raised, replace(problem, notes=(*problem.notes, chunk_cache_note(caches)))
 
 
 def _alternative(

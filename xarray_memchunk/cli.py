@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -626,35 +626,46 @@ def _on_cluster(args: argparse.Namespace, work) -> int:
     return _writing(args, run)
 
 
-def _writing(args: argparse.Namespace, run) -> int:
+def _writing(args: argparse.Namespace, run: Callable[[], None]) -> int:
     """Run ``run()``, which writes ``args.output``; the command's exit status.
 
     A failed computation (a worker's error, KilledWorker) is one line and status 1; any
-    failure or interrupt removes the partial output.
+    failure or interrupt removes the partial output. An interrupt a library caught (the run
+    went on) ends the command as an interrupt all the same.
     """
     from .io import recover
 
     before = interrupts.identity(args.output)
-    try:
-        with interrupts.writing(args.output):
+    with interrupts.writing(args.output):  # until recovered: the deadline's output
+        try:
             run()
-    except (MemchunkError, KeyboardInterrupt) as exc:
-        with interrupts.recovering():  # the computation has stopped: remove what it wrote
-            recover(args.output)
-        written = interrupts.identity(args.output) not in (None, before)
-        if isinstance(exc, KeyboardInterrupt) and written:
-            exc.written = args.output  # in place before the interrupt: said so, not removed
-        raise
-    except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
-        with interrupts.recovering():
-            recover(args.output)
-        print(
-            f"memchunk: the computation failed: {type(exc).__name__}: {_first_line(exc)}",
-            file=sys.stderr,
-        )
-        return 1
+        except (MemchunkError, KeyboardInterrupt) as exc:
+            with interrupts.recovering():  # the computation has stopped: remove what it wrote
+                recover(args.output)
+            raise _with_written(exc, args.output, before) from None
+        except Exception as exc:  # a worker's error, KilledWorker: one line, not a traceback
+            with interrupts.recovering():
+                recover(args.output)
+            caught = interrupts.received()
+            if caught is not None:  # interrupted first: the failure followed from it
+                raise _with_written(caught, args.output, before) from None
+            print(
+                f"memchunk: the computation failed: {type(exc).__name__}: {_first_line(exc)}",
+                file=sys.stderr,
+            )
+            return 1
+    caught = interrupts.received()
+    if caught is not None:  # a library caught it and the run went on to its end
+        raise _with_written(caught, args.output, before)
     print(f"wrote {args.output}")
     return 0
+
+
+def _with_written(exc: BaseException, output: str, before: tuple[int, int] | None):
+    """``exc``, marked with ``output`` where an interrupt found a new output in place."""
+    if isinstance(exc, KeyboardInterrupt) and interrupts.identity(output) not in (None, before):
+        exc.written = output  # in place before the interrupt: said so, not removed
+    return exc
 
 
 def _quiet_distributed() -> None:
@@ -816,9 +827,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``memchunk`` console script."""
     with interrupts.handled():
         try:
-            return _main(argv)
+            status = _main(argv)
         except KeyboardInterrupt as exc:
             return interrupts.report(exc, written=getattr(exc, "written", None))
+        caught = interrupts.received()  # a library caught it, and the command went on
+        return interrupts.report(caught) if caught is not None else status
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -19,7 +19,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +29,7 @@ __all__ = [
     "handled",
     "identity",
     "quiet_resource_tracker",
+    "received",
     "recovering",
     "report",
     "writing",
@@ -38,11 +38,11 @@ __all__ = [
 #: Signals that end a command cleanly: partial output removed, one line, 128 + the number.
 INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 #: Seconds an interrupted command waits for its cluster to stop before it kills the cluster's
-#: processes and ends. A worker stopped by its nanny takes at most 9 s (5 s to close, then
-#: 4 s after SIGTERM: ``distributed.nanny.WorkerProcess.kill``); from a task that runs on,
-#: 4.6 s was measured. A batch system's SIGKILL follows its SIGTERM after 30 s (Slurm's
-#: default ``KillWait``).
-STOP_DEADLINE_S = 15.0
+#: processes. A worker stopped by its nanny takes at most 9 s (5 s to close, then 4 s after
+#: SIGTERM: ``distributed.nanny.WorkerProcess.kill``); from a task that runs on, 4.6 s was
+#: measured (50 runs under load: at most 5.5 s). With :data:`RECOVERY_WAIT_S` twice, the
+#: command ends within 20 s, before a batch system's SIGKILL (Slurm's ``KillWait``: 30 s).
+STOP_DEADLINE_S = 10.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -63,13 +63,36 @@ class Interrupted(KeyboardInterrupt):
         self.stderr = stderr
 
 
-class _Output:
-    """The output a command is writing, for the deadline to recover: one per process."""
+class _Command:
+    """One command's interrupt state, from :func:`handled`'s start to its end.
 
-    path: str | None = None
-    before: tuple[int, int] | None = None
-    lock = threading.Lock()  # held while the output is recovered: by one thread at a time
-    status: int | None = None  # the exit status, once the interrupt was reported
+    ``lock`` is held while the output is recovered and while the line is written, by the main
+    thread or the deadline, so that the deadline never cuts a recovery short nor says a
+    second line.
+    """
+
+    def __init__(self) -> None:
+        sys.stderr.flush()
+        self.stderr = os.dup(2)  # the real stderr, whatever fd 2 is when a signal comes
+        self.lock = threading.RLock()
+        self.ended = threading.Event()  # set when the command returns: no deadline then
+        self.received: Interrupted | None = None
+        self.silenced = False
+        self.path: str | None = None
+        self.before: tuple[int, int] | None = None
+        self.recovered = False
+        self.status: int | None = None
+
+    def close(self) -> None:
+        """Cancel the deadline; give fd 2 back where an interrupt silenced it."""
+        self.ended.set()
+        with self.lock:
+            if self.silenced:
+                os.dup2(self.stderr, 2)
+            os.close(self.stderr)
+
+
+_command: _Command | None = None
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -87,19 +110,36 @@ def identity(path: str) -> tuple[int, int] | None:
 
 @contextlib.contextmanager
 def writing(path: str) -> Iterator[None]:
-    """While in it, ``path`` is the output an interrupt's deadline recovers."""
-    _Output.path, _Output.before = path, identity(path)
+    """While in it, ``path`` is the output an interrupt's deadline recovers.
+
+    Stay in it until the output is recovered (:func:`recovering`).
+    """
+    command = _command
+    if command is None:  # not under handled(): no interrupt of ours to end
+        yield
+        return
+    command.path, command.before, command.recovered = path, identity(path), False
     try:
         yield
     finally:
-        _Output.path = None
+        command.path = None
 
 
 @contextlib.contextmanager
 def recovering() -> Iterator[None]:
     """Hold while recovering the output: the deadline waits for it, then recovers no more."""
-    with _Output.lock:
+    command = _command
+    if command is None:
         yield
+        return
+    with command.lock:
+        yield
+        command.recovered = True
+
+
+def received() -> Interrupted | None:
+    """The interrupt this command received, where one did: a library may have caught it."""
+    return _command.received if _command is not None else None
 
 
 def _written(path: str | None, before: tuple[int, int] | None) -> str | None:
@@ -128,36 +168,61 @@ def report(exc: KeyboardInterrupt, written: str | None = None, why: str = "") ->
         else "nothing more written, partial output removed"
     )
     line = f"memchunk: interrupted by {signal.Signals(signum).name}: {why}{what}\n"
-    if isinstance(exc, Interrupted):
-        os.write(exc.stderr, line.encode())
-    else:
-        sys.stderr.write(line)
-    _Output.status = 128 + signum
-    return _Output.status
+    command = _command
+    with command.lock if command is not None else contextlib.nullcontext():
+        if command is not None and command.status is not None:
+            return command.status  # said already (by the deadline, or once before)
+        if isinstance(exc, Interrupted):
+            os.write(exc.stderr, line.encode())
+        else:
+            sys.stderr.write(line)
+        if command is not None:
+            command.status = 128 + signum
+    return 128 + signum
 
 
-def _kill_children() -> None:
-    """SIGKILL every process this one started, and theirs: nothing of them writes any more."""
+def _kill_children() -> int:
+    """SIGKILL every process this one started, and theirs; how many there were."""
     import psutil
 
-    for child in psutil.Process().children(recursive=True):
+    children = psutil.Process().children(recursive=True)
+    for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()
+    return len(children)
 
 
-def _end_at_deadline(exc: Interrupted, deadline_s: float) -> None:
-    """After ``deadline_s``, stop this process's children, recover its output and end it."""
+#: Seconds the deadline, once it has killed the cluster's processes, waits for the main thread
+#: to end the command itself (its cluster's close returns once they are gone), and then for a
+#: recovery of the output under way.
+RECOVERY_WAIT_S = 5.0
+
+
+def _end_at_deadline(command: _Command, exc: Interrupted, deadline_s: float) -> None:
+    """After ``deadline_s``, stop this process's children, recover its output and end it.
+
+    Nothing, where the command returned before (:meth:`_Command.close`).
+    """
     from .io import recover
 
-    time.sleep(deadline_s)  # a daemon thread: it ends with the process, if that is earlier
-    _kill_children()
-    if _Output.status is not None:  # said, but the exit hangs (a thread, an exit handler)
-        os._exit(_Output.status)
-    path, before = _Output.path, _Output.before
-    if path is not None and _Output.lock.acquire(timeout=deadline_s):
+    if command.ended.wait(deadline_s):
+        return
+    killed = _kill_children()
+    if command.ended.wait(RECOVERY_WAIT_S):  # the main thread, unblocked, ended it
+        return
+    if not command.lock.acquire(timeout=RECOVERY_WAIT_S):  # a recovery that does not end
+        os._exit(128 + exc.signum)
+    if command.ended.is_set():
+        command.lock.release()
+        return
+    if command.status is not None:  # said: the rest of the way out is what hangs
+        os._exit(command.status)
+    path, before = command.path, command.before
+    if path is not None and not command.recovered:
         with contextlib.suppress(OSError):
             recover(path)
-    why = f"its cluster had not stopped {deadline_s:.0f} s later and was killed; "
+    stopped = f"its {killed} cluster process(es) were killed" if killed else "it was ended"
+    why = f"it had not stopped {deadline_s:.0f} s later and {stopped}; "
     os._exit(report(exc, written=_written(path, before), why=why))
 
 
@@ -165,26 +230,38 @@ def _interrupt(signum: int, frame: object) -> None:
     """End the command as Ctrl-C does; ignore further interrupts while it cleans up."""
     for interrupt in INTERRUPTS:
         signal.signal(interrupt, signal.SIG_IGN)
+    command = _command
+    if command is None:  # pragma: no cover (installed only by handled())
+        raise KeyboardInterrupt
     sys.stderr.flush()
-    stderr = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     os.close(devnull)
-    exc = Interrupted(signum, stderr)
+    command.silenced = True
+    exc = Interrupted(signum, command.stderr)
+    command.received = exc
     deadline = threading.Thread(
-        target=_end_at_deadline, args=(exc, STOP_DEADLINE_S), name="memchunk-deadline"
+        target=_end_at_deadline,
+        args=(command, exc, STOP_DEADLINE_S),
+        name="memchunk-deadline",
+        daemon=True,
     )
-    deadline.daemon = True
     deadline.start()
     raise exc
 
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """Handle :data:`INTERRUPTS` while in it; the caller's handlers are given back after."""
+    """Handle :data:`INTERRUPTS` while in it; the caller's handlers are given back after.
+
+    An interrupt starts a deadline (:data:`STOP_DEADLINE_S`) that ends the process unless
+    the command returns first; a caller in Python goes on as before once it has.
+    """
+    global _command
     previous: dict[int, Callable[..., Any] | int | None] = {
         interrupt: signal.getsignal(interrupt) for interrupt in INTERRUPTS
     }
+    _command = _Command()
     for interrupt in INTERRUPTS:  # first: an interrupt at any later moment ends cleanly
         signal.signal(interrupt, _interrupt)
     try:
@@ -192,6 +269,8 @@ def handled() -> Iterator[None]:
     finally:  # a caller in Python (a notebook) gets its own handlers back
         for interrupt, handler in previous.items():
             signal.signal(interrupt, handler)
+        command, _command = _command, None
+        command.close()
 
 
 def quiet_resource_tracker() -> None:
@@ -210,7 +289,8 @@ def quiet_resource_tracker() -> None:
     try:
         os.dup2(devnull, 2)
         resource_tracker.ensure_running()
-    finally:
-        os.dup2(kept, 2)
+    finally:  # fd 2 back, unless an interrupt meanwhile silenced it for good
+        silenced = _command is not None and _command.silenced
+        os.dup2(devnull if silenced else kept, 2)
         os.close(kept)
         os.close(devnull)

@@ -64,29 +64,34 @@ class ChunkCaches(NamedTuple):
 
 
 class _Reader(NamedTuple):
-    """Where tasks run: its netCDF4 chunk cache size, and the netCDF4 files it has open."""
+    """Where tasks run: its chunk cache size, the netCDF4 files it has open, its memory."""
 
     cache_bytes: int
     open_files: frozenset[str]
+    memory: int  # resident bytes now; 0 where not asked (this process, with no client)
+    pid: int
 
 
 def _readers() -> list[_Reader]:
     """The active Dask client's workers, or this process where there is none.
 
     This process counts no file as open: files a graph's input was opened from are open here
-    for their metadata, their caches empty.
+    for their metadata, their caches empty. So does a worker in this process
+    (``LocalCluster(processes=False)``), which shares them.
     """
     client = active_client()
     if client is not None:
         answers = client.run(_as_reader, on_error="ignore").values()
         readers = [a for a in answers if isinstance(a, _Reader)]
         if readers:
-            return readers
-    return [_Reader(_chunk_cache_bytes(), frozenset())]
+            here = os.getpid()
+            return [r._replace(open_files=frozenset()) if r.pid == here else r for r in readers]
+    return [_Reader(_chunk_cache_bytes(), frozenset(), 0, os.getpid())]
 
 
 def _as_reader() -> _Reader:
     """The process it runs in (each worker) as a :class:`_Reader`."""
+    import psutil
     from xarray.backends.file_manager import FILE_CACHE
 
     paths = set()
@@ -95,7 +100,8 @@ def _as_reader() -> _Reader:
         if callable(filepath):
             with contextlib.suppress(Exception):  # closed meanwhile, or not a netCDF4 file
                 paths.add(os.path.realpath(filepath()))
-    return _Reader(_chunk_cache_bytes(), frozenset(paths))
+    memory = int(psutil.Process().memory_info().rss)
+    return _Reader(_chunk_cache_bytes(), frozenset(paths), memory, os.getpid())
 
 
 def _chunk_cache_bytes() -> int:
@@ -107,14 +113,20 @@ def _chunk_cache_bytes() -> int:
     return int(netCDF4.get_chunk_cache()[0])
 
 
-def held_in_chunk_caches(arrays: Iterable[xr.DataArray]) -> ChunkCaches:
-    """The chunk caches a worker may still fill reading what the graphs of ``arrays`` read.
+def held_in_chunk_caches(arrays: Iterable[xr.DataArray], idle_bytes: int) -> ChunkCaches:
+    """What the caches of the files the graphs of ``arrays`` read add to the workers' baseline.
 
     Every netCDF4 variable a graph reads through ``dask.array.from_array`` (as
     ``xarray.open_dataset`` and ``open_mfdataset`` make them) counts once per file: its chunks
     read whole, up to the cache size of the worker (:func:`netCDF4.get_chunk_cache` there); a
-    contiguous variable, or one whose chunk is larger than the cache, keeps none. Of the
-    active client's workers, the one that would fill the most; this process without one.
+    contiguous variable, or one whose chunk is larger than the cache, keeps none. A file a
+    worker has open counts no more: its caches are in the memory the worker holds now.
+
+    A budget's baseline is already the memory of its fullest worker, where that is more than
+    ``idle_bytes`` (the configured baseline). So each worker adds its caches to what it holds
+    (at least ``idle_bytes``), and what the fullest of those sums is above the fullest worker
+    now is returned: a worker that holds a file's caches already and a fresh one that will
+    fill them are not both counted.
     """
     wrappers: dict[tuple[str, str], Any] = {}  # per (file, variable)
     for da in arrays:
@@ -130,7 +142,14 @@ def held_in_chunk_caches(arrays: Iterable[xr.DataArray]) -> ChunkCaches:
     if not wrappers:
         return ChunkCaches(0, 0, 0, 0)
     layouts = {key: _layout(wrapper) for key, wrapper in wrappers.items()}
-    return max((_filled_by(reader, layouts) for reader in _readers()), key=lambda c: c.nbytes)
+    readers = _readers()
+    held = [max(idle_bytes, reader.memory) for reader in readers]
+    fullest = max(held)
+    filled = [_filled_by(reader, layouts) for reader in readers]
+    added = [
+        c._replace(nbytes=max(0, h + c.nbytes - fullest)) for h, c in zip(held, filled, strict=True)
+    ]
+    return max(added, key=lambda c: c.nbytes)
 
 
 def _filled_by(reader: _Reader, layouts: dict[tuple[str, str], tuple[int, int]]) -> ChunkCaches:

@@ -293,6 +293,7 @@ def with_baseline(budget: Budget, baseline: int, source: str, remedy: str = "") 
         reserve=budget.reserve,
         pause_fraction=budget.pause_fraction,
         in_this_process=budget.in_this_process,
+        holds="would hold between tasks",
     )
     if budget.baseline_source:
         source = f"{budget.baseline_source}, and {source}"
@@ -322,13 +323,15 @@ def per_task_bytes(
     reserve: float,
     pause_fraction: float,
     holder: str = "the worker",
+    holds: str = "already holds",
     in_this_process: bool = False,
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
 
     ``holder`` names what holds the baseline, in the error: a worker, or the process its
     workers run in. Workers in this process (``in_this_process``) need at least
-    :data:`MIN_TASK_BYTES` per task.
+    :data:`MIN_TASK_BYTES` per task. ``holds`` says how it holds it: already, or (a baseline
+    a plan raised) would.
 
     Raises
     ------
@@ -356,7 +359,7 @@ def per_task_bytes(
         reason = (
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
             f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
-            f"and {holder} already holds {size(worker_baseline)}{short}"
+            f"and {holder} {holds} {size(worker_baseline)}{short}"
             + (
                 " (a number without a unit is bytes: write e.g. '1.5GB')"
                 if worker_memory < UNIT_SLIP_BYTES

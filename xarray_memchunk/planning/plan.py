@@ -22,6 +22,7 @@ class Binding:
     STORAGE_ALIGNMENT = "storage alignment"
     USER_CHUNKS = "user chunks"
     MODEL_RANGE = "measured range"
+    MAX_TASKS = "max tasks"
     WHOLE_DIMS = "whole dims"
 
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
@@ -33,6 +34,8 @@ class Binding:
         USER_CHUNKS: "the chunks were given by the user",
         MODEL_RANGE: "the memory model's measured range: larger chunks would go beyond the "
         "largest task it was measured on (calibrating it on larger blocks widens it)",
+        MAX_TASKS: "the most chunks a plan may have (the dask config key memchunk.max-tasks): "
+        "smaller chunks would fit, but a graph of more takes long to build and schedule",
         WHOLE_DIMS: "the operator needs every planned dim whole: one chunk is the only chunking",
     }
 

@@ -187,6 +187,49 @@ def _infeasible(
     )
 
 
+def _over_the_cap(
+    problem: PlanProblem,
+    budget: Budget,
+    cuts: Mapping[str, DimCut],
+    terms: Footprint,
+    n_chunks: np.ndarray,
+    allowed: np.ndarray,
+    in_range: np.ndarray,
+) -> InfeasiblePlanError:
+    """The refusal where only chunkings of more than ``problem.max_tasks`` chunks fit.
+
+    It states the memory at which the allowed chunking of the least peak fits, where one is
+    allowed (within the cap and the measured range).
+    """
+    over = (
+        f"{problem.operator!r}: every chunking that fits the per-task budget of "
+        f"{budget.format(budget.per_task)} has more than {problem.max_tasks:,} chunks (at "
+        f"least {int(n_chunks[in_range].min()):,}), the most a plan may have: a graph that "
+        "large takes minutes to build and schedule, and memory in the client"
+    )
+    raise_cap = "raise the dask config key memchunk.max-tasks to plan one anyway"
+    if not allowed.any():  # none within the cap is within the model's measured range
+        return InfeasiblePlanError(
+            f"{over}; and every chunking of at most {problem.max_tasks:,} chunks has tasks "
+            f"larger than its memory model was measured on ({_measured_range(problem)}). To "
+            f"run it, {raise_cap}, or calibrate it on larger blocks (xarray_memchunk.calibrate "
+            f"with shapes=...)"
+        )
+    peak = terms.total
+    smallest = int(np.argmin(np.where(allowed, peak, np.inf)))
+    shape = ", ".join(f"{n}: {int(cut.lengths[smallest])}" for n, cut in cuts.items())
+    needed = budget.minimum_memory_limit(float(peak[smallest]))
+    advice = [raise_cap]
+    if needed is not None:
+        advice.insert(0, budget.memory_limit_advice(needed))
+    return InfeasiblePlanError(
+        f"{over}. Its smallest chunks within that ({shape}) need "
+        f"{budget.format(float(peak[smallest]))} per task. To run it, {'; or '.join(advice)}. "
+        f"Budget: {budget.explain()}.",
+        minimum_memory_limit=needed,
+    )
+
+
 def _measured_range(problem: PlanProblem) -> str:
     """The measured range a plan must stay within, in words."""
     parts = []
@@ -245,32 +288,30 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
             f"blocks (xarray_memchunk.calibrate with shapes=...)"
         )
     few_enough = n_chunks <= problem.max_tasks
-    allowed = measured & few_enough if (measured & few_enough).any() else measured
-    fits = in_range & allowed
+    allowed = measured & few_enough
+    if in_range.any() and not (in_range & few_enough).any():
+        raise _over_the_cap(problem, budget, cuts, terms, n_chunks, allowed, in_range)
+    fits = in_range & few_enough
     if not fits.any():
-        # the least an allowed chunking needs (within the measured range, of few enough
-        # tasks): the minimum a refusal states is one at which the plan it names is allowed
-        smallest = int(np.argmin(np.where(allowed, peak, np.inf)))
+        # the least an allowed chunking needs (within the measured range and the cap): the
+        # minimum a refusal states is one at which the plan it names is allowed
+        smallest = int(np.argmin(np.where(allowed if allowed.any() else measured, peak, np.inf)))
         shape = {n: int(cut.lengths[smallest]) for n, cut in cuts.items()}
         least = {k: float(getattr(terms, k)[smallest]) for k in Footprint.TERMS}
         needed = budget.minimum_memory_limit(sum(least.values()))
-        message = _infeasible(problem, budget, least, shape, needed)
-        if in_range.any():  # chunkings of more tasks fit: say why they are not planned
-            message = (
-                f"{problem.operator!r}: only chunkings of more than {problem.max_tasks:,} "
-                f"tasks fit the per-task budget (at least {int(n_chunks[in_range].min()):,}; "
-                "a graph that large takes minutes to build and schedule, and memory in the "
-                "client: raise the dask config key memchunk.max-tasks to plan one anyway). "
-                + message
-            )
-        raise InfeasiblePlanError(message, minimum_memory_limit=needed)
+        raise InfeasiblePlanError(
+            _infeasible(problem, budget, least, shape, needed),
+            minimum_memory_limit=needed,
+        )
     ranked = order[fits[order]]
     fastest = int(ranked[0])
     aligned = np.all([c.aligned[i] for c, i in zip(per_dim, index, strict=True)], axis=0)
     chosen, notes = fastest, list(problem.notes)
 
     def excluded_by(rejected: np.ndarray) -> str:
-        """What kept out chunkings that did not fit: the range where one fit the budget."""
+        """What kept out chunkings that did not fit: the cap, the range, else the budget."""
+        if in_range[rejected].any():  # within budget and range: only the cap kept it out
+            return Binding.MAX_TASKS
         in_budget = (peak[rejected] <= budget.per_task).any()
         return Binding.MODEL_RANGE if in_budget else Binding.MEMORY
 
