@@ -31,7 +31,7 @@ def main() -> int:
     from xarray_memchunk.cli import main as run
     from xarray_memchunk.interrupts import INTERRUPTS
 
-    status = run()
+    status = run(exiting=True)
     for interrupt in INTERRUPTS:  # done: an interrupt now would only cut the exit short
         signal.signal(interrupt, signal.SIG_IGN)
     return status

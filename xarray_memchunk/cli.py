@@ -823,9 +823,13 @@ def _cmd_operators(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``memchunk`` console script."""
-    with interrupts.handled():
+def main(argv: Sequence[str] | None = None, *, exiting: bool = False) -> int:
+    """Entry point of the ``memchunk`` console script.
+
+    ``exiting``: the process ends when it returns (the console script): after an interrupt its
+    stderr stays silenced, so that a cluster cut short prints nothing more as it ends.
+    """
+    with interrupts.handled(exiting):
         try:
             status = _main(argv)
         except KeyboardInterrupt as exc:
@@ -858,4 +862,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(exiting=True))
