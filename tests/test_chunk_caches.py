@@ -109,7 +109,7 @@ def test_what_is_counted_is_what_a_worker_holds_while_it_reads(yearly, quiet_dis
         assert counted == 0 and held < 0.5 * 8 * CHUNKS_PER_FILE_BYTES, held
     else:
         assert counted == 8 * CHUNKS_PER_FILE_BYTES
-        assert 0.8 * counted < held < counted + 64 * 2**20, (held, counted)
+        assert 0.8 * counted < held < counted + 96 * 2**20, (held, counted)  # 248-252 MiB here
 
 
 def _open_and_read(pattern: str) -> None:
