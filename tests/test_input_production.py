@@ -198,3 +198,19 @@ def test_one_source_block_is_made_by_one_slot_of_four(quiet_distributed):
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
     predicted = plan.budget.worker_baseline + 4 * plan.predicted_peak_bytes
     assert outcome.peak_bytes <= predicted
+
+
+def test_a_datasets_variables_made_by_graphs_get_one_note_of_their_production():
+    """A new user's tas and pr, each made by its graph, got a note each with near-equal
+    figures (10.29 and 7.00 MiB), which read as the same note twice."""
+    dims = ("time", "lat", "lon")
+    ds = xr.Dataset(
+        {
+            "tas": (dims, preprocessed((60, 40, 50), seed=1).data),
+            "pr": (dims, preprocessed((60, 40, 50), seed=2).data * 2),
+        }
+    )
+    plan = ds.memchunk.plan("mean", dim="time", memory_limit="1GB")
+    (note,) = [n for n in plan.notes if n.startswith("producing one block")]
+    assert note.startswith("producing one block of each variable of the input (pr ")
+    assert ", tas " in note and "each holds up to" in note

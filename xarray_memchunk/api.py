@@ -38,6 +38,7 @@ from .operators.chunk_caches import CHUNK_CACHE_REMEDY, chunk_cache_note, held_i
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.kept_variables import KeptVariable, size_kept_variables
+from .operators.production import explain_productions
 from .operators.read_once import file_read_seconds, staged_if_faster
 from .operators.registry import is_builtin
 from .operators.sources import (
@@ -1208,7 +1209,9 @@ def _model_sources(costs: Mapping[str, TaskCost]) -> str:
 
 def _notes(costs: Mapping[str, TaskCost], skipped: Mapping[str, str]) -> tuple[str, ...]:
     notes = [f"memory model: {_model_sources(costs)}"]
-    notes += sorted({c.production.explain(format_size) for c in costs.values() if c.production})
+    produced = {str(n): c.production for n, c in costs.items() if c.production}
+    if produced:
+        notes.append(explain_productions(produced, format_size))
     kinds = {c.layout.kind for c in costs.values()}
     if InputKind.FILE in kinds:
         notes.append("input read straight from its file: each task reads its own block")

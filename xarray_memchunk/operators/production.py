@@ -30,6 +30,7 @@ measures nothing. The dask config key ``memchunk.measure-input`` (True) turns it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,13 @@ import xarray as xr
 
 from .._dask_compat import graph_layers
 
-__all__ = ["MEASURED_BLOCK_BYTES", "MEASUREMENTS", "InputProduction", "input_production"]
+__all__ = [
+    "MEASURED_BLOCK_BYTES",
+    "MEASUREMENTS",
+    "InputProduction",
+    "explain_productions",
+    "input_production",
+]
 
 #: Largest block measured in this process; above it, a smaller block is measured and scaled.
 MEASURED_BLOCK_BYTES = 256 * 2**20
@@ -92,6 +99,30 @@ class InputProduction:
             f"operator fused onto it runs; each task slot (a worker thread: it runs one task at "
             f"a time) keeps room for the larger of making the block and running the operator"
         )
+
+
+def explain_productions(measured: Mapping[str, InputProduction], size: Any = str) -> str:
+    """One note for the measured production of several variables' blocks: the largest figures.
+
+    A Dataset's variables made by one graph each got a note of their own, with near-equal
+    figures (a new user's ``tas`` and ``pr`` after ``.where(mask)``: 10.29 and 7.00 MiB more
+    while made), which read as the same note repeated.
+    """
+    if len(measured) == 1:
+        return next(iter(measured.values())).explain(size)
+    blocks = ", ".join(f"{name} {size(p.block_bytes)}" for name, p in sorted(measured.items()))
+    scaled = any(p.measured_bytes and p.measured_bytes < p.block_bytes for p in measured.values())
+    extra = max(p.extra_bytes for p in measured.values())
+    held = max(p.held_bytes for p in measured.values())
+    seconds = sum(p.seconds for p in measured.values())
+    return (
+        f"producing one block of each variable of the input ({blocks}"
+        f"{', some scaled from smaller blocks' if scaled else ''}) was measured now, in this "
+        f"process ({seconds:.2f} s): each holds up to {size(extra)} more while it is made, and "
+        f"up to {size(held)} more stays held while an operator fused onto it runs; each task "
+        f"slot (a worker thread: it runs one task at a time) keeps room for the larger of making "
+        f"its block and running the operator"
+    )
 
 
 def _layers(data: Any) -> int:
