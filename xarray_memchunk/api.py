@@ -1011,12 +1011,24 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
     ]
     largest = max((h for h in held if h is not None), default=0)
     source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
+    return _raised_baseline(budget, operator, largest, source)
+
+
+def _raised_baseline(
+    budget: Budget, operator: Operator, baseline: int, source: str, remedy: str = ""
+) -> Budget:
+    """:func:`with_baseline`, its ``BudgetError`` a refusal that names ``source`` and ``remedy``.
+
+    A refusal like any other: the alternatives are tried. Its minimum is room for a task, which
+    :func:`_checked_minimum` plans before stating it.
+    """
     try:
-        return with_baseline(budget, largest, source)
-    except BudgetError as exc:  # a refusal like any other: the alternatives are tried
+        return with_baseline(budget, baseline, source, remedy)
+    except BudgetError as exc:
         raise InfeasiblePlanError(
-            f"{operator.name!r}: {exc} (its baseline: {source})",
-            minimum_memory_limit=exc.minimum_memory_limit,  # room for a task: _checked_minimum
+            f"{operator.name!r}: {exc} (its baseline: {source})"
+            + (f"; or {remedy}" if remedy else ""),
+            minimum_memory_limit=exc.minimum_memory_limit,
         ) from None
 
 
@@ -1053,15 +1065,8 @@ def _held_in_chunk_caches(
     if not caches.nbytes:
         return budget, alternative.problem
     source = f"netCDF chunk caches ({format_size(caches.nbytes)}) a worker keeps reading the input"
-    try:
-        raised = with_baseline(
-            budget, budget.worker_baseline + caches.nbytes, source, CHUNK_CACHE_REMEDY
-        )
-    except BudgetError as exc:  # a refusal like any other: the alternatives are tried
-        raise InfeasiblePlanError(
-            f"{operator.name!r}: {exc} (its baseline: {source}); or {CHUNK_CACHE_REMEDY}",
-            minimum_memory_limit=exc.minimum_memory_limit,
-        ) from None
+    baseline = budget.worker_baseline + caches.nbytes
+    raised = _raised_baseline(budget, operator, baseline, source, CHUNK_CACHE_REMEDY)
     problem = alternative.problem
     if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
         return budget, problem

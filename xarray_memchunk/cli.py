@@ -663,7 +663,7 @@ def _writing(args: argparse.Namespace, run: Callable[[], None]) -> int:
 
 def _with_written(exc: BaseException, output: str, before: tuple[int, int] | None):
     """``exc``, marked with ``output`` where an interrupt found a new output in place."""
-    if isinstance(exc, KeyboardInterrupt) and interrupts.identity(output) not in (None, before):
+    if isinstance(exc, KeyboardInterrupt) and interrupts.new_output(output, before):
         exc.written = output  # in place before the interrupt: said so, not removed
     return exc
 

@@ -28,6 +28,7 @@ __all__ = [
     "Interrupted",
     "handled",
     "identity",
+    "new_output",
     "quiet_resource_tracker",
     "received",
     "recovering",
@@ -147,8 +148,8 @@ def received() -> Interrupted | None:
     return _command.received if _command is not None else None
 
 
-def _written(path: str | None, before: tuple[int, int] | None) -> str | None:
-    """``path`` where a new output is in place there (not the one found at the start)."""
+def new_output(path: str | None, before: tuple[int, int] | None) -> str | None:
+    """``path`` where a new output is in place there (not the one of identity ``before``)."""
     if path is None or identity(path) in (None, before):
         return None
     return path
@@ -228,7 +229,7 @@ def _end_at_deadline(command: _Command, exc: Interrupted, deadline_s: float) -> 
             recover(path)
     stopped = f"its {killed} cluster process(es) were killed" if killed else "it was ended"
     why = f"it had not stopped {deadline_s:.0f} s later and {stopped}; "
-    os._exit(report(exc, written=_written(path, before), why=why))
+    os._exit(report(exc, written=new_output(path, before), why=why))
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -27,7 +27,7 @@ import xarray as xr
 from .._dask_compat import from_array_source, graph_layers
 from ..clusters import active_client
 from ..units import format_size
-from .sources import backend_array
+from .sources import netcdf4_backend, netcdf4_variable
 
 __all__ = ["CHUNK_CACHE_REMEDY", "ChunkCaches", "chunk_cache_note", "held_in_chunk_caches"]
 
@@ -128,20 +128,20 @@ def held_in_chunk_caches(arrays: Iterable[xr.DataArray], idle_bytes: int) -> Chu
     now is returned: a worker that holds a file's caches already and a fresh one that will
     fill them are not both counted.
     """
-    wrappers: dict[tuple[str, str], Any] = {}  # per (file, variable)
+    backends: dict[tuple[str, str], Any] = {}  # per (file, variable)
     for da in arrays:
         data = da.data
         if not hasattr(data, "__dask_graph__"):
             continue
         graph = data.__dask_graph__()
         for name in graph_layers(graph):
-            wrapper = _netcdf4_wrapper(from_array_source(graph, name))
-            if wrapper is not None:
-                path = os.path.realpath(wrapper.datastore._filename)
-                wrappers.setdefault((path, str(wrapper.variable_name)), wrapper)
-    if not wrappers:
+            backend = netcdf4_backend(from_array_source(graph, name))
+            if backend is not None:
+                path = os.path.realpath(backend.datastore._filename)
+                backends.setdefault((path, str(backend.variable_name)), backend)
+    if not backends:
         return ChunkCaches(0, 0, 0, 0)
-    layouts = {key: _layout(wrapper) for key, wrapper in wrappers.items()}
+    layouts = {key: _layout(backend) for key, backend in backends.items()}
     readers = _readers()
     held = [max(idle_bytes, reader.memory) for reader in readers]
     fullest = max(held)
@@ -167,18 +167,9 @@ def _filled_by(reader: _Reader, layouts: dict[tuple[str, str], tuple[int, int]])
     return ChunkCaches(sum(per_file[p] for p in kept), len(kept), variables, reader.cache_bytes)
 
 
-def _netcdf4_wrapper(source: Any) -> Any | None:
-    """The netCDF4 backend array (xarray's) under ``source``'s lazy wrappers, or None."""
-    from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
-
-    inner = backend_array(source) if source is not None else None
-    return inner if isinstance(inner, NetCDF4ArrayWrapper) else None
-
-
-def _layout(wrapper: Any) -> tuple[int, int]:
+def _layout(backend: Any) -> tuple[int, int]:
     """A netCDF4 variable's bytes per storage chunk and number of chunks; (0, 0) contiguous."""
-    with wrapper.datastore.lock:  # as xarray's own reads: HDF5 is not thread-safe
-        variable = wrapper.get_array(needs_lock=False)
+    with netcdf4_variable(backend) as variable:
         chunking = variable.chunking()
     if not isinstance(chunking, list):  # "contiguous": no chunks to cache
         return 0, 0

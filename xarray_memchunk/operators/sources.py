@@ -29,6 +29,7 @@ range straight from the file (measured: reading one element of a 128 MiB uncompr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -54,6 +55,8 @@ __all__ = [
     "BoundedReads",
     "ConcatenatedReads",
     "backend_array",
+    "netcdf4_backend",
+    "netcdf4_variable",
     "chunk_in_memory",
     "in_memory_data",
     "contiguous_storage",
@@ -209,14 +212,29 @@ def backend_array(array: Any) -> Any | None:
     return array
 
 
-def _drop_chunk_cache(array: Any) -> None:
-    """Keep at most :data:`NETCDF4_CHUNK_CACHE_BYTES` of a netCDF4 variable's chunks cached."""
+def netcdf4_backend(array: Any) -> Any | None:
+    """The netCDF4 backend array (xarray's) under ``array``'s lazy wrappers, or None."""
     from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
 
-    inner = backend_array(array)
-    if isinstance(inner, NetCDF4ArrayWrapper):
-        with inner.datastore.lock:  # as xarray's own reads: HDF5 is not thread-safe
-            variable = inner.get_array(needs_lock=False)
+    inner = backend_array(array) if array is not None else None
+    return inner if isinstance(inner, NetCDF4ArrayWrapper) else None
+
+
+@contextlib.contextmanager
+def netcdf4_variable(backend: Any) -> Iterator[Any]:
+    """The ``netCDF4.Variable`` of a netCDF4 backend array, under its file's lock.
+
+    As xarray's own reads: HDF5 is not thread-safe.
+    """
+    with backend.datastore.lock:
+        yield backend.get_array(needs_lock=False)
+
+
+def _drop_chunk_cache(array: Any) -> None:
+    """Keep at most :data:`NETCDF4_CHUNK_CACHE_BYTES` of a netCDF4 variable's chunks cached."""
+    backend = netcdf4_backend(array)
+    if backend is not None:
+        with netcdf4_variable(backend) as variable:
             variable.set_var_chunk_cache(size=NETCDF4_CHUNK_CACHE_BYTES)
 
 
@@ -364,14 +382,12 @@ def reads_serialized(da: xr.DataArray) -> bool:
 
 def _netcdf4_arrays(da: xr.DataArray) -> list[Any] | None:
     """The netCDF4 backend array of each file ``da`` is read from; None unless all are such."""
-    from xarray.backends.netCDF4_ import NetCDF4ArrayWrapper
-
     backend = file_backend(da.data)
     if backend is None:
         return None
     parts = backend.parts if isinstance(backend, ConcatenatedReads) else [backend]
-    arrays = [backend_array(part) for part in parts]
-    return arrays if all(isinstance(a, NetCDF4ArrayWrapper) for a in arrays) else None
+    arrays = [netcdf4_backend(part) for part in parts]
+    return arrays if all(a is not None for a in arrays) else None
 
 
 def storage_chunks(da: xr.DataArray) -> dict[str, int | None]:
