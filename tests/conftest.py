@@ -3,6 +3,11 @@ import logging
 import dask
 import pytest
 
+# A plan given memory_limit= with no cluster is for the process Dask's threaded scheduler
+# computes in, shared by its threads (dask config num_workers, else one per CPU): one here, so
+# that a test's budget does not depend on the machine's CPUs. Tests of the default set it.
+dask.config.set({"num_workers": 1})
+
 
 class BlockCounter:
     """A ``map_blocks`` function that passes blocks through and records their shapes.

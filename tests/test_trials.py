@@ -33,10 +33,11 @@ def test_trials_cover_the_matrix_within_its_bounds():
 
 
 def test_the_least_memory_a_refusal_states():
-    message = (
-        "exact: ... give each worker at least 1.28 GiB (memory_limit) at 2 threads per worker; "
-        "... Staged on disk, it does not fit either: ... give each worker at least 797.10 MiB "
-        "(memory_limit) at 2 threads per worker"
+    message = (  # a plan's refusal is led by its least, then says why
+        "'svd' needs more memory: give each worker at least 797.10 MiB (memory_limit) at 2 "
+        "threads per worker, the least it runs at. Why: exact: ... give each worker at least "
+        "1.28 GiB (memory_limit) at 2 threads per worker; ... Planned at that memory_limit, "
+        "'svd' needs more: give each worker at least 797.10 MiB (memory_limit)"
     )
     assert stated_minimum(message) == "797.10 MiB"
     assert stated_minimum("give each task at least 68.58 MiB (Budget.per_task)") == ""

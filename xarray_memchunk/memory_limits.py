@@ -5,10 +5,12 @@ The arithmetic (pause threshold, worker baseline, reserve, threads) is
 
 - ``worker_memory``: in order, an explicit ``memory_limit`` argument (bytes, or a size string
   parsed like ``LocalCluster(memory_limit=...)``; capped, with a warning, at the active
-  cluster's workers' own limits where those are smaller), the active ``distributed.Client``'s
-  tightest worker (the one whose task slots get the least memory; before any worker runs, the
-  workers the cluster's worker spec starts), the dask config key ``memchunk.worker-memory``,
-  and the memory available on this machine for the threaded scheduler.
+  cluster's workers' own limits where those are smaller; with no cluster, the memory of this
+  process, whose threads Dask's threaded scheduler runs tasks on), the active
+  ``distributed.Client``'s tightest worker (the one whose task slots get the least memory;
+  before any worker runs, the workers the cluster's worker spec starts), the dask config key
+  ``memchunk.worker-memory``, and the memory available on this machine for the threaded
+  scheduler.
 - ``pause_fraction``: ``distributed.worker.memory.pause`` (0.8), or the terminate threshold where
   pausing is disabled.
 - ``worker_baseline``: ``memchunk.worker-baseline`` (200 MB; an idle ``LocalCluster`` worker
@@ -122,8 +124,9 @@ def make_budget(
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
     try:
-        here = baseline_source.startswith(IN_PROCESS_BASELINE)
-        holder = "this process, where its workers run," if here else "the worker"
+        holder = "the worker"
+        if baseline_source.startswith(IN_PROCESS_BASELINE):
+            holder = "this process, where its workers run,"
         per_task = per_task_bytes(
             worker_memory,
             threads_per_worker,
@@ -244,7 +247,7 @@ def _given_budget(memory_limit: int | float | str, facts: ClusterFacts | None) -
     given = to_bytes(memory_limit, what="memory_limit")
     decimal = is_decimal(memory_limit)
     if facts is None:
-        return make_budget(given, 1, os.cpu_count() or 1, "argument", decimal=decimal)
+        return _threaded_budget(given, decimal)
     smaller = [w.memory_limit for w in facts.workers if w.memory_limit and w.memory_limit < given]
     if not smaller:  # theirs, with what they hold now where it is more than the baseline
         threads = facts.threads_per_worker
@@ -288,7 +291,9 @@ def resolve_budget(
         one worker as bytes or a size string (``"1.5GB"``), meaning what
         ``LocalCluster(memory_limit=...)`` means; or a ready :class:`Budget`, used as is.
         With an active client, a worker whose own limit is smaller plans with its own (see
-        Warns).
+        Warns). With none, a given limit is that of this process, where Dask's threaded
+        scheduler runs its threads' tasks at once (dask config ``num_workers``, else one per
+        CPU).
     device
         ``"gpu"`` for CuPy-backed data: discovered budgets come from ``memchunk.device-memory``
         or the GPU (:func:`device_budget`), and a given size means the device memory.
@@ -363,11 +368,32 @@ def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
     return system_budget()
 
 
+def _threaded_budget(memory: int, decimal: bool) -> Budget:
+    """A given ``memory_limit`` without a cluster: one process's, shared by Dask's threads.
+
+    With no ``distributed`` client, ``.compute()`` runs the tasks on Dask's threaded scheduler,
+    all its threads in this process at once: planned as one worker of those threads. Planned
+    as workers of one thread each, a new user's function ran 2 tasks of 395.77 MiB in this
+    process, which peaked at 1023 MiB against a ``memory_limit`` of 1 GB (953.67 MiB).
+    """
+    threads = threaded_scheduler_threads()
+    source = (
+        f"argument, for this process: with no Dask cluster, Dask's threaded scheduler runs "
+        f"{threads} task(s) at once in it (start the cluster first to plan for its workers)"
+    )
+    return make_budget(memory, threads, 1, source, decimal=decimal)
+
+
+def threaded_scheduler_threads() -> int:
+    """Tasks Dask's threaded scheduler runs at once: dask config ``num_workers``, else CPUs."""
+    return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+
+
 def system_budget() -> Budget:
-    """Budget for Dask's threaded scheduler: this machine's available memory, one thread per CPU."""
+    """Budget for Dask's threaded scheduler: this machine's available memory, its threads."""
     import psutil
 
-    threads = os.cpu_count() or 1
+    threads = threaded_scheduler_threads()
     available = int(psutil.virtual_memory().available)
     return make_budget(
         available, threads, 1, "system memory (available, threaded scheduler)", decimal=False
@@ -401,7 +427,7 @@ def device_budget(device_memory: int | None = None, client=None) -> Budget:
     """
     fraction = float(dask.config.get("memchunk.device-memory-fraction", DEFAULT_DEVICE_FRACTION))
     configured = dask.config.get("memchunk.device-memory", None)
-    local_threads = int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    local_threads = threaded_scheduler_threads()
     notes = ["allocated on the GPU now"]
     if device_memory is not None or configured is not None:  # a device described, not read
         given = device_memory is not None

@@ -284,9 +284,9 @@ _MINIMUM = re.compile(r"at least ([0-9.]+ ?[KMGT]i?B) \(memory_limit\)")
 
 
 def stated_minimum(message: str) -> str:
-    """The least ``memory_limit`` a refusal states (the smallest, where it states several)."""
-    found = _MINIMUM.findall(message)
-    return min(found, key=to_bytes) if found else ""
+    """The least ``memory_limit`` a refusal states: its first, which leads a plan's refusal."""
+    found = _MINIMUM.search(message)
+    return found[1] if found else ""
 
 
 def _timeout(trial: Trial) -> float:

@@ -28,7 +28,7 @@ class Binding:
     DESCRIPTIONS: ClassVar[dict[str, str]] = {
         MEMORY: "the per-task memory budget: larger chunks would not fit",
         PARALLELISM: "parallelism: chunks are split so every thread (or core, where threads "
-        "share fewer cores) has work; memory is not the limit",
+        "share fewer cores) has work; some chunking of fewer tasks fits the budget too",
         TASK_OVERHEAD: "per-task overhead: fewer, larger chunks are faster and fit in memory",
         STORAGE_ALIGNMENT: "storage alignment: whole storage chunks per task, at little cost",
         USER_CHUNKS: "the chunks were given by the user",
