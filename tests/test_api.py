@@ -211,6 +211,7 @@ def test_chunks_for_unknown_dim(volume):
 def test_budget_accessor(volume):
     b = volume.memchunk.budget("1GB")
     assert b.worker_memory == 10**9 and b.source.startswith("argument")
+    assert str(b) == b.explain()  # print() shows the arithmetic, not the dataclass
     with pytest.raises(xm.BudgetError):
         volume.memchunk.budget("one gigabyte")
 

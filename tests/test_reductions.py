@@ -1,3 +1,4 @@
+import cf_xarray  # noqa: F401  (the .cf accessor)
 import dask
 import numpy as np
 import pytest
@@ -80,6 +81,15 @@ def test_cf_axis_names_the_time_dim(tas, threaded):
     assert set(result.tas.dims) == {"lat", "lon"}
     # the standard name works too
     assert tas.memchunk.plan("median", dim="time", memory_limit="2GB").whole_dims == ("time",)
+
+
+def test_cf_axis_t_names_a_decoded_time_without_attributes(tas, threaded):
+    """A netCDF file's time, decoded to datetimes, keeps no units and here no axis: a new
+    user's ``--dim T`` found "no dim 'T' ... CF axes found: X, Y". cf-xarray guesses it."""
+    bare = tas.assign_coords(time=tas.time.copy().assign_attrs({}))
+    bare = bare.assign_coords(time=bare.time.drop_attrs())
+    assert "T" not in bare.cf.axes
+    assert bare.memchunk.plan("median", dim="T", memory_limit="2GB").whole_dims == ("time",)
 
 
 def test_median_keeps_planned_chunks():

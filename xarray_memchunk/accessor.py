@@ -121,6 +121,12 @@ class MemchunkAccessor:
 
         CuPy-backed data is budgeted against the GPU's memory; see :func:`resolve_budget`. A
         Dataset that mixes NumPy and CuPy variables is an error, as in :meth:`plan`.
+        ``print()`` shows its arithmetic.
+
+        A plan starts from this budget and may raise its baseline for what its operator and
+        input leave in a worker between tasks: what calibrating a function left there, and
+        the netCDF chunk caches of files a Dask graph reads. ``plan.budget`` is the plan's
+        own, and ``plan.explain()`` says why it differs.
         """
         return resolve_budget(memory_limit, api.data_device(self._obj))
 

@@ -24,6 +24,17 @@ def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def _guessed_axes(obj: xr.DataArray | xr.Dataset) -> xr.Dataset:
+    """``obj``'s coordinates, with the CF axes cf-xarray guesses from their names and values.
+
+    A netCDF file's ``time`` decoded to datetimes keeps no ``units`` and often no ``axis``:
+    ``dim="T"`` then found no dim (a new user's ``memchunk plan median ... --dim T``).
+    """
+    import cf_xarray  # noqa: F401
+
+    return obj.coords.to_dataset().cf.guess_coord_axis(verbose=False)
+
+
 def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
     """Return the dim of ``obj`` that ``key`` names.
 
@@ -44,6 +55,8 @@ def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
     if key in obj.dims:
         return str(key)
     matches = _cf_candidates(obj, str(key))
+    if not matches:  # xarray decodes time without its attributes: guessed as cf-xarray does
+        matches = _cf_candidates(_guessed_axes(obj), str(key))
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:

@@ -238,6 +238,10 @@ class Budget:
             return False
         return formula == self.per_task
 
+    def __str__(self) -> str:
+        """:meth:`explain`: ``print(budget)`` shows the arithmetic, not the fields."""
+        return self.explain()
+
     def explain(self) -> str:
         """State the per-task budget and the arithmetic behind it, in one unit.
 
