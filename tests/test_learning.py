@@ -344,6 +344,34 @@ def test_a_multithreaded_workers_first_period_is_measured_less_what_it_retained(
     ] * 2
 
 
+def test_later_periods_are_measured_without_the_chunk_caches_their_reads_filled():
+    """A new user's groupby on netCDF4 files, 2 threads per worker: each period's growth held
+    the caches the input's reads filled beside the operator's tasks (47.74 MiB measured
+    against 16.80 MiB predicted, and learned). The plan counts them in the baseline
+    (``Budget.filled_while_running``): each later period is measured without what it
+    retained, up to them in all, less the setup taken out of the first period already."""
+    from xarray_memchunk.measure.runs import _Measured, _without_caches
+
+    def measured(peak, ended, period, retained):
+        record = _record(peak, threads=2, overlap=2, ended=ended)
+        return _Measured(record._replace(period=period, retained=retained), False)
+
+    first = [measured(90 * MB, 1.0, 1, 40 * MB)]  # _warm took its setup out already
+    later = [
+        measured(80 * MB, 2.0, 2, 30 * MB),
+        measured(85 * MB, 2.1, 2, 30 * MB),
+        measured(70 * MB, 3.0, 3, 50 * MB),  # only 20 MB of the caches are left
+        measured(60 * MB, 4.0, 4, None),  # a period that has not ended keeps its growth
+    ]
+    out, most = _without_caches([*first, *later], caches=60 * MB, setup=10 * MB)
+    peaks = [m.record.peak_bytes for m in out]
+    assert peaks == [90 * MB, 50 * MB, 55 * MB, 50 * MB, 60 * MB]
+    assert most == 30 * MB
+    assert _without_caches(later, caches=0, setup=0) == (later, 0)  # none counted: none out
+    one = [m._replace(record=m.record._replace(threads=1, period=0)) for m in later]
+    assert _without_caches(one, 60 * MB, 0) == (one, 0)  # a task's own peak: reads apart
+
+
 def test_a_plain_script_without_a_main_guard_measures_its_function(tmp_path):
     script = tmp_path / "first_script.py"
     script.write_text(

@@ -1041,7 +1041,13 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
 
 
 def _raised_baseline(
-    budget: Budget, operator: Operator, baseline: int, source: str, remedy: str = ""
+    budget: Budget,
+    operator: Operator,
+    baseline: int,
+    source: str,
+    remedy: str = "",
+    *,
+    filled: bool = False,
 ) -> Budget:
     """:func:`with_baseline`, its ``BudgetError`` a refusal that names ``source`` and ``remedy``.
 
@@ -1049,7 +1055,7 @@ def _raised_baseline(
     :func:`_checked_minimum` plans before stating it.
     """
     try:
-        return with_baseline(budget, baseline, source, remedy)
+        return with_baseline(budget, baseline, source, remedy, filled=filled)
     except BudgetError as exc:
         raise InfeasiblePlanError(
             f"{operator.name!r}: {exc} (its baseline: {source})"
@@ -1092,7 +1098,7 @@ def _held_in_chunk_caches(
         return budget, alternative.problem
     source = f"netCDF chunk caches ({format_size(caches.nbytes)}) a worker keeps reading the input"
     baseline = budget.worker_baseline + caches.nbytes
-    raised = _raised_baseline(budget, operator, baseline, source, CHUNK_CACHE_REMEDY)
+    raised = _raised_baseline(budget, operator, baseline, source, CHUNK_CACHE_REMEDY, filled=True)
     problem = alternative.problem
     if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
         return budget, problem

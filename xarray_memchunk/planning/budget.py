@@ -109,6 +109,10 @@ class Budget:
     baseline_remedies
         How to free what the baseline counts beyond an idle worker, where there is a way: a
         refusal names them.
+    filled_while_running
+        Of ``worker_baseline``, what the workers fill only as the run's tasks read (the chunk
+        caches of the netCDF files a graph reads): a worker's growth while they run includes
+        it, and a run's report measures its tasks without it.
     """
 
     worker_memory: int
@@ -125,6 +129,7 @@ class Budget:
     cores: int = 0
     in_this_process: bool = False
     baseline_remedies: tuple[str, ...] = ()
+    filled_while_running: int = 0
 
     @property
     def total_threads(self) -> int:
@@ -275,13 +280,17 @@ class Budget:
         )
 
 
-def with_baseline(budget: Budget, baseline: int, source: str, remedy: str = "") -> Budget:
+def with_baseline(
+    budget: Budget, baseline: int, source: str, remedy: str = "", *, filled: bool = False
+) -> Budget:
     """``budget`` for workers that hold ``baseline`` bytes between tasks, where that is more.
 
     A budget whose ``per_task`` was given by hand, or whose baseline is already as large, is
     returned as it is. ``source`` says where the larger baseline comes from; it is appended to
     a source already given (memory the workers hold now stays named, with its remedy).
     ``remedy``, where given, says how to free what the rise holds: a refusal names it.
+    ``filled``: the workers fill the rise only as the run's tasks read
+    (:attr:`Budget.filled_while_running`).
 
     Raises
     ------
@@ -308,6 +317,8 @@ def with_baseline(budget: Budget, baseline: int, source: str, remedy: str = "") 
         worker_baseline=baseline,
         baseline_source=source,
         baseline_remedies=remedies,
+        filled_while_running=budget.filled_while_running
+        + (baseline - budget.worker_baseline if filled else 0),
     )
 
 
