@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import dask
 import dask.array
+import dask.system
 import numpy as np
 import pytest
 import xarray as xr
@@ -71,8 +72,29 @@ def test_a_memory_limit_without_a_cluster_is_shared_by_the_threaded_scheduler_s_
     assert (budget.n_workers, budget.threads_per_worker) == (1, 3)
     assert budget.per_task == int((0.8 * 1e9 - 200e6) * (1 - 0.1) / 3)
     assert "threaded scheduler runs 3 task(s) at once" in budget.explain()
-    with dask.config.set({"num_workers": None}):
-        assert resolve_budget("1GB").threads_per_worker == (os.cpu_count() or 1)
+    with dask.config.set({"num_workers": None}):  # Dask's count: affinity, cgroup quota
+        assert resolve_budget("1GB").threads_per_worker == dask.system.CPU_COUNT
+    for wrong in (0, -1, "four", 2.5):
+        with dask.config.set({"num_workers": wrong}), pytest.raises(BudgetError, match="num_w"):
+            resolve_budget("1GB")
+
+
+def test_a_plan_without_a_cluster_fits_all_the_threads_tasks_in_the_limit():
+    """The conftest pins one thread; with two, each of the two tasks that run at once in this
+    process gets its share of the limit, and the plan fits it."""
+    data = synthetic_climate(400, 100, 103, chunks={"time": 10})
+    plans = {}
+    for threads in (1, 2):
+        with dask.config.set(num_workers=threads):
+            plans[threads] = data.memchunk.plan("median", dim="time", memory_limit="600MB")
+    one, two = plans[1], plans[2]
+    assert (two.budget.threads_per_worker, two.budget.n_workers) == (2, 1)
+    assert (
+        two.budget.per_task == one.budget.per_task // 2
+        or abs(2 * two.budget.per_task - one.budget.per_task) <= 1
+    )
+    assert two.predicted_peak_bytes <= two.budget.per_task
+    assert two.n_chunks >= 2  # both threads busy
 
 
 def test_per_task_shrinks_with_threads():

@@ -4,7 +4,6 @@ These tests need no GPU: a stand-in ``cupy`` module reports the device memory, a
 device is set by replacing ``device_of``. What runs on a real GPU is in ``test_gpu.py``.
 """
 
-import os
 import sys
 import types
 
@@ -15,6 +14,7 @@ import xarray as xr
 
 import xarray_memchunk as xm
 from xarray_memchunk import api, resolve_budget
+from xarray_memchunk.memory_limits import threaded_scheduler_threads
 
 GiB = 2**30
 
@@ -37,7 +37,7 @@ def fake_gpu(monkeypatch):
 
 def test_gpu_budget_is_device_memory_minus_what_is_in_use(fake_gpu):
     budget = resolve_budget(device="gpu")
-    threads = os.cpu_count()
+    threads = threaded_scheduler_threads()  # the threaded scheduler's, sharing the GPU
     assert budget.worker_memory == 80 * GiB and budget.worker_baseline == 10 * GiB
     assert budget.per_task == int((0.8 * 80 * GiB - 10 * GiB) * (1 - 0.1) / threads)
     assert budget.source.startswith("GPU 0 (cupy)")
@@ -61,7 +61,8 @@ def test_gpu_budget_config_and_argument_take_precedence(fake_gpu):
     # a device described, not read: its baseline is one CUDA context (512 MiB), not the
     # 10 GiB the fake device has in use
     assert configured.worker_baseline == 512 * 2**20
-    assert configured.per_task == int((0.9 * 16e9 - 512 * 2**20) * (1 - 0.1) / os.cpu_count())
+    threads = threaded_scheduler_threads()
+    assert configured.per_task == int((0.9 * 16e9 - 512 * 2**20) * (1 - 0.1) / threads)
     given = resolve_budget("4GB", device="gpu")
     assert given.source == "argument" and "CUDA context" in given.explain()
 

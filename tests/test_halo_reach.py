@@ -62,6 +62,19 @@ def test_the_suggested_halo_agrees_to_rounding_along_every_dim_not_only_those_re
         assert np.abs(joined - whole).max() <= 1e-6 * np.abs(whole).max()
 
 
+def test_a_dim_the_function_fails_on_is_left_out_of_the_suggestion_not_a_crash():
+    """A review: every cut dim was searched, also one whose short trials the function failed
+    on, and the search raised a bare ValueError (max() of no trials)."""
+
+    def func(b):
+        if b.shape[0] < 9:  # the halves along x (10 long) run; trials along y or z (8) fail
+            raise ValueError("too short")
+        return ndimage.uniform_filter(b, 5)
+
+    message = refused(func, {"x": 1, "y": 1, "z": 1})  # y and z: trials 8 long along x
+    assert "declare depth={'x': 2, 'y': 1, 'z': 1}" in message
+
+
 def test_a_free_dim_the_function_filters_along_is_refused():
     box = lambda b: ndimage.uniform_filter(b, 5)  # noqa: E731
     message = refused(box, {"x": 2, "y": 2, "z": 0})

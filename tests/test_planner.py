@@ -319,6 +319,23 @@ def test_a_plan_the_cap_kept_from_more_chunks_says_so():
     assert capped.n_chunks <= 2 and capped.binding == Binding.MAX_TASKS
 
 
+def test_the_variables_of_a_dataset_share_the_cap_a_task_per_chunk_of_each():
+    """A plan's operator tasks are its chunks times its variables: 4 variables in the
+    cap's 1,000 chunks were 4,000 tasks."""
+    specs = (DimSpec("time", 1000, DimRole.WHOLE), DimSpec("x", 2000))
+    one = PlanProblem("op", specs, linear_peak(8.0), max_tasks=1000)
+    chunks = {"time": 1000, "x": 4}
+    layouts = tuple(InputLayout(v, ("time", "x"), 4, InputKind.MEMORY, chunks) for v in "abcd")
+    four = replace(one, inputs=layouts)
+    assert (one.max_chunks, replace(one, inputs=layouts[:1]).max_chunks) == (1000, 1000)
+    assert four.max_chunks == 250
+    fits_only_many = budget(8 * 1000 * 4, threads=1)  # time x 4 elements: 500 chunks
+    assert plan_chunks(replace(one, inputs=layouts[:1]), fits_only_many).n_chunks == 500
+    with pytest.raises(InfeasiblePlanError, match="more than 250 chunks") as err:
+        plan_chunks(four, fits_only_many)
+    assert "1,000 tasks shared by its 4 variables" in str(err.value)
+
+
 def test_the_cap_holds_where_no_chunking_within_it_is_in_the_measured_range():
     """A new user's max-tasks of 2 gave a plan of 22 tasks, silently: no chunking of 2 was
     within the self-calibrated model's range, and the cap was dropped for it."""

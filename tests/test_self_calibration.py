@@ -187,7 +187,13 @@ def test_calibration_time_is_bounded(user_dir):
     note = next(n for n in plan.notes if n.startswith("memory model calibrated now"))
     seconds = float(re.search(r"in ([0-9.]+) s;", note).group(1))
     assert seconds < 1.0 + 10  # the bound, plus starting a profiling worker
-    assert plan.binding in {"measured range", "parallelism", "task overhead", "memory"}
+    assert plan.binding in {
+        "measured range",
+        "parallelism",
+        "task overhead",
+        "memory",
+        "storage alignment",
+    }
 
 
 def grows_faster(block):

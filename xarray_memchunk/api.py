@@ -6,6 +6,7 @@ import contextlib
 import contextvars
 import dataclasses
 import math
+import re
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -811,10 +812,11 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
     needed = refused.minimum_memory_limit
     if needed is None or not isinstance(budget, Budget):
         return refused
-    message = (
-        f"{operator.name!r} needs more memory: {budget.memory_limit_advice(needed)}, the least "
-        f"it runs at. Why: {refused}"
-    )
+    advice = budget.memory_limit_advice(needed)
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", str(refused)))
+    if figures <= {budget.format_minimum(needed)}:  # it states this one only: said once
+        return refused
+    message = f"{operator.name!r} needs more memory: {advice}. Why: {refused}"
     if isinstance(refused, BudgetError):
         led = BudgetError(message, minimum_memory_limit=needed, reason=refused.reason)
         led.budget_at_minimum = refused.budget_at_minimum
@@ -1306,8 +1308,9 @@ def plan(
         :class:`~xarray_memchunk.operators.Operator`.
     memory_limit
         Memory limit of one worker (``"1.5GB"`` or bytes), as ``LocalCluster(memory_limit=...)``
-        takes it; discovered from the active ``distributed.Client``, the dask config or this
-        machine when None.
+        takes it; with no active ``distributed.Client``, that of this process, shared by Dask's
+        threaded scheduler's threads; discovered from the active client, the dask config or
+        this machine when None.
     budget
         A ready :class:`Budget` (per-task bytes and the cluster's layout), instead of
         ``memory_limit``.

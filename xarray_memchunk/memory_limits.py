@@ -27,7 +27,6 @@ pauses a GPU task: CUDA raises an out-of-memory error. An explicit argument or t
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import replace
 from typing import Any
@@ -357,7 +356,7 @@ def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
     configured = dask.config.get("memchunk.worker-memory", None)
     if configured is not None:
         threads = int(dask.config.get("memchunk.threads-per-worker", 1))
-        n_workers = max(1, (os.cpu_count() or 1) // threads)
+        n_workers = max(1, machine_cores() // threads)
         return make_budget(
             to_bytes(configured, what="memchunk.worker-memory"),
             threads,
@@ -385,8 +384,32 @@ def _threaded_budget(memory: int, decimal: bool) -> Budget:
 
 
 def threaded_scheduler_threads() -> int:
-    """Tasks Dask's threaded scheduler runs at once: dask config ``num_workers``, else CPUs."""
-    return int(dask.config.get("num_workers", None) or os.cpu_count() or 1)
+    """Tasks Dask's threaded scheduler runs at once: dask config ``num_workers``, else CPUs.
+
+    The CPUs as Dask counts them (:data:`dask.system.CPU_COUNT`: affinity and cgroup quota),
+    not the machine's: a container of 4 CPUs on a 64-core host runs 4 threads.
+
+    Raises
+    ------
+    BudgetError
+        When ``num_workers`` is set to anything but a whole number of at least 1.
+    """
+    from dask.system import CPU_COUNT
+
+    value = dask.config.get("num_workers", None)
+    if value is None:
+        return CPU_COUNT
+    try:
+        threads = int(value)
+    except (TypeError, ValueError):
+        threads = 0
+    if threads < 1 or (threads != value and str(threads) != str(value).strip()):
+        raise BudgetError(
+            f"the dask config key num_workers is {value!r}: Dask's threaded scheduler runs "
+            f"that many tasks at once, so it must be a whole number of at least 1 (or unset: "
+            f"one per CPU)"
+        )
+    return threads
 
 
 def system_budget() -> Budget:

@@ -24,15 +24,21 @@ def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _guessed_axes(obj: xr.DataArray | xr.Dataset) -> xr.Dataset:
-    """``obj``'s coordinates, with the CF axes cf-xarray guesses from their names and values.
+def _datetime_dims(obj: xr.DataArray | xr.Dataset) -> list[str]:
+    """The dims whose own coordinate holds dates (numpy datetimes or cftime objects).
 
     A netCDF file's ``time`` decoded to datetimes keeps no ``units`` and often no ``axis``:
-    ``dim="T"`` then found no dim (a new user's ``memchunk plan median ... --dim T``).
+    ``dim="T"`` then found no dim (a new user's ``memchunk plan median ... --dim T``). Only the
+    dims' own coordinates are looked at, by dtype: cf-xarray's guess by name would take any
+    name that starts like an axis (``id`` for X).
     """
-    import cf_xarray  # noqa: F401
+    import xarray.core.common as common
 
-    return obj.coords.to_dataset().cf.guess_coord_axis(verbose=False)
+    return [
+        str(d)
+        for d in obj.dims
+        if d in obj.coords and common._contains_datetime_like_objects(obj.coords[d].variable)
+    ]
 
 
 def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
@@ -55,8 +61,8 @@ def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:
     if key in obj.dims:
         return str(key)
     matches = _cf_candidates(obj, str(key))
-    if not matches:  # xarray decodes time without its attributes: guessed as cf-xarray does
-        matches = _cf_candidates(_guessed_axes(obj), str(key))
+    if not matches and str(key) == "T":  # the CF time axis: decoded dates keep no attributes
+        matches = _datetime_dims(obj)
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:

@@ -136,7 +136,8 @@ def check_reach(
             most = min(max(t.x.shape[axis] for t in short + long) // 2 - 1, MAX_REACH)
             return _least_halo(short + long, most)
 
-        searches[dim] = search
+        if short:  # a dim whose trials the function failed on, or gave noise, is not compared
+            searches[dim] = search
     if not short_of_reach:
         return
     # every dim searched, not only those short of their reach: a halo within the check's

@@ -204,8 +204,9 @@ class PlanProblem:
         Largest padded extent per dim the memory model was measured on, for dims along which
         it must not be extrapolated (memory grew faster than the block along them).
     max_tasks
-        Most chunks a chosen plan may have (:data:`DEFAULT_MAX_TASKS`): where only smaller
-        chunks fit the budget, the plan is refused with the memory that fits fewer.
+        Most operator tasks a chosen plan may have (:data:`DEFAULT_MAX_TASKS`), a task per
+        chunk of each variable (:attr:`max_chunks`): where only smaller chunks fit the
+        budget, the plan is refused with the memory that fits fewer.
     """
 
     operator: str
@@ -222,6 +223,11 @@ class PlanProblem:
     task_element_caps: tuple[tuple[tuple[str, ...], float], ...] = ()
     work_terms: tuple[tuple[tuple[str, ...], float], ...] = ()
     max_tasks: int = DEFAULT_MAX_TASKS
+
+    @property
+    def max_chunks(self) -> int:
+        """Most chunks a chosen plan may have: :attr:`max_tasks` shared by its variables."""
+        return max(1, self.max_tasks // max(1, len(self.inputs)))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -196,21 +196,28 @@ def _over_the_cap(
     allowed: np.ndarray,
     in_range: np.ndarray,
 ) -> InfeasiblePlanError:
-    """The refusal where only chunkings of more than ``problem.max_tasks`` chunks fit.
+    """The refusal where only chunkings of more than ``problem.max_chunks`` chunks fit.
 
     It states the memory at which the allowed chunking of the least peak fits, where one is
     allowed (within the cap and the measured range).
     """
+    variables = len(problem.inputs)
+    shared = (
+        f" ({problem.max_tasks:,} tasks shared by its {variables} variables, a task per chunk "
+        f"of each)"
+        if variables > 1
+        else ""
+    )
     over = (
         f"{problem.operator!r}: every chunking that fits the per-task budget of "
-        f"{budget.format(budget.per_task)} has more than {problem.max_tasks:,} chunks (at "
-        f"least {int(n_chunks[in_range].min()):,}), the most a plan may have: a graph that "
-        "large takes minutes to build and schedule, and memory in the client"
+        f"{budget.format(budget.per_task)} has more than {problem.max_chunks:,} chunks (at "
+        f"least {int(n_chunks[in_range].min()):,}), the most a plan may have{shared}: a graph "
+        "that large takes minutes to build and schedule, and memory in the client"
     )
     raise_cap = "raise the dask config key memchunk.max-tasks to plan one anyway"
     if not allowed.any():  # none within the cap is within the model's measured range
         return InfeasiblePlanError(
-            f"{over}; and every chunking of at most {problem.max_tasks:,} chunks has tasks "
+            f"{over}; and every chunking of at most {problem.max_chunks:,} chunks has tasks "
             f"larger than its memory model was measured on ({_measured_range(problem)}). To "
             f"run it, {raise_cap}, or calibrate it on larger blocks (xarray_memchunk.calibrate "
             f"with shapes=...)"
@@ -287,7 +294,7 @@ def plan_chunks(problem: PlanProblem, budget: Budget) -> ChunkPlan:
             f"model was measured on ({_measured_range(problem)}); calibrate it on larger "
             f"blocks (xarray_memchunk.calibrate with shapes=...)"
         )
-    few_enough = n_chunks <= problem.max_tasks
+    few_enough = n_chunks <= problem.max_chunks
     allowed = measured & few_enough
     if in_range.any() and not (in_range & few_enough).any():
         raise _over_the_cap(problem, budget, cuts, terms, n_chunks, allowed, in_range)

@@ -173,8 +173,9 @@ def ingest(
     operator
         Choose storage chunks for this operator (:func:`storage_chunks_for`).
     memory_limit
-        One worker's memory limit (or a Budget); None: discovered, e.g. from the active
-        ``distributed.Client``.
+        One worker's memory limit (or a Budget), as :func:`~xarray_memchunk.api.plan` takes
+        it: with no active ``distributed.Client``, this process's, shared by Dask's threads
+        (``memchunk ingest`` plans for the workers it starts); None: discovered.
     overwrite
         Replace ``target`` if it exists.
     compute
