@@ -21,6 +21,7 @@ import numpy as np
 
 def main() -> None:
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
+    import dask
     from distributed import Client, LocalCluster
 
     from xarray_memchunk.datasets import synthetic_seismic
@@ -31,6 +32,9 @@ def main() -> None:
     from xarray_memchunk.models.fitting import prediction_errors
     from xarray_memchunk.models.profiling import profile_in_worker
 
+    # a 1.5 GB worker of 1 thread: with no cluster, a memory_limit is shared by the threaded
+    # scheduler's threads (num_workers)
+    dask.config.set({"num_workers": 1})
     volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
     kwargs = seed_gst3d.check_arguments({})
     calibration = self_calibrate(seed_gst3d, volume, kwargs, resolve_budget("1.5GB").per_task)

@@ -64,6 +64,8 @@ def one(place: str) -> None:
         raise SystemExit(f"{LATER!r} plans in the calibration directory an earlier run filled")
     directory = shared or tempfile.mkdtemp(prefix="memchunk-selfcal-")
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = directory
+    import dask
+
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
@@ -71,6 +73,9 @@ def one(place: str) -> None:
     from xarray_memchunk.memory_limits import resolve_budget
     from xarray_memchunk.models import load_calibration
 
+    # a 1.5 GB budget for one task at a time, as on a worker of 1 thread: with no cluster, a
+    # memory_limit is shared by the threaded scheduler's threads (num_workers)
+    dask.config.set({"num_workers": 1})
     volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
     smooth5 = xarray_memchunk.operator(depth=dict.fromkeys(volume.dims, 2))(_smooth5)
     kwargs = seed_gst3d.check_arguments({})
