@@ -495,7 +495,7 @@ def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
     ds = synthetic_climate(365, 30, 40, chunks={"time": 30})
     with pytest.raises(
         BudgetError,
-        match=r"no room for a task: .*\. Give each worker at least .*: .median. needs more",
+        match=r"no room for a task: .*\. Give this process at least .*: .median. needs more",
     ) as err:
         ds.memchunk.plan("median", dim="time", memory_limit="240MB")
     least = err.value.minimum_memory_limit

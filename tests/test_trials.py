@@ -35,7 +35,7 @@ def test_trials_cover_the_matrix_within_its_bounds():
 def test_the_least_memory_a_refusal_states():
     message = (  # a plan's refusal is led by its least, then says why
         "'svd' needs more memory: give each worker at least 797.10 MiB (memory_limit) at 2 "
-        "threads per worker, the least it runs at. Why: exact: ... give each worker at least "
+        "threads per worker. Why: exact: ... give each worker at least "
         "1.28 GiB (memory_limit) at 2 threads per worker; ... Planned at that memory_limit, "
         "'svd' needs more: give each worker at least 797.10 MiB (memory_limit)"
     )

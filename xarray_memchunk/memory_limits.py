@@ -112,13 +112,15 @@ def make_budget(
     baseline_source: str = "",
     cores: int = 0,
     in_this_process: bool = False,
+    threaded_scheduler: bool = False,
     **terms: float | int,
 ) -> Budget:
     """Build a :class:`Budget` from a worker's memory and threads with the configured terms.
 
     ``terms`` (``pause_fraction``, ``worker_baseline``, ``reserve``) replace configured ones;
     ``cores``: those the workers' threads share (:attr:`Budget.cores`; 0 where not known);
-    ``in_this_process``: :attr:`Budget.in_this_process`.
+    ``in_this_process``, ``threaded_scheduler``: :attr:`Budget.in_this_process`,
+    :attr:`Budget.threaded_scheduler`.
     """
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
@@ -129,8 +131,9 @@ def make_budget(
         per_task = per_task_bytes(
             worker_memory,
             threads_per_worker,
-            holder=holder,
+            holder="an idle process" if threaded_scheduler else holder,
             in_this_process=in_this_process,
+            threaded_scheduler=threaded_scheduler,
             **terms,
         )
     except BudgetError as err:
@@ -153,6 +156,7 @@ def make_budget(
                 baseline_source=baseline_source,
                 cores=cores,
                 in_this_process=in_this_process,
+                threaded_scheduler=threaded_scheduler,
                 **terms,
             )
         if raised is err:
@@ -169,6 +173,7 @@ def make_budget(
         baseline_source=baseline_source,
         cores=cores,
         in_this_process=in_this_process,
+        threaded_scheduler=threaded_scheduler,
         **terms,
     )
 
@@ -191,6 +196,7 @@ def budget_with_memory(budget: Budget, worker_memory: int) -> Budget:
         baseline_source=budget.baseline_source,
         cores=budget.cores,
         in_this_process=budget.in_this_process,
+        threaded_scheduler=budget.threaded_scheduler,
         pause_fraction=budget.pause_fraction,
         worker_baseline=budget.worker_baseline,
         reserve=budget.reserve,
@@ -380,7 +386,7 @@ def _threaded_budget(memory: int, decimal: bool) -> Budget:
         f"argument, for this process: with no Dask cluster, Dask's threaded scheduler runs "
         f"{threads} task(s) at once in it (start the cluster first to plan for its workers)"
     )
-    return make_budget(memory, threads, 1, source, decimal=decimal)
+    return make_budget(memory, threads, 1, source, decimal=decimal, threaded_scheduler=True)
 
 
 def threaded_scheduler_threads() -> int:
@@ -419,7 +425,12 @@ def system_budget() -> Budget:
     threads = threaded_scheduler_threads()
     available = int(psutil.virtual_memory().available)
     return make_budget(
-        available, threads, 1, "system memory (available, threaded scheduler)", decimal=False
+        available,
+        threads,
+        1,
+        "system memory (available, threaded scheduler)",
+        decimal=False,
+        threaded_scheduler=True,
     )
 
 

@@ -113,6 +113,10 @@ class Budget:
         Of ``worker_baseline``, what the workers fill only as the run's tasks read (the chunk
         caches of the netCDF files a graph reads): a worker's growth while they run includes
         it, and a run's report measures its tasks without it.
+    threaded_scheduler
+        Planned with no cluster, for Dask's threaded scheduler: one process (``n_workers``
+        1) whose threads run tasks at once. Nothing pauses it; the same margin is kept, and a
+        refusal's advice names the process and its threads (the dask config ``num_workers``).
     """
 
     worker_memory: int
@@ -130,6 +134,7 @@ class Budget:
     in_this_process: bool = False
     baseline_remedies: tuple[str, ...] = ()
     filled_while_running: int = 0
+    threaded_scheduler: bool = False
 
     @property
     def total_threads(self) -> int:
@@ -164,9 +169,15 @@ class Budget:
         """``give each worker at least <needed> (memory_limit) at <threads> ...``, for a refusal.
 
         Workers in this process are planned as one worker of all their threads, which pauses
-        on all the process holds: the advice says so.
+        on all the process holds: the advice says so. With no cluster
+        (:attr:`threaded_scheduler`), the process and its threads.
         """
         threads = self.threads_per_worker
+        if self.threaded_scheduler:
+            return (
+                f"give this process at least {self.format_minimum(needed)} (memory_limit) for "
+                f"the {_count(threads, 'task')} Dask's threaded scheduler runs at once in it"
+            )
         per = (
             "in all in this process, whose workers pause on all it holds"
             if self.in_this_process
@@ -306,6 +317,7 @@ def with_baseline(
         reserve=budget.reserve,
         pause_fraction=budget.pause_fraction,
         in_this_process=budget.in_this_process,
+        threaded_scheduler=budget.threaded_scheduler,
         holds="would hold between tasks",
     )
     if budget.baseline_source:
@@ -340,13 +352,15 @@ def per_task_bytes(
     holder: str = "the worker",
     holds: str = "already holds",
     in_this_process: bool = False,
+    threaded_scheduler: bool = False,
 ) -> int:
     """Apply the per-task budget formula of this module to plain numbers.
 
     ``holder`` names what holds the baseline, in the error: a worker, or the process its
     workers run in. Workers in this process (``in_this_process``) need at least
     :data:`MIN_TASK_BYTES` per task. ``holds`` says how it holds it: already, or (a baseline
-    a plan raised) would.
+    a plan raised) would. ``threaded_scheduler``: the memory is a process's with no cluster
+    (:attr:`Budget.threaded_scheduler`), which the message names.
 
     Raises
     ------
@@ -371,9 +385,18 @@ def per_task_bytes(
             if least > 1
             else ""
         )
-        reason = (
+        pause = (
             f"a worker with {size(worker_memory)} of memory has no room for a task: Dask pauses "
-            f"it at {pause_fraction:g} x its memory ({size(pause_fraction * worker_memory)}), "
+            f"it at {pause_fraction:g} x its memory"
+        )
+        if threaded_scheduler:
+            pause = (
+                f"this process, planned with {size(worker_memory)} of memory and no cluster, has "
+                f"no room for a task: its tasks are kept under {pause_fraction:g} x that memory, "
+                f"as Dask pauses a worker"
+            )
+        reason = (
+            f"{pause} ({size(pause_fraction * worker_memory)}), "
             f"and {holder} {holds} {size(worker_baseline)}{short}"
             + (
                 " (a number without a unit is bytes: write e.g. '1.5GB')"
@@ -381,8 +404,9 @@ def per_task_bytes(
                 else ""
             )
         )
+        whom = "it" if threaded_scheduler else "each worker"
         raise BudgetError(
-            f"{reason}. Give each worker at least {format_size_up(least_memory)} "
+            f"{reason}. Give {whom} at least {format_size_up(least_memory)} "
             f"(memory_limit); twice that leaves a task about {size(twice)} per thread",
             minimum_memory_limit=least_memory,
             reason=reason,

@@ -157,7 +157,9 @@ def _infeasible(
     if needed is not None:
         # the workers of this process are planned as one worker of all their threads
         here = budget.in_this_process
-        if here:
+        if budget.threaded_scheduler:
+            fewer = "or compute with fewer threads (the dask config key num_workers)"
+        elif here:
             fewer = "or run fewer threads in all (workers x threads per worker)"
         else:
             fewer = "or run fewer threads per worker (each thread runs a task at once)"
