@@ -34,7 +34,15 @@ from ..errors import InfeasiblePlanError, MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .grouping import flox_enabled, not_calibrated_apart, note_without_dim, uses_flox
+from .grouping import (
+    flox_enabled,
+    grouped_variables,
+    is_dates,
+    not_calibrated_apart,
+    note_of_dates,
+    note_without_dim,
+    uses_flox,
+)
 from .reductions import split_every, tree_shape
 
 __all__ = [
@@ -277,13 +285,19 @@ class Groupby(Operator):
         self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
     ) -> xr.Dataset:
         """The grouped reduction of the planned variables and of those without the dim."""
-        keep = [n for n, v in ds.data_vars.items() if n in uses or kwargs["dim"] not in v.dims]
-        return _grouped(ds[keep], **kwargs)
+        kept, dates = grouped_variables(ds, uses, kwargs["dim"])
+        result = _grouped(kept, **kwargs)
+        if dates:  # with xarray's own method (see grouped_variables)
+            groups = ds[dates].groupby(kwargs["by"])
+            result = result.assign(getattr(groups, kwargs["reduction"])().data_vars)
+        return result
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the grouped dim: as xarray treats it (:func:`.note_without_dim`)."""
         if kwargs.get("dim") is not None and kwargs["dim"] not in da.dims:
             return note_without_dim(da, kwargs["dim"], "groups", kwargs["reduction"])
+        if kwargs.get("dim") is not None and is_dates(da):
+            return note_of_dates(kwargs["dim"], "groups")
         return super().skipped(da, reason, **kwargs)
 
 

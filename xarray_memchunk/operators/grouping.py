@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from typing import Any
 
 import xarray as xr
 
 from ..errors import MemchunkError
 
-__all__ = ["not_calibrated_apart", "note_without_dim", "uses_flox"]
+__all__ = [
+    "grouped_variables",
+    "is_dates",
+    "not_calibrated_apart",
+    "note_of_dates",
+    "note_without_dim",
+    "uses_flox",
+]
 
 
 #: Reductions xarray runs on variables of any dtype (``numeric_only=False``); the others drop
@@ -28,6 +36,41 @@ def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> 
     return (
         f"has no dim {dim!r} and is of dtype {da.dtype}: left out of the result, as xarray's "
         f"{reduction} leaves it"
+    )
+
+
+def is_dates(da: xr.DataArray) -> bool:
+    """Whether ``da`` holds dates: NumPy datetimes, or cftime objects (a noleap calendar's)."""
+    from xarray.core.common import _contains_datetime_like_objects
+
+    return da.dtype.kind == "M" or bool(_contains_datetime_like_objects(da.variable))
+
+
+def grouped_variables(
+    ds: xr.Dataset, uses: Mapping[str, Any], dim: str
+) -> tuple[xr.Dataset, list[str]]:
+    """The variables of ``ds`` a grouped reduction along ``dim`` computes, as xarray's does.
+
+    Returns the planned ones (``uses``) with those without ``dim`` (broadcast along the groups
+    or bins), and the names of the dates along ``dim`` that memchunk does not plan
+    (``time_bnds``). Those were left out, and a written result's ``time`` named bounds that
+    were not there; xarray reduces them too, with its own method: flox's ``blockwise`` one
+    fails on datetimes (numpy_groupies' exact mean of their integers overflows).
+    """
+    dates = [
+        str(name)
+        for name, v in ds.data_vars.items()
+        if name not in uses and dim in v.dims and is_dates(v)
+    ]
+    keep = [n for n, v in ds.data_vars.items() if n in uses or dim not in v.dims]
+    return ds[keep], dates
+
+
+def note_of_dates(dim: str, along: str) -> str:
+    """The plan's note on a variable of dates along ``dim``: reduced as xarray does, unplanned."""
+    return (
+        f"dates along {dim!r} (time bounds), which are small: reduced over the {along} by "
+        f"xarray beside the plan, as xarray does"
     )
 
 

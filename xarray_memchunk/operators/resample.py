@@ -24,7 +24,14 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import has_dim, resolve_dim
-from .grouping import not_calibrated_apart, note_without_dim, uses_flox
+from .grouping import (
+    grouped_variables,
+    is_dates,
+    not_calibrated_apart,
+    note_of_dates,
+    note_without_dim,
+    uses_flox,
+)
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -169,14 +176,19 @@ class Resample(Operator):
 
         xarray broadcasts a variable without the dim along the bins; the result equals it.
         """
-        dim = kwargs["dim"]
-        keep = [n for n, v in ds.data_vars.items() if n in uses or dim not in v.dims]
-        return _resampled(ds[keep], **kwargs)
+        kept, dates = grouped_variables(ds, uses, kwargs["dim"])
+        result = _resampled(kept, **kwargs)
+        if dates:  # with xarray's own method (see grouped_variables)
+            bins = ds[dates].resample({kwargs["dim"]: kwargs["freq"]})
+            result = result.assign(getattr(bins, kwargs["reduction"])().data_vars)
+        return result
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the dim: as xarray treats it (:func:`.note_without_dim`)."""
         if not has_dim(da, kwargs["dim"]):
             return note_without_dim(da, kwargs["dim"], "bins", kwargs["reduction"])
+        if is_dates(da):
+            return note_of_dates(kwargs["dim"], "bins")
         return super().skipped(da, reason, **kwargs)
 
 
