@@ -37,10 +37,8 @@ from .base import Cost, DimUse, Operator, padded_elements
 from .grouping import (
     flox_enabled,
     grouped_variables,
-    is_dates,
     not_calibrated_apart,
-    note_of_dates,
-    note_without_dim,
+    note_unplanned,
     uses_flox,
 )
 from .reductions import split_every, tree_shape
@@ -293,12 +291,10 @@ class Groupby(Operator):
         return result
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the grouped dim: as xarray treats it (:func:`.note_without_dim`)."""
-        if kwargs.get("dim") is not None and kwargs["dim"] not in da.dims:
-            return note_without_dim(da, kwargs["dim"], "groups", kwargs["reduction"])
-        if kwargs.get("dim") is not None and is_dates(da):
-            return note_of_dates(kwargs["dim"], "groups")
-        return super().skipped(da, reason, **kwargs)
+        """A variable without the grouped dim, or dates: as xarray treats it."""
+        dim = kwargs.get("dim")
+        note = None if dim is None else note_unplanned(da, dim, "groups", kwargs["reduction"])
+        return note or super().skipped(da, reason, **kwargs)
 
 
 def _grouped(obj: Any, *, by: str, reduction: str, method: str, **_: Any) -> Any:

@@ -9,12 +9,14 @@ from typing import Any
 import xarray as xr
 
 from ..errors import MemchunkError
+from .dims import has_dim
 
 __all__ = [
     "grouped_variables",
     "is_dates",
     "not_calibrated_apart",
     "note_of_dates",
+    "note_unplanned",
     "note_without_dim",
     "uses_flox",
 ]
@@ -72,6 +74,16 @@ def note_of_dates(dim: str, along: str) -> str:
         f"dates along {dim!r} (time bounds), which are small: reduced over the {along} by "
         f"xarray beside the plan, as xarray does"
     )
+
+
+def note_unplanned(da: xr.DataArray, dim: str, along: str, reduction: str) -> str | None:
+    """The note on a Dataset's variable ``da`` a grouped reduction keeps unplanned, or None.
+
+    Without ``dim`` (:func:`note_without_dim`), or dates along it (:func:`note_of_dates`).
+    """
+    if not has_dim(da, dim):  # a name, or a CF key (dim="T")
+        return note_without_dim(da, dim, along, reduction)
+    return note_of_dates(dim, along) if is_dates(da) else None
 
 
 def not_calibrated_apart(operator: str, argument: str) -> MemchunkError:

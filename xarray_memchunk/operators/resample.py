@@ -23,15 +23,8 @@ from ..errors import MemchunkError
 from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
-from .dims import has_dim, resolve_dim
-from .grouping import (
-    grouped_variables,
-    is_dates,
-    not_calibrated_apart,
-    note_of_dates,
-    note_without_dim,
-    uses_flox,
-)
+from .dims import resolve_dim
+from .grouping import grouped_variables, not_calibrated_apart, note_unplanned, uses_flox
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -184,12 +177,9 @@ class Resample(Operator):
         return result
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
-        """A variable without the dim: as xarray treats it (:func:`.note_without_dim`)."""
-        if not has_dim(da, kwargs["dim"]):
-            return note_without_dim(da, kwargs["dim"], "bins", kwargs["reduction"])
-        if is_dates(da):
-            return note_of_dates(kwargs["dim"], "bins")
-        return super().skipped(da, reason, **kwargs)
+        """A variable without the dim, or dates: as xarray treats it."""
+        note = note_unplanned(da, kwargs["dim"], "bins", kwargs["reduction"])
+        return note or super().skipped(da, reason, **kwargs)
 
 
 def _resampled(obj: Any, *, freq: str, dim: str, reduction: str) -> Any:
