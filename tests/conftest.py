@@ -24,6 +24,16 @@ class BlockCounter:
         return block
 
 
+@pytest.fixture(autouse=True)
+def _no_process_memory_in_threaded_budgets(monkeypatch):
+    """A plan with no cluster counts what this process holds in its baseline; a test process
+    holds what earlier tests left, so that it would depend on their order. Tests of it patch
+    ``this_process_memory`` again."""
+    from xarray_memchunk import memory_limits
+
+    monkeypatch.setattr(memory_limits, "this_process_memory", lambda: 0)
+
+
 @pytest.fixture
 def produced():
     """Counts the blocks a graph produces: ``array.map_blocks(produced)``, then ``.shapes``."""

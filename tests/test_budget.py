@@ -1,6 +1,8 @@
 import math
 import os
 import re
+import subprocess
+import sys
 import warnings
 from types import SimpleNamespace
 
@@ -95,6 +97,54 @@ def test_a_plan_without_a_cluster_fits_all_the_threads_tasks_in_the_limit():
     )
     assert two.predicted_peak_bytes <= two.budget.per_task
     assert two.n_chunks >= 2  # both threads busy
+
+
+NUMPY_MEDIAN_SCRIPT = """
+import resource, sys
+import numpy as np, xarray as xr, dask
+import xarray_memchunk as xm
+
+limit = sys.argv[1]
+a = np.random.default_rng(0).standard_normal((1000, 300, 600), dtype=np.float32)  # 687 MiB
+da = xr.DataArray(a, dims=("time", "lat", "lon"), name="tas")
+try:
+    plan = da.memchunk.plan("median", dim="time", memory_limit=limit)
+except xm.BudgetError as err:
+    print("refused:", err)
+    raise SystemExit(0)
+plan.apply().compute()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print("ratio", peak / dask.utils.parse_bytes(limit))
+"""
+
+
+@pytest.mark.parametrize("limit", ["1GB", "1.3GB"])
+def test_a_plan_without_a_cluster_counts_the_arrays_this_process_holds(limit, tmp_path):
+    """A new user's median of a 687 MiB NumPy array at 1 GB, no cluster: planned with the
+    configured baseline (190.73 MiB), the process held 803 MiB before planning and peaked at
+    868 MiB, 0.91 of the limit. Now its baseline is what the process holds: refused at 1 GB,
+    and at 1.3 GB the peak is under the 0.8 x limit the plan keeps to (0.70 here)."""
+    script = tmp_path / "numpy_median.py"
+    script.write_text(NUMPY_MEDIAN_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script), limit], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    if limit == "1GB":
+        assert "refused:" in run.stdout and "this process already holds" in run.stdout
+        assert "your own arrays included" in run.stdout
+    else:
+        ratio = float(run.stdout.split("ratio")[-1])
+        assert ratio < 0.8, run.stdout
+
+
+def test_a_held_process_raises_the_threaded_baseline(monkeypatch):
+    from xarray_memchunk import memory_limits
+
+    monkeypatch.setattr(memory_limits, "this_process_memory", lambda: 700 * 2**20)
+    budget = resolve_budget("2GB")
+    assert budget.worker_baseline == 700 * 2**20
+    assert budget.baseline_source.startswith("this Python process's memory now")
 
 
 def test_per_task_shrinks_with_threads():

@@ -336,6 +336,21 @@ def test_the_variables_of_a_dataset_share_the_cap_a_task_per_chunk_of_each():
     assert "1,000 tasks shared by its 4 variables" in str(err.value)
 
 
+def test_a_dataset_s_plan_says_its_operator_tasks_in_all(threaded):
+    """A new user's 4 variables under max-tasks 50: "tasks 12", and the graph had 48."""
+    import dask
+
+    from xarray_memchunk.datasets import synthetic_climate
+
+    ds = synthetic_climate(100, 20, 30, chunks={"time": 10})
+    ds = ds.assign(pr=ds.tas * 2, ps=ds.tas + 1)
+    with dask.config.set({"memchunk.max-tasks": 30}):
+        plan = ds.memchunk.plan("median", dim="time", memory_limit="1GB")
+    n = len([v for v in ds.data_vars if "time" in ds[v].dims])
+    note = f"{plan.n_chunks * n:,} operator tasks in all: a task per chunk of each of the {n}"
+    assert n > 1 and plan.n_chunks * n <= 30 and any(note in x for x in plan.notes)
+
+
 def test_the_cap_holds_where_no_chunking_within_it_is_in_the_measured_range():
     """A new user's max-tasks of 2 gave a plan of 22 tasks, silently: no chunking of 2 was
     within the self-calibrated model's range, and the cap was dropped for it."""

@@ -689,10 +689,24 @@ def _prepare(
     if measure == "never":
         notes = (*notes, _nothing_measured(prepared))
     notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
+    if len(prepared.costs) > 1:  # the tasks row counts one variable's
+        notes = (*notes, _tasks_in_all(prepared.plan.n_chunks, len(prepared.costs)))
     kept = _kept(obj, prepared)
     budget = prepared.plan.budget
     notes = (*notes, *(k.note(budget) for k in kept.values() if k.worth_noting(budget)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
+
+
+def _tasks_in_all(n_chunks: int, n_variables: int) -> str:
+    """The note on a Dataset's operator tasks: a task per chunk of each planned variable.
+
+    A new user's plan of 4 variables under ``memchunk.max-tasks`` 50 said "tasks 12", bound by
+    the cap, and the graph had 48.
+    """
+    return (
+        f"{n_chunks * n_variables:,} operator tasks in all: a task per chunk of each of the "
+        f"{n_variables} planned variables (the dask config key memchunk.max-tasks counts these)"
+    )
 
 
 def _kept(obj: xr.DataArray | xr.Dataset, prepared: _Prepared) -> dict[str, KeptVariable]:

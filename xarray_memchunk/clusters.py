@@ -32,6 +32,7 @@ __all__ = [
     "no_workers_error",
     "spec_workers",
     "task_overhead_seconds",
+    "this_process_memory",
     "workers_on_this_machine",
 ]
 
@@ -205,7 +206,7 @@ def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:
     if getattr(client, "asynchronous", False):
         return reported
     try:
-        now = bounded_run(client, _this_process_memory, list(reported), ASK_TIMEOUT)
+        now = bounded_run(client, this_process_memory, list(reported), ASK_TIMEOUT)
     except Exception:  # no answer in time, or a client that cannot run functions: heartbeats
         return reported
     return reported | {a: int(v) for a, v in now.items() if isinstance(v, int | float)}
@@ -238,7 +239,7 @@ def _facts(
     here = [layout for layout, runs_here in layouts if runs_here]
     workers = [layout for layout, runs_here in layouts if not runs_here]
     if here:
-        rss = max(rss, _this_process_memory())
+        rss = max(rss, this_process_memory())
         limits = [w.memory_limit for w in here if w.memory_limit]
         threads = sum(w.nthreads for w in here)
         workers.append(WorkerLayout(min(limits) if limits else None, threads))
@@ -280,7 +281,7 @@ def scheduler_queueing(client: Any) -> tuple[float, int] | None:
         return None
 
 
-def _this_process_memory() -> int:
+def this_process_memory() -> int:
     """Resident memory of this process, bytes, as a worker running in it measures its own."""
     import psutil
 

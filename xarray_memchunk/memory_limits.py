@@ -41,12 +41,14 @@ from .clusters import (
     device_facts,
     memory_threshold,
     pool_cached_bytes,
+    this_process_memory,
     workers_on_this_machine,
 )
 from .errors import BudgetError, MemoryBudgetWarning
 from .planning.budget import (
     IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
+    THREADED_BASELINE,
     Budget,
     format_size,
     held_memory_remedy,
@@ -131,7 +133,7 @@ def make_budget(
         per_task = per_task_bytes(
             worker_memory,
             threads_per_worker,
-            holder="an idle process" if threaded_scheduler else holder,
+            holder=_threaded_holder(baseline_source) if threaded_scheduler else holder,
             in_this_process=in_this_process,
             threaded_scheduler=threaded_scheduler,
             **terms,
@@ -176,6 +178,11 @@ def make_budget(
         threaded_scheduler=threaded_scheduler,
         **terms,
     )
+
+
+def _threaded_holder(baseline_source: str) -> str:
+    """What holds a no-cluster budget's baseline, in a refusal: this process, or an idle one."""
+    return "this process" if baseline_source.startswith(THREADED_BASELINE) else "an idle process"
 
 
 def budget_with_memory(budget: Budget, worker_memory: int) -> Budget:
@@ -380,13 +387,22 @@ def _threaded_budget(memory: int, decimal: bool) -> Budget:
     all its threads in this process at once: planned as one worker of those threads. Planned
     as workers of one thread each, a new user's function ran 2 tasks of 395.77 MiB in this
     process, which peaked at 1023 MiB against a ``memory_limit`` of 1 GB (953.67 MiB).
+    Its baseline is what this process holds now where that is more than the configured one,
+    as for workers in this process: a 549 MiB NumPy array, planned with the configured
+    baseline at 1.5 GB, peaked at 1555-1583 MiB.
     """
     threads = threaded_scheduler_threads()
+    held = this_process_memory()
+    terms: dict[str, Any] = {}
+    if held > configured_baseline():  # what it holds, your arrays included, as processes=False
+        terms = {"worker_baseline": held, "baseline_source": THREADED_BASELINE}
     source = (
         f"argument, for this process: with no Dask cluster, Dask's threaded scheduler runs "
         f"{threads} task(s) at once in it (start the cluster first to plan for its workers)"
     )
-    return make_budget(memory, threads, 1, source, decimal=decimal, threaded_scheduler=True)
+    return make_budget(
+        memory, threads, 1, source, decimal=decimal, threaded_scheduler=True, **terms
+    )
 
 
 def threaded_scheduler_threads() -> int:

@@ -40,6 +40,7 @@ from ..units import format_decimal, format_in_unit_of, format_size, format_size_
 
 __all__ = [
     "IN_PROCESS_BASELINE",
+    "THREADED_BASELINE",
     "MEASURED_BASELINE",
     "MIN_TASK_BYTES",
     "Budget",
@@ -59,6 +60,10 @@ MEASURED_BASELINE = "the largest worker's process memory now"
 #: ``Budget.baseline_source`` when the workers run in this Python process
 #: (``LocalCluster(processes=False)``): a worker's memory is all that this process holds.
 IN_PROCESS_BASELINE = "this Python process's memory now: its workers run in it"
+
+#: ``Budget.baseline_source`` with no cluster: Dask's threaded scheduler computes in this
+#: Python process, beside all it holds (your arrays in memory included).
+THREADED_BASELINE = "this Python process's memory now: it computes the tasks, with no cluster"
 
 #: How :meth:`Budget.explain` names pause_fraction, worker_memory, worker_baseline and a worker.
 _TERM_NAMES = {
@@ -460,6 +465,12 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
             f"(processes=False) and count all it holds, {format_size(worker_baseline)} now, "
             f"your own arrays included; or start them in processes of their own "
             f"(processes=True)"
+        )
+    if baseline_source.startswith(THREADED_BASELINE):
+        return (
+            f"or free memory in this Python process, which computes the tasks with no cluster "
+            f"and holds {format_size(worker_baseline)} now, your own arrays included; or start "
+            f"a distributed cluster, whose workers hold their tasks apart"
         )
     if not baseline_source.startswith(MEASURED_BASELINE):
         return ""
