@@ -283,7 +283,7 @@ class Groupby(Operator):
         self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
     ) -> xr.Dataset:
         """The grouped reduction of the planned variables and of those without the dim."""
-        kept, dates = grouped_variables(ds, uses, kwargs["dim"])
+        kept, dates = grouped_variables(ds, uses, kwargs["dim"], kwargs["reduction"])
         result = _grouped(kept, **kwargs)
         if dates:  # with xarray's own method (see grouped_variables)
             groups = ds[dates].groupby(kwargs["by"])

@@ -12,6 +12,7 @@ from ..errors import MemchunkError
 from .dims import has_dim
 
 __all__ = [
+    "DATE_REDUCTIONS",
     "grouped_variables",
     "is_dates",
     "not_calibrated_apart",
@@ -41,6 +42,12 @@ def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> 
     )
 
 
+#: The grouped reductions xarray computes on dates in every calendar and for Dask data: others
+#: fail (a groupby's median and quantile; var and prod of cftime dates), and a Dataset's dates
+#: are then left out, as before, rather than fail the whole result.
+DATE_REDUCTIONS = ("mean", "sum", "std", "min", "max", "count")
+
+
 def is_dates(da: xr.DataArray) -> bool:
     """Whether ``da`` holds dates: NumPy datetimes, or cftime objects (a noleap calendar's)."""
     from xarray.core.common import _contains_datetime_like_objects
@@ -49,7 +56,7 @@ def is_dates(da: xr.DataArray) -> bool:
 
 
 def grouped_variables(
-    ds: xr.Dataset, uses: Mapping[str, Any], dim: str
+    ds: xr.Dataset, uses: Mapping[str, Any], dim: str, reduction: str
 ) -> tuple[xr.Dataset, list[str]]:
     """The variables of ``ds`` a grouped reduction along ``dim`` computes, as xarray's does.
 
@@ -57,19 +64,26 @@ def grouped_variables(
     or bins), and the names of the dates along ``dim`` that memchunk does not plan
     (``time_bnds``). Those were left out, and a written result's ``time`` named bounds that
     were not there; xarray reduces them too, with its own method: flox's ``blockwise`` one
-    fails on datetimes (numpy_groupies' exact mean of their integers overflows).
+    fails on datetimes (numpy_groupies' exact mean of their integers overflows). Only for the
+    reductions of :data:`DATE_REDUCTIONS`; for others they are left out.
     """
     dates = [
         str(name)
         for name, v in ds.data_vars.items()
-        if name not in uses and dim in v.dims and is_dates(v)
+        if name not in uses and dim in v.dims and is_dates(v) and reduction in DATE_REDUCTIONS
     ]
     keep = [n for n, v in ds.data_vars.items() if n in uses or dim not in v.dims]
     return ds[keep], dates
 
 
-def note_of_dates(dim: str, along: str) -> str:
-    """The plan's note on a variable of dates along ``dim``: reduced as xarray does, unplanned."""
+def note_of_dates(dim: str, along: str, reduction: str) -> str:
+    """The plan's note on a variable of dates along ``dim``: reduced as xarray does, or not."""
+    if reduction not in DATE_REDUCTIONS:
+        return (
+            f"dates along {dim!r} (time bounds): left out of the result, since xarray's "
+            f"{reduction} of dates fails for some calendars or for Dask data (they are kept "
+            f"for {', '.join(DATE_REDUCTIONS)})"
+        )
     return (
         f"dates along {dim!r} (time bounds), which are small: reduced over the {along} by "
         f"xarray beside the plan, as xarray does"
@@ -83,7 +97,7 @@ def note_unplanned(da: xr.DataArray, dim: str, along: str, reduction: str) -> st
     """
     if not has_dim(da, dim):  # a name, or a CF key (dim="T")
         return note_without_dim(da, dim, along, reduction)
-    return note_of_dates(dim, along) if is_dates(da) else None
+    return note_of_dates(dim, along, reduction) if is_dates(da) else None
 
 
 def not_calibrated_apart(operator: str, argument: str) -> MemchunkError:

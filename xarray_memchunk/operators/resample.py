@@ -169,7 +169,7 @@ class Resample(Operator):
 
         xarray broadcasts a variable without the dim along the bins; the result equals it.
         """
-        kept, dates = grouped_variables(ds, uses, kwargs["dim"])
+        kept, dates = grouped_variables(ds, uses, kwargs["dim"], kwargs["reduction"])
         result = _resampled(kept, **kwargs)
         if dates:  # with xarray's own method (see grouped_variables)
             bins = ds[dates].resample({kwargs["dim"]: kwargs["freq"]})
