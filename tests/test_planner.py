@@ -349,6 +349,13 @@ def test_a_dataset_s_plan_says_its_operator_tasks_in_all(threaded):
     n = len([v for v in ds.data_vars if "time" in ds[v].dims])
     note = f"{plan.n_chunks * n:,} operator tasks in all: a task per chunk of each of the {n}"
     assert n > 1 and plan.n_chunks * n <= 30 and any(note in x for x in plan.notes)
+    # a variable without a cut dim has fewer chunks (a review: 16 said, 9 in the graph)
+    mixed = ds.assign(zm=ds.tas.mean("lon")).memchunk.plan(
+        "median", dim="time", memory_limit="1GB", chunks={"lon": 10}
+    )
+    per_var = {"tas": 3, "pr": 3, "ps": 3, "zm": 1}
+    assert mixed.n_chunks == 3
+    assert any(f"{sum(per_var.values())} operator tasks in all" in x for x in mixed.notes)
 
 
 def test_the_cap_holds_where_no_chunking_within_it_is_in_the_measured_range():

@@ -690,22 +690,27 @@ def _prepare(
         notes = (*notes, _nothing_measured(prepared))
     notes = (*notes, *_queue_depth_note(prepared.plan, len(prepared.costs)))
     if len(prepared.costs) > 1:  # the tasks row counts one variable's
-        notes = (*notes, _tasks_in_all(prepared.plan.n_chunks, len(prepared.costs)))
+        notes = (*notes, _tasks_in_all(prepared.plan, prepared.costs))
     kept = _kept(obj, prepared)
     budget = prepared.plan.budget
     notes = (*notes, *(k.note(budget) for k in kept.values() if k.worth_noting(budget)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
 
 
-def _tasks_in_all(n_chunks: int, n_variables: int) -> str:
+def _tasks_in_all(plan: ChunkPlan, costs: Mapping[str, TaskCost]) -> str:
     """The note on a Dataset's operator tasks: a task per chunk of each planned variable.
 
-    A new user's plan of 4 variables under ``memchunk.max-tasks`` 50 said "tasks 12", bound by
-    the cap, and the graph had 48.
+    Each variable's chunks are those of its own dims. A new user's plan of 4 variables under
+    ``memchunk.max-tasks`` 50 said "tasks 12", bound by the cap, and the graph had 48.
     """
+    tasks = sum(
+        math.prod(len(plan.dask_chunks[d]) for d in cost.dims if d in plan.dask_chunks)
+        for cost in costs.values()
+    )
     return (
-        f"{n_chunks * n_variables:,} operator tasks in all: a task per chunk of each of the "
-        f"{n_variables} planned variables (the dask config key memchunk.max-tasks counts these)"
+        f"{tasks:,} operator tasks in all: a task per chunk of each of the {len(costs)} planned "
+        f"variables (the dask config key memchunk.max-tasks counts {plan.n_chunks:,} per "
+        f"variable)"
     )
 
 

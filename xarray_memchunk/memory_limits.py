@@ -15,7 +15,8 @@ The arithmetic (pause threshold, worker baseline, reserve, threads) is
   pausing is disabled.
 - ``worker_baseline``: ``memchunk.worker-baseline`` (200 MB; an idle ``LocalCluster`` worker
   measured 130-180 MB RSS here), or more when the cluster's workers already hold more: the
-  largest worker's process memory from the scheduler's last heartbeat.
+  largest worker's process memory from the scheduler's last heartbeat. With no cluster and a
+  given ``memory_limit``, this process's memory now, where that is more.
 - ``reserve``: ``memchunk.reserve`` (0.1).
 
 CuPy-backed data is budgeted against the GPU's memory instead (:func:`device_budget`): the

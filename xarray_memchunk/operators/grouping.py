@@ -42,10 +42,12 @@ def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> 
     )
 
 
-#: The grouped reductions xarray computes on dates in every calendar and for Dask data: others
-#: fail (a groupby's median and quantile; var and prod of cftime dates), and a Dataset's dates
-#: are then left out, as before, rather than fail the whole result.
-DATE_REDUCTIONS = ("mean", "sum", "std", "min", "max", "count")
+#: The grouped reductions whose result of dates is dates (bounds stay bounds), which xarray
+#: computes in every calendar and for Dask data. xarray's others fail (a groupby's median and
+#: quantile; var and prod of cftime dates) or give values that are not bounds (a sum of
+#: datetime64 wraps round to 1732, a std reads as 1970-01-09): a Dataset's dates are then
+#: left out, with a note, rather than fail the whole result or be written as its bounds.
+DATE_REDUCTIONS = ("mean", "min", "max")
 
 
 def is_dates(da: xr.DataArray) -> bool:
@@ -80,9 +82,8 @@ def note_of_dates(dim: str, along: str, reduction: str) -> str:
     """The plan's note on a variable of dates along ``dim``: reduced as xarray does, or not."""
     if reduction not in DATE_REDUCTIONS:
         return (
-            f"dates along {dim!r} (time bounds): left out of the result, since xarray's "
-            f"{reduction} of dates fails for some calendars or for Dask data (they are kept "
-            f"for {', '.join(DATE_REDUCTIONS)})"
+            f"dates along {dim!r} (time bounds): left out of the result, since a {reduction} of "
+            f"dates is not dates, or fails (they are kept for {', '.join(DATE_REDUCTIONS)})"
         )
     return (
         f"dates along {dim!r} (time bounds), which are small: reduced over the {along} by "

@@ -323,6 +323,7 @@ def with_baseline(
         pause_fraction=budget.pause_fraction,
         in_this_process=budget.in_this_process,
         threaded_scheduler=budget.threaded_scheduler,
+        holder="this process" if budget.threaded_scheduler else "the worker",
         holds="would hold between tasks",
     )
     if budget.baseline_source:
