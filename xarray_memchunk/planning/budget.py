@@ -273,6 +273,8 @@ class Budget:
         fraction, memory, baseline, worker = _TERM_NAMES[self.device]
         threads, per = self.threads_per_worker, self.per_task
         layout = f"{_count(self.n_workers, worker)} x {_count(threads, 'thread')}"
+        if self.threaded_scheduler:  # no cluster: no worker either
+            layout = f"this process x {_count(threads, 'thread')}"
         if self.cores and self.cores < self.total_threads:  # time counts these, not threads
             layout += f" on {_count(self.cores, 'core')}"
         if not self.from_formula:
@@ -291,7 +293,8 @@ class Budget:
             f"per-task budget {format_in_unit_of(per, per)} = "
             f"({self.pause_fraction:g} {fraction} x {format_in_unit_of(self.worker_memory, per)} "
             f"{memory} - {format_in_unit_of(self.worker_baseline, per)} {baseline}{measured}) "
-            f"x (1 - {self.reserve:g} reserve) / {_count(threads, 'thread')} per {worker}"
+            f"x (1 - {self.reserve:g} reserve) / {_count(threads, 'thread')} per "
+            f"{'process' if self.threaded_scheduler else worker}"
             f"{written}; source: {self.source}; {layout}"
         )
 
