@@ -128,13 +128,10 @@ def make_budget(
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
     try:
-        holder = "the worker"
-        if baseline_source.startswith(IN_PROCESS_BASELINE):
-            holder = "this process, where its workers run,"
         per_task = per_task_bytes(
             worker_memory,
             threads_per_worker,
-            holder=_threaded_holder(baseline_source) if threaded_scheduler else holder,
+            holder=_baseline_holder(baseline_source, threaded_scheduler),
             in_this_process=in_this_process,
             threaded_scheduler=threaded_scheduler,
             **terms,
@@ -181,9 +178,18 @@ def make_budget(
     )
 
 
-def _threaded_holder(baseline_source: str) -> str:
-    """What holds a no-cluster budget's baseline, in a refusal: this process, or an idle one."""
-    return "this process" if baseline_source.startswith(THREADED_BASELINE) else "an idle process"
+def _baseline_holder(baseline_source: str, threaded_scheduler: bool) -> str:
+    """What holds a budget's baseline, in a refusal: a worker, or a process.
+
+    With no cluster (``threaded_scheduler``), this process where its memory is the baseline,
+    else an idle one.
+    """
+    if threaded_scheduler:
+        held = baseline_source.startswith(THREADED_BASELINE)
+        return "this process" if held else "an idle process"
+    if baseline_source.startswith(IN_PROCESS_BASELINE):
+        return "this process, where its workers run,"
+    return "the worker"
 
 
 def budget_with_memory(budget: Budget, worker_memory: int) -> Budget:

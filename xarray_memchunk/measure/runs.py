@@ -742,9 +742,10 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         [r for r in w if r in c or r.name not in kept] for w, c in zip(ran, clean, strict=True)
     ]
     caches = plan.budget.filled_while_running
-    warmed = [_without_caches(_warm(w), caches, _setup_left_out(w) or 0) for w in clean]
+    setups = [_setup_left_out(worker) or 0 for worker in clean]
+    warmed = [_without_caches(_warm(w), caches, s) for w, s in zip(clean, setups, strict=True)]
     records = [r for worker, _ in warmed for r in worker]
-    setup = max((_setup_left_out(worker) or 0 for worker in clean), default=0)
+    setup = max(setups, default=0)
     cached = max((cut for _, cut in warmed), default=0)
     computed = any(_gathered(r) for w in answers.values() for r in w)
     events = _events(client, run.started, run.input_layers, until + EVENTS_AFTER_END_S)

@@ -8,7 +8,7 @@ import xarray as xr
 
 from ..errors import DimensionError
 
-__all__ = ["has_dim", "resolve_dim", "resolve_dims"]
+__all__ = ["has_dim", "is_dates", "resolve_dim", "resolve_dims"]
 
 
 def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
@@ -24,21 +24,22 @@ def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def is_dates(da: xr.DataArray) -> bool:
+    """Whether ``da`` holds dates: NumPy datetimes (or durations), or cftime objects."""
+    from xarray.core.common import _contains_datetime_like_objects
+
+    return bool(_contains_datetime_like_objects(da.variable))
+
+
 def _datetime_dims(obj: xr.DataArray | xr.Dataset) -> list[str]:
-    """The dims whose own coordinate holds dates (numpy datetimes or cftime objects).
+    """The dims whose own coordinate holds dates (:func:`is_dates`).
 
     A netCDF file's ``time`` decoded to datetimes keeps no ``units`` and often no ``axis``:
     ``dim="T"`` then found no dim (a new user's ``memchunk plan median ... --dim T``). Only the
     dims' own coordinates are looked at, by dtype: cf-xarray's guess by name would take any
     name that starts like an axis (``id`` for X).
     """
-    import xarray.core.common as common
-
-    return [
-        str(d)
-        for d in obj.dims
-        if d in obj.coords and common._contains_datetime_like_objects(obj.coords[d].variable)
-    ]
+    return [str(d) for d in obj.dims if d in obj.coords and is_dates(obj.coords[d])]
 
 
 def resolve_dim(obj: xr.DataArray | xr.Dataset, key: Hashable) -> str:

@@ -9,12 +9,11 @@ from typing import Any
 import xarray as xr
 
 from ..errors import MemchunkError
-from .dims import has_dim
+from .dims import has_dim, is_dates
 
 __all__ = [
     "DATE_REDUCTIONS",
     "grouped_variables",
-    "is_dates",
     "not_calibrated_apart",
     "note_of_dates",
     "note_unplanned",
@@ -48,13 +47,6 @@ def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> 
 #: datetime64 wraps round to 1732, a std reads as 1970-01-09): a Dataset's dates are then
 #: left out, with a note, rather than fail the whole result or be written as its bounds.
 DATE_REDUCTIONS = ("mean", "min", "max")
-
-
-def is_dates(da: xr.DataArray) -> bool:
-    """Whether ``da`` holds dates: NumPy datetimes, or cftime objects (a noleap calendar's)."""
-    from xarray.core.common import _contains_datetime_like_objects
-
-    return da.dtype.kind == "M" or bool(_contains_datetime_like_objects(da.variable))
 
 
 def grouped_variables(
