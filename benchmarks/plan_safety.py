@@ -7,6 +7,7 @@ GST3D a SEG-Y file): does the memory-bound plan run with 0 pauses and 0 deaths?
     python benchmarks/plan_safety.py --learning         # issue 27: user functions, a kill
     python benchmarks/plan_safety.py --as-users         # issue 28: sources and deployments
     python benchmarks/plan_safety.py --xarray           # issue 30: xarray expressions
+    python benchmarks/plan_safety.py --near-minimum     # stencils just above their minimum
     python benchmarks/plan_safety.py --xarray --only rolling --out <file>
     python benchmarks/plan_safety.py --xarray --only resample groupby --out <file>
 
@@ -19,6 +20,7 @@ table and writes it to ``benchmarks/results/plan_safety.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -27,7 +29,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from harness.plan_safety import SafetyCase, format_table, run_case, summary
+from harness.plan_safety import (
+    SafetyCase,
+    format_table,
+    most_tasks_near_minimum,
+    run_case,
+    summary,
+)
 
 import xarray_memchunk as xm
 
@@ -311,6 +319,26 @@ def xarray_cases() -> list[SafetyCase]:
     return cases
 
 
+def near_minimum_cases() -> list[SafetyCase]:
+    """Stencils on volumes made in one Dask chunk, just above the minimum their refusal states.
+
+    Each runs on 1 worker x 2 threads at the limit (up to 6% over the minimum) planned in most
+    tasks: where only the plans that need least fit, which were once a great many tiny chunks
+    (10^3 of a 200^3 volume: its worker paused, and the run hung).
+    """
+    cases = []
+    for n in (120, 200):
+        volume = dict.fromkeys(VOLUME, n)
+        for op, dtype in (("gst3d", "float32"), ("gst3d", "float64"), ("laplacian", "float32")):
+            cases.append(
+                SafetyCase(op, dtype, volume, volume, "graph", threads=2, label=f"{op}-{n}")
+            )
+    return [
+        dataclasses.replace(c, memory_limit=str(most_tasks_near_minimum(c, n_workers=1)))
+        for c in cases
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="operator names (or labels) to run")
@@ -324,6 +352,9 @@ def main() -> None:
         "--staged", action="store_true", help="issue 28's staged cases at the issue's scale"
     )
     parser.add_argument("--xarray", action="store_true", help="issue 30's xarray expressions")
+    parser.add_argument(
+        "--near-minimum", action="store_true", help="stencils just above their stated minimum"
+    )
     parser.add_argument("--out", help="the table's file (benchmarks/results/plan_safety*.md)")
     args = parser.parse_args()
     name = "plan_safety.md"
@@ -333,6 +364,8 @@ def main() -> None:
         name = "plan_safety_staged.md" if args.staged else "plan_safety_as_users.md"
     elif args.xarray:
         name = "plan_safety_xarray.md"
+    elif args.near_minimum:
+        name = "plan_safety_near_minimum.md"
     args.out = args.out or str(Path(__file__).parent / "results" / name)
     if args.learning:
         cases = learning_cases()
@@ -342,6 +375,8 @@ def main() -> None:
         cases = staged_cases()
     elif args.xarray:
         cases = [c for c in xarray_cases() if not args.only or c.op in args.only]
+    elif args.near_minimum:
+        cases = near_minimum_cases()
     else:
         cases = ([] if args.no_issue else issue_cases()) + ([] if args.issue else matrix(args.only))
     results = []
@@ -349,7 +384,7 @@ def main() -> None:
         # what the runs teach stays in this run: never in the user's own calibration directory
         os.environ.setdefault("MEMCHUNK_CALIBRATION_DIR", str(Path(root) / "calibrations"))
         for i, case in enumerate(cases, 1):
-            result = run_case(case, Path(root))
+            result = run_case(case, Path(root), n_workers=1 if args.near_minimum else 2)
             results.append(result)
             print(f"[{i}/{len(cases)}] " + format_table([result]).splitlines()[-1], flush=True)
     table = format_table(results)
@@ -358,8 +393,8 @@ def main() -> None:
     header = (
         f"Measured {datetime.date.today()} on {platform.node() or 'this machine'} "
         f"({platform.machine()}, Python {platform.python_version()}) with "
-        f"`python {' '.join(sys.argv)}`: 2 workers per case, 1 thread each unless the input "
-        "column says otherwise, a fresh cluster each."
+        f"`python {' '.join(sys.argv)}`: {1 if args.near_minimum else 2} worker(s) per case, "
+        "1 thread each unless the input column says otherwise, a fresh cluster each."
     )
     Path(args.out).write_text(header + "\n\n" + table + "\n\n" + line + "\n")
 

@@ -235,7 +235,7 @@ def test_user_defined_operator_end_to_end(threaded):
         worker_memory=10**9,
         threads_per_worker=1,
         n_workers=2,
-        per_task=4 * 100 * 300 * 4,
+        per_task=1_500_000,  # the whole array's task needs 1.92 MB
         source="test",
     )
     plan = da.memchunk.plan("test-smooth", budget=budget)

@@ -585,9 +585,11 @@ def test_a_stated_minimum_plans_where_calibrating_raised_the_baseline(
             assert limit is not None, str(refused)
             stated.append(limit)
     assert 1 <= len(stated) <= 2, stated
+    # 1% below is refused: the minimum is the least within what the baselines measured when
+    # calibrating each method differ by (groupby's blockwise and map-reduce: 0.3 MiB apart)
     with pytest.raises((BudgetError, xm.InfeasiblePlanError)) as less:
-        ds.tas.memchunk.plan(operator, memory_limit=limit - 1, **kwargs)
-    assert less.value.minimum_memory_limit == limit
+        ds.tas.memchunk.plan(operator, memory_limit=int(0.99 * limit), **kwargs)
+    assert less.value.minimum_memory_limit == pytest.approx(limit, rel=0.01)
 
 
 def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing(

@@ -6,11 +6,12 @@ memory) of the operators and inputs that failed before, run on 2 workers x 1 thr
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import xarray as xr
-from harness.plan_safety import SafetyCase, run_case
+from harness.plan_safety import SafetyCase, most_tasks_near_minimum, run_case
 
 from xarray_memchunk.operators import read_once
 from xarray_memchunk.units import to_bytes
@@ -74,6 +75,28 @@ def test_memory_bound_plan_runs_without_pause_or_death(
     assert result.completed, result.error
     assert result.pauses == 0 and result.deaths == 0
     assert result.peak_worker < 0.8 * to_bytes(result.memory_limit)
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)  # the plan that hung ran for over 10 minutes
+def test_a_one_chunk_stencil_just_above_its_stated_minimum_runs_under_the_pause_line(
+    quiet_distributed, tmp_path
+):
+    """A trial: a 200^3 volume made in one Dask chunk, gst3d just above the minimum a refusal
+    stated, on 1 worker x 2 threads. Only the smallest chunks fit there: 10^3 (8,000 tasks,
+    235,113 in the graph), whose worker paused at 437-467 MiB, and the run had not ended
+    after 10 minutes. Every slicing task of a ready chunk is sent to the worker at once: Dask's
+    record of each (about 5 KiB) and the halo slices (21 x the array) were held, which the
+    plan did not count. The limit run is the one planned in most tasks up to 6% above the
+    minimum.
+    """
+    volume = dict.fromkeys(("inline", "crossline", "sample"), 200)
+    case = SafetyCase("gst3d", "float32", volume, volume, "graph", threads=2)
+    limit = most_tasks_near_minimum(case, n_workers=1)
+    result = run_case(replace(case, memory_limit=str(limit)), tmp_path, n_workers=1)
+    assert result.completed, result.error
+    assert result.pauses == 0 and result.deaths == 0
+    assert result.peak_worker < 0.8 * limit
 
 
 @pytest.mark.cluster

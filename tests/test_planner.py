@@ -13,7 +13,7 @@ from xarray_memchunk import Budget, InfeasiblePlanError
 from xarray_memchunk.memory_limits import make_budget
 from xarray_memchunk.planning.balance import balanced_chunks
 from xarray_memchunk.planning.budget import IN_PROCESS_BASELINE, MEASURED_BASELINE
-from xarray_memchunk.planning.footprint import InputKind, InputLayout
+from xarray_memchunk.planning.footprint import GRAPH_TASK_BYTES, InputKind, InputLayout
 from xarray_memchunk.planning.plan import Binding
 from xarray_memchunk.planning.problem import DimRole, DimSpec, PlanProblem
 from xarray_memchunk.planning.search import plan_chunks, plan_for_chunks
@@ -323,14 +323,17 @@ def test_the_variables_of_a_dataset_share_the_cap_a_task_per_chunk_of_each():
     """A plan's operator tasks are its chunks times its variables: 4 variables in the
     cap's 1,000 chunks were 4,000 tasks."""
     specs = (DimSpec("time", 1000, DimRole.WHOLE), DimSpec("x", 2000))
-    one = PlanProblem("op", specs, linear_peak(8.0), max_tasks=1000)
+    one = PlanProblem("op", specs, linear_peak(8000.0), max_tasks=1000)
     chunks = {"time": 1000, "x": 4}
     layouts = tuple(InputLayout(v, ("time", "x"), 4, InputKind.MEMORY, chunks) for v in "abcd")
     four = replace(one, inputs=layouts)
     assert (one.max_chunks, replace(one, inputs=layouts[:1]).max_chunks) == (1000, 1000)
     assert four.max_chunks == 250
-    fits_only_many = budget(8 * 1000 * 4, threads=1)  # time x 4 elements: 500 chunks
+    # time x 4 elements: 500 chunks, each a cut and a task Dask keeps a record of
+    fits_only_many = budget(8000 * 1000 * 4 + 2 * 500 * GRAPH_TASK_BYTES, threads=1)
     assert plan_chunks(replace(one, inputs=layouts[:1]), fits_only_many).n_chunks == 500
+    # the same chunks of 4 variables: 4 x the graph's tasks
+    fits_only_many = budget(8000 * 1000 * 4 + 4 * 2 * 500 * GRAPH_TASK_BYTES, threads=1)
     with pytest.raises(InfeasiblePlanError, match="more than 250 chunks") as err:
         plan_chunks(four, fits_only_many)
     assert "1,000 tasks shared by its 4 variables" in str(err.value)

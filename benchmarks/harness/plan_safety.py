@@ -262,6 +262,40 @@ def choose_limit(case: SafetyCase, data: xr.DataArray, n_workers: int = 2) -> st
     return feasible[-1]
 
 
+def stated_minimum(case: SafetyCase, n_workers: int = 2, below: str = "0.3GB") -> int:
+    """The ``memory_limit`` that the refusal of ``case`` at ``below`` states (its cluster layout).
+
+    Raises
+    ------
+    ValueError
+        Where the plan at ``below`` is not refused with a stated minimum.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _input(case, Path(tmp))
+        try:
+            _plan(case, data, below, n_workers)
+        except InfeasiblePlanError as refused:
+            if refused.minimum_memory_limit:
+                return refused.minimum_memory_limit
+    raise ValueError(f"{case.name}: a plan at {below} was not refused with a stated minimum")
+
+
+def most_tasks_near_minimum(
+    case: SafetyCase, n_workers: int = 2, above: float = 0.06, step: float = 0.0025
+) -> int:
+    """Of the limits from the stated minimum to ``above`` over it, the one planned in most tasks.
+
+    Just above its minimum, only the plans that need least fit, which may be a great many
+    small chunks: the plans most likely to hold what a model leaves out.
+    """
+    least = stated_minimum(case, n_workers)
+    limits = [int(least * (1 + k * step)) for k in range(int(above / step) + 1)]
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _input(case, Path(tmp))
+        tasks = {limit: _plan(case, data, str(limit), n_workers).n_chunks for limit in limits}
+    return max(limits, key=lambda limit: tasks[limit])
+
+
 def _consume(result: Any) -> Any:
     """The sum of every output, so that computing it gathers nothing large to the client.
 

@@ -33,9 +33,18 @@ the plan's). Per task slot:
   from the source chunks (``ALL_TO_ALL_COPIES x`` the whole array where every task reads every
   source chunk: each waits for the last task, and Dask's rechunk goes through an intermediate
   stage of the whole array), plus ``STENCIL_SHARE`` of a worker's share of the array for a stencil
-  split across chunks, plus the operator's own ``held_share`` of it (intermediate results that
-  wait for a later step, whatever the input); at most the whole array (twice it where every
-  task reads every source chunk). Per worker, divided among its threads.
+  split across chunks, plus the operator's own ``held_share`` of it (intermediate results
+  that wait for a later step, whatever the input); at most the whole array (twice it where
+  every task reads every source chunk); and beside that, the halo slices cut from the
+  stencil's chunks (``padded / chunk - 1`` x them: cutting a halo is a cheap task that runs as
+  soon as its chunk is ready, and its slice waits for the task it pads). Per worker, divided
+  among its threads.
+- ``graph``: Dask's own record of each graph task a worker is given (its state, key and
+  run spec), ``GRAPH_TASK_BYTES`` each, for the tasks it holds: where a graph's source chunks
+  are ready, every task that slices them is ready too and is sent at once, so a worker holds
+  them all (a one-chunk volume of 200^3 planned in 10^3 chunks with a halo of 9: 235,113 graph
+  tasks, 1.9 GiB above the idle worker, where its data was 0.7 GiB). Per worker, divided among
+  its threads.
 - ``runtime``: the operator's ``runtime_bytes`` (compiled code a worker loads with its first
   task and keeps), per worker, divided among its threads.
 - ``produce``: producing a graph's input (measured on one block of the real graph:
@@ -72,11 +81,13 @@ __all__ = [
     "READ_COPIES",
     "READ_GROUP_BYTES",
     "STENCIL_SHARE",
+    "GRAPH_TASK_BYTES",
     "DimCut",
     "Footprint",
     "InputKind",
     "InputLayout",
     "footprint",
+    "graph_tasks",
     "production_phases",
 ]
 
@@ -92,6 +103,12 @@ ALL_TO_ALL_COPIES = 2.0
 #: Share of a worker's part of the array a stencil's neighbour chunks may hold (measured up to
 #: 1.16 x the array / 2 workers).
 STENCIL_SHARE = 1.25
+#: Bytes a worker holds for each graph task it has been given, beside the task's data: Dask's
+#: task state, key and run spec (measured on a LocalCluster of 1 worker x 2 threads, above the
+#: data the tasks held: 5.1 KiB per task of a 200^3 stencil in 10^3 chunks, 235,113 tasks;
+#: 6.4 KiB in 20^3 chunks, 26,953 tasks; 3.6-4.9 KiB for an element-wise function in 10^3
+#: chunks, 24,001 tasks).
+GRAPH_TASK_BYTES = 6 * 2**10
 #: Storage bytes one read from a file may touch at once (larger regions are read in groups).
 READ_GROUP_BYTES = 32 * 2**20
 #: Storage chunks Zarr decodes at once (its ``async.concurrency``), which bounds a read of
@@ -208,15 +225,16 @@ class Footprint:
     held: np.ndarray
     factors: np.ndarray
     produce: np.ndarray
+    graph: np.ndarray
     runtime: np.ndarray
 
     #: The terms, in the order plans state them.
-    TERMS = ("task", "gather", "held", "factors", "produce", "runtime")
+    TERMS = ("task", "gather", "held", "factors", "produce", "graph", "runtime")
 
     @property
     def total(self) -> np.ndarray:
         """What is checked against the per-task budget."""
-        return self.task + self.gather + self.held + self.factors + self.produce + self.runtime
+        return sum((getattr(self, term) for term in self.TERMS), np.zeros_like(self.task))
 
 
 def _covering(cut: DimCut, source: int, padded: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -295,6 +313,34 @@ def _production(
     return production_phases(task, source, layout.produce_bytes, held)
 
 
+def graph_tasks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarray:
+    """Tasks of the graph ``apply`` builds for one variable, per candidate (an upper bound).
+
+    A file is read at the planned chunks, halo included: a read and the operator's task per
+    chunk. A graph's or an array's chunks are cut from its source chunks (a piece per overlap
+    of a source chunk and a planned chunk, and a task that merges them where a planned chunk
+    spans several), and a stencil split across chunks gathers each chunk's halo: a slice of
+    each neighbour along the split halo dims (``3^k`` with the chunk's own, for ``k`` of them)
+    and a concatenation; then the operator's task.
+    """
+    own = [cuts[d] for d in layout.dims]
+    n_chunks = np.prod([c.n_chunks for c in own], axis=0, dtype=np.float64)
+    if layout.kind is InputKind.FILE:
+        return 2 * n_chunks
+    pieces = n_chunks
+    if layout.kind is InputKind.GRAPH:
+        pieces = np.ones_like(n_chunks)
+        spanning = np.zeros(n_chunks.shape, dtype=bool)
+        for dim, cut in zip(layout.dims, own, strict=True):
+            source = min(layout.source_chunks.get(dim, cut.size), cut.size)
+            pieces = pieces * (cut.n_chunks + math.ceil(cut.size / source) - 1)
+            spanning |= _covering(cut, source)[0] > source
+        pieces = pieces + np.where(spanning, n_chunks, 0.0)
+    split = np.sum([(c.n_chunks > 1) & c.halo for c in own], axis=0)
+    halos = np.where(split > 0, n_chunks * (3.0**split + 1), 0.0)
+    return pieces + halos + n_chunks
+
+
 def production_phases(
     task: np.ndarray | float,
     block: float,
@@ -344,10 +390,16 @@ def footprint(
     held = np.zeros_like(task)
     factors = np.zeros_like(task)
     produce = np.zeros_like(task)
+    graph = np.zeros_like(task)
     threads = max(1, threads_per_worker)
     for layout in layouts:
         own = [cuts[d] for d in layout.dims]
         padded = np.prod([c.padded for c in own], axis=0, dtype=np.float64) * layout.itemsize
+        # a graph's tasks follow its source chunks: a one-chunk source's all go to one worker
+        sharing = n_workers
+        if layout.kind is InputKind.GRAPH:
+            sharing = min(n_workers, _source_blocks(layout, cuts))
+        graph = graph + GRAPH_TASK_BYTES * graph_tasks(layout, cuts) / max(1, sharing) / threads
         array_bytes = math.prod(c.size for c in own) * layout.itemsize
         stencil = np.zeros(task.shape, dtype=bool)
         for cut in own:
@@ -392,11 +444,14 @@ def footprint(
         ahead = np.where(all_to_all, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
         cut_sources = np.where(identical, 0.0, ahead * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
+        # the halo slices cut from the neighbours held, each waiting for the task it pads
+        chunk = np.prod([c.lengths for c in own], axis=0, dtype=np.float64) * layout.itemsize
+        halos = np.where(stencil, (padded / chunk - 1) * share, 0.0)
         # a worker cannot hold more of the input than all of it (twice, where all reads all)
         most = np.where(all_to_all, ALL_TO_ALL_COPIES * array_bytes, array_bytes)
         extra_held = (
-            np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, most) / threads
-        )
+            np.minimum(cut_sources + np.where(stencil, share, 0.0) + waiting, most) + halos
+        ) / threads
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
@@ -407,5 +462,6 @@ def footprint(
         held=held,
         factors=factors,
         produce=produce,
+        graph=graph,
         runtime=np.full(task.shape, runtime / threads),
     )

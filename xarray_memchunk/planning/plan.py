@@ -52,6 +52,7 @@ ROW_HELP = {
     "held": "input chunks a worker keeps in memory while the task runs",
     "factors": "what the operator keeps from every chunk until a later step",
     "producing": "what making the input's block in a Dask graph adds",
+    "graph": "Dask's record of each graph task a worker is given",
     "runtime": "compiled code a worker loads with its first task and keeps",
     "budget": "the most one task slot may hold, and the arithmetic behind it",
     "binding": "the constraint that decided the chunks",
@@ -75,6 +76,10 @@ _HELD = (
 )
 _FACTORS = "what the operator keeps from every chunk until a later step, per thread"
 _PRODUCING = "what making a block of the input's Dask graph adds to the task's own peak"
+_GRAPH = (
+    "Dask's record of each graph task a worker is given (its state, key and run spec): each "
+    "thread's share of them"
+)
 _RUNTIME = (
     "compiled code a worker loads with its first task and keeps: each thread's share of it "
     "(the worker loads it once)"
@@ -100,8 +105,9 @@ class ChunkPlan:
         (``predicted_task_bytes``), getting its input (``gather_bytes``: concatenated from
         pieces, or read from a file), the input chunks a worker holds for it (``held_bytes``),
         the operator's factors held beside it (``factors_bytes``), making a graph's block
-        (``produce_bytes``) and the compiled code a worker loads (``runtime_bytes``); this is
-        what must fit ``budget.per_task``.
+        (``produce_bytes``), Dask's record of the graph's tasks (``graph_bytes``) and the
+        compiled code a worker loads (``runtime_bytes``); this is what must fit
+        ``budget.per_task``.
     budget
         The per-task memory budget planned against.
     n_chunks
@@ -133,6 +139,9 @@ class ChunkPlan:
         ``n x n`` factors), all on one worker, per thread.
     produce_bytes
         What making a block of a graph's input adds to the task's own peak (measured).
+    graph_bytes
+        Dask's record of the graph tasks a worker is given (their state, key and run spec), per
+        thread: every task that slices a ready source chunk is sent at once.
     runtime_bytes
         Compiled code (Numba's runtime) a worker loads with its first task of the operator and
         keeps, per thread.
@@ -162,6 +171,7 @@ class ChunkPlan:
     held_bytes: int = 0
     factors_bytes: int = 0
     produce_bytes: int = 0
+    graph_bytes: int = 0
     runtime_bytes: int = 0
 
     @property
@@ -187,6 +197,7 @@ class ChunkPlan:
                 ("held", self.held_bytes, _HELD),
                 ("factors", self.factors_bytes, _FACTORS),
                 ("producing", self.produce_bytes, _PRODUCING),
+                ("graph", self.graph_bytes, _GRAPH),
                 ("runtime", self.runtime_bytes, _RUNTIME),
             )
             if nbytes or name == "task"

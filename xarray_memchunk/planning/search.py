@@ -139,6 +139,8 @@ def _infeasible(
         terms += f" + factors the operator holds {size(least['factors'])}"
     if least["produce"]:
         terms += f" + producing its input {size(least['produce'])}"
+    if least["graph"]:
+        terms += f" + Dask's record of the graph's tasks {size(least['graph'])}"
     if least["runtime"]:
         terms += f" + compiled code a worker keeps {size(least['runtime'])}"
     advice = []
@@ -182,7 +184,7 @@ def _infeasible(
         )
     return (
         f"{problem.operator!r} cannot fit one task in the per-task budget of "
-        f"{size(budget.per_task)}: even the smallest chunks it allows ({chunks}) are "
+        f"{size(budget.per_task)}: even the chunks it allows that need least ({chunks}) are "
         f"predicted to need {size(total)} per task ({terms}). To run it, "
         + "; ".join(advice)
         + f". Budget: {budget.explain()}."
@@ -232,7 +234,7 @@ def _over_the_cap(
     if needed is not None:
         advice.insert(0, budget.memory_limit_advice(needed))
     return InfeasiblePlanError(
-        f"{over}. Its smallest chunks within that ({shape}) need "
+        f"{over}. Within that, the chunks that need least ({shape}) need "
         f"{budget.format(float(peak[smallest]))} per task. To run it, {'; or '.join(advice)}. "
         f"Budget: {budget.explain()}.",
         minimum_memory_limit=needed,
@@ -434,6 +436,7 @@ def _make_plan(
         held_bytes=terms["held"],
         factors_bytes=terms["factors"],
         produce_bytes=terms["produce"],
+        graph_bytes=terms["graph"],
         runtime_bytes=terms["runtime"],
         budget=budget,
         n_chunks=int(np.prod([len(c) for c in dask_chunks.values()])),
