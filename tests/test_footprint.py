@@ -1,4 +1,5 @@
-"""The held-input term of a task slot's footprint, for inputs a Dask graph produces."""
+"""The terms of a task slot's footprint beside the task: held input, producing it, reading it,
+and Dask's record of the graph's tasks."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import pytest
 
 from xarray_memchunk.planning.footprint import (
     ALL_TO_ALL_COPIES,
+    GRAPH_TASK_BYTES,
     HELD_AHEAD,
     DimCut,
     InputKind,
     InputLayout,
     footprint,
+    graph_tasks,
 )
 
 
@@ -97,3 +100,62 @@ def test_raw_chunks_read_in_place_hold_nothing_beside_the_block():
     assert _gathered(half, planned, raw=True) == pytest.approx(1.5 * block - 1.0)
     # compressed, each read decodes its group of chunks with copies beside the block
     assert _gathered(planned, planned, raw=False) > 3 * block
+
+
+VOLUME = ("inline", "crossline", "sample")
+
+
+def _volume_cuts(length: int, halo: int) -> dict[str, DimCut]:
+    """A 200^3 volume cut in chunks of ``length`` along each dim, with a halo of ``halo``."""
+    n = math.ceil(200 / length)
+    cut = DimCut(
+        size=200,
+        lengths=np.array([length]),
+        n_chunks=np.array([n]),
+        padded=np.array([length + (2 * halo if n > 2 else halo if n == 2 else 0)]),
+        units=np.array([1]),
+        halo=halo > 0,
+    )
+    return dict.fromkeys(VOLUME, cut)
+
+
+@pytest.mark.parametrize(
+    ("length", "halo", "measured"),
+    [(10, 9, 235_113), (20, 9, 26_953), (40, 9, 2_823), (10, 0, 24_001)],
+)
+def test_the_graph_s_tasks_are_counted_at_least_as_dask_builds_them(length, halo, measured):
+    """Graphs ``apply`` built for a 200^3 volume made in one Dask chunk (gst3d's halo of 9, and
+    an element-wise function), counted with ``len(result.data.__dask_graph__())``."""
+    layout = InputLayout("v", VOLUME, 4, InputKind.GRAPH, dict.fromkeys(VOLUME, 200))
+    counted = float(graph_tasks(layout, _volume_cuts(length, halo))[0])
+    assert measured <= counted <= 1.5 * measured
+
+
+def test_chunks_that_are_the_source_s_add_no_rechunk_tasks():
+    layout = InputLayout("v", VOLUME, 4, InputKind.GRAPH, dict.fromkeys(VOLUME, 40))
+    assert graph_tasks(layout, _volume_cuts(40, 0))[0] == 2 * 5**3  # the source's, the task's
+    merged = float(graph_tasks(layout, _volume_cuts(80, 0))[0])
+    assert merged == 2 * 5**3 + 2 * 3**3  # the source; a piece of each; assembled; the task
+
+
+def test_a_one_chunk_stencil_in_tiny_chunks_holds_its_tasks_records_and_halo_slices():
+    """1 worker x 2 threads, a 200^3 float32 volume made in one chunk, gst3d's halo of 9 in
+    10^3 chunks: the worker held 1937 MiB above idle, of which about 128 MiB was the compiled
+    kernel and 1 MiB the two tasks. The plan counted 61 MiB."""
+    layout = InputLayout("v", VOLUME, 4, InputKind.GRAPH, dict.fromkeys(VOLUME, 200))
+    terms = footprint(
+        np.array([0.0]), _volume_cuts(10, 9), [layout], threads_per_worker=2, n_workers=1
+    )
+    per_worker = 2 * float(terms.held[0] + terms.graph[0] + terms.gather[0])
+    assert per_worker >= (1937 - 128 - 1) * 2**20
+    assert float(terms.graph[0]) >= 235_113 * GRAPH_TASK_BYTES / 2
+    # a GPU's budget is its own memory: the records are in the host's
+    on_gpu = footprint(
+        np.array([0.0]),
+        _volume_cuts(10, 9),
+        [layout],
+        threads_per_worker=2,
+        n_workers=1,
+        device="gpu",
+    )
+    assert float(on_gpu.graph[0]) == 0.0

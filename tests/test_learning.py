@@ -572,6 +572,7 @@ def _plan_for_peaks(threads=1, runtime=0, per_task=600 * MB):
         predicted_task_bytes=task,
         gather_bytes=0,
         produce_bytes=0,
+        graph_bytes=0,
         runtime_bytes=runtime // threads,
         predicted_peak_bytes=task + runtime // threads,
         budget=budget,

@@ -684,7 +684,8 @@ def _peak_of(record: TaskRecord, first: bool, plan: ChunkPlan) -> _Peak:
     setup = min(FIRST_TASK_BYTES, room) if first else 0
     if record.threads == 1:
         return _Peak(record.peak_bytes, plan.runtime_bytes if first else 0, setup)
-    slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan))
+    # Dask's record of the tasks sent before the first ran is in the RSS the growth starts from
+    slot_extra = max(0, plan.predicted_peak_bytes - _in_task(plan) - plan.graph_bytes)
     runtime = plan.runtime_bytes * plan.budget.threads_per_worker  # per worker, loaded once
     share = int(max(0, record.peak_bytes / record.overlap - slot_extra))
     loaded = (runtime + setup) / record.overlap - plan.runtime_bytes if first else 0

@@ -318,10 +318,11 @@ def graph_tasks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarray:
 
     A file is read at the planned chunks, halo included: a read and the operator's task per
     chunk. A graph's or an array's chunks are cut from its source chunks (a piece per overlap
-    of a source chunk and a planned chunk, and a task that merges them where a planned chunk
-    spans several), and a stencil split across chunks gathers each chunk's halo: a slice of
-    each neighbour along the split halo dims (``3^k`` with the chunk's own, for ``k`` of them)
-    and a concatenation; then the operator's task.
+    of a source chunk and a planned chunk, and a task per planned chunk that assembles them;
+    none where the chunks are its), after the source's own blocks; a stencil split across
+    chunks gathers each chunk's halo: a slice of each neighbour along the split halo dims
+    (``3^k`` with the chunk's own, for ``k`` of them) and a concatenation; then the operator's
+    task.
     """
     own = [cuts[d] for d in layout.dims]
     n_chunks = np.prod([c.n_chunks for c in own], axis=0, dtype=np.float64)
@@ -330,12 +331,18 @@ def graph_tasks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarray:
     pieces = n_chunks
     if layout.kind is InputKind.GRAPH:
         pieces = np.ones_like(n_chunks)
-        spanning = np.zeros(n_chunks.shape, dtype=bool)
+        identical = np.ones(n_chunks.shape, dtype=bool)
         for dim, cut in zip(layout.dims, own, strict=True):
             source = min(layout.source_chunks.get(dim, cut.size), cut.size)
-            pieces = pieces * (cut.n_chunks + math.ceil(cut.size / source) - 1)
-            spanning |= _covering(cut, source)[0] > source
-        pieces = pieces + np.where(spanning, n_chunks, 0.0)
+            n_source = math.ceil(cut.size / source)
+            nested = (cut.lengths % source == 0) | (source % cut.lengths == 0)
+            # chunks that nest in the source's (or it in theirs) cut it at its own boundaries
+            pieces = pieces * np.where(
+                nested, np.maximum(cut.n_chunks, n_source), cut.n_chunks + n_source - 1
+            )
+            identical &= _covering(cut, source)[1]
+        # the source's own blocks, then a rechunk's pieces and its output where it cuts them
+        pieces = _source_blocks(layout, cuts) + np.where(identical, 0.0, pieces + n_chunks)
     split = np.sum([(c.n_chunks > 1) & c.halo for c in own], axis=0)
     halos = np.where(split > 0, n_chunks * (3.0**split + 1), 0.0)
     return pieces + halos + n_chunks
@@ -371,6 +378,7 @@ def footprint(
     *,
     threads_per_worker: int,
     n_workers: int,
+    device: str = "cpu",
 ) -> Footprint:
     """The terms of one task slot's memory for each candidate (see the module docstring).
 
@@ -384,6 +392,9 @@ def footprint(
         The planned variables; the worst one's extra terms are taken.
     threads_per_worker, n_workers
         The cluster the plan runs on.
+    device
+        Where the budget's memory is: on ``"gpu"``, Dask's record of the graph's tasks is in
+        the worker's host memory, not the device's, and is left out.
     """
     task = np.asarray(task, dtype=np.float64)
     gather = np.zeros_like(task)
@@ -399,7 +410,9 @@ def footprint(
         sharing = n_workers
         if layout.kind is InputKind.GRAPH:
             sharing = min(n_workers, _source_blocks(layout, cuts))
-        graph = graph + GRAPH_TASK_BYTES * graph_tasks(layout, cuts) / max(1, sharing) / threads
+        if device != "gpu":  # a GPU's budget is its own memory: the records are the host's
+            records = GRAPH_TASK_BYTES * graph_tasks(layout, cuts) / max(1, sharing)
+            graph = graph + records / threads
         array_bytes = math.prod(c.size for c in own) * layout.itemsize
         stencil = np.zeros(task.shape, dtype=bool)
         for cut in own:
@@ -444,9 +457,11 @@ def footprint(
         ahead = np.where(all_to_all, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
         cut_sources = np.where(identical, 0.0, ahead * covering)
         share = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, n_workers))
-        # the halo slices cut from the neighbours held, each waiting for the task it pads
+        # the halo slices cut from the neighbours held, each waiting for the task it pads, on
+        # the workers the graph's tasks go to
         chunk = np.prod([c.lengths for c in own], axis=0, dtype=np.float64) * layout.itemsize
-        halos = np.where(stencil, (padded / chunk - 1) * share, 0.0)
+        on_one = min(array_bytes, STENCIL_SHARE * array_bytes / max(1, sharing))
+        halos = np.where(stencil, (padded / chunk - 1) * on_one, 0.0)
         # a worker cannot hold more of the input than all of it (twice, where all reads all)
         most = np.where(all_to_all, ALL_TO_ALL_COPIES * array_bytes, array_bytes)
         extra_held = (

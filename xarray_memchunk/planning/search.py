@@ -116,6 +116,7 @@ def _footprint(
         problem.inputs,
         threads_per_worker=budget.threads_per_worker,
         n_workers=budget.n_workers,
+        device=budget.device,
     )
 
 
