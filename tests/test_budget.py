@@ -149,6 +149,27 @@ def test_a_held_process_raises_the_threaded_baseline(monkeypatch):
     assert budget.baseline_source.startswith("this Python process's memory now")
 
 
+def test_a_refusal_with_no_cluster_states_a_minimum_that_plans_after_planning_grew_it(
+    monkeypatch,
+):
+    """A trial: a median over ``open_mfdataset`` files refused with "at least 276.01 MiB", and
+    refused again there: opening and measuring the files had raised this process's memory,
+    which is the baseline with no cluster. Here planning raises it by 40 MB, then by 5 MB."""
+    from xarray_memchunk import memory_limits
+
+    held = iter([300_000_000])  # the first read; planning grows it by 40 MB after
+    now = [340_000_000]
+    monkeypatch.setattr(memory_limits, "this_process_memory", lambda: next(held, now[0]))
+    tas = synthetic_climate(365, 30, 40, chunks={"time": 30}).tas
+    with pytest.raises((BudgetError, xm.InfeasiblePlanError)) as refused:
+        tas.memchunk.plan("median", dim="time", memory_limit="300MB")
+    least = refused.value.minimum_memory_limit
+    assert least is not None
+    now[0] += 5_000_000  # what the next plan's own work may add, within the allowance
+    plan = tas.memchunk.plan("median", dim="time", memory_limit=least)
+    assert plan.fits and plan.budget.worker_baseline == now[0]
+
+
 def test_per_task_shrinks_with_threads():
     one = per_task_bytes(
         4_000_000_000, 1, worker_baseline=200_000_000, reserve=0.1, pause_fraction=0.8

@@ -59,6 +59,7 @@ from .planning.budget import (
 from .units import to_bytes
 
 __all__ = [
+    "PLANNING_GROWTH_BYTES",
     "Budget",
     "budget_with_memory",
     "configured_baseline",
@@ -385,6 +386,12 @@ def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
             decimal=is_decimal(configured),
         )
     return system_budget()
+
+
+#: What this process may grow by while it plans (files opened and measured, a model
+#: calibrated, modules imported): a no-cluster refusal's stated minimum allows for it, and a
+#: refusal made while this process grew by more is planned once more from what it holds.
+PLANNING_GROWTH_BYTES = 8 * 2**20
 
 
 def _threaded_budget(memory: int, decimal: bool) -> Budget:

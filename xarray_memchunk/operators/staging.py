@@ -49,6 +49,7 @@ import numpy as np
 import xarray as xr
 
 from ..clusters import active_client, workers_on_this_machine
+from ..models.profiling import trim_allocator
 from ..units import format_seconds, format_size, format_size_up
 from .sources import file_backend, file_reads, read_chunked
 from .staged_stores import STORE_PREFIX, claim, release, remove_orphans, staged_bytes
@@ -626,7 +627,10 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     day, on 2 workers x 1 thread). A graph's source chunks are merged into write chunks by a
     task rechunk (``array.rechunk.method: tasks``), which Dask fuses with the write: a write
     task holds the chunks it merges beside the merged one (:data:`MERGE_COPIES`). The write
-    runs on the active scheduler (a distributed client's workers, or threads). The store is
+    runs on the active scheduler (a distributed client's workers, or threads: this process then
+    hands the memory the writes freed back to the system, which glibc keeps otherwise: a
+    staged median over ``open_mfdataset`` files with no cluster left 38 MiB, and its tasks then
+    peaked at 0.86 of ``memory_limit``, 0.80 with it handed back). The store is
     removed when this process exits or :func:`~xarray_memchunk.operators.staged_stores.
     remove_staged_stores` is called, and at once if the write fails; an owner file beside it
     (:func:`~xarray_memchunk.operators.staged_stores.claim`) lets a later plan remove it where
@@ -679,6 +683,8 @@ def stage(da: xr.DataArray, site: StagingSite, chunks: StagingChunks | None = No
     try:
         claim(path)  # before the store: a process killed while writing it leaves an owner
         _write(staged, str(name), path, source)
+        if active_client() is None:  # written by this process's threads, which run the tasks
+            trim_allocator()
     except Exception as exc:
         release(path)
         raise MemchunkError(
