@@ -275,6 +275,7 @@ class Budget:
         layout = f"{_count(self.n_workers, worker)} x {_count(threads, 'thread')}"
         if self.threaded_scheduler:  # no cluster: no worker either
             layout = f"this process x {_count(threads, 'thread')}"
+            baseline = "process baseline"
         if self.cores and self.cores < self.total_threads:  # time counts these, not threads
             layout += f" on {_count(self.cores, 'core')}"
         if not self.from_formula:

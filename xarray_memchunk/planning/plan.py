@@ -189,8 +189,15 @@ class ChunkPlan:
     def _peak_rows(self) -> list[tuple[str, str]]:
         """The predicted peak, and each of its terms on a row of its own, defined there."""
         share = f"{100 * self.predicted_peak_bytes / self.budget.per_task:.0f}% of budget"
+
+        def said(meaning: str) -> str:
+            """The term's meaning, said of this process where it runs the tasks (no cluster)."""
+            if not self.budget.threaded_scheduler:
+                return meaning
+            return meaning.replace("a worker", "this process").replace("the worker", "it")
+
         terms = [
-            (f"  {name}", f"{self.budget.format(nbytes)}: {meaning}")
+            (f"  {name}", f"{self.budget.format(nbytes)}: {said(meaning)}")
             for name, nbytes, meaning in (
                 ("task", self.predicted_task_bytes, _TASK),
                 ("gathering", self.gather_bytes, _GATHERING),

@@ -131,11 +131,12 @@ def _infeasible(
     chunks = ", ".join(f"{k}: {v}" for k, v in smallest.items())
     size = budget.format
     total = sum(least.values())
+    holder = "this process" if budget.threaded_scheduler else "a worker"
     terms = f"the task {size(least['task'])}"
     if least["gather"]:
         terms += f" + gathering its input {size(least['gather'])}"
     if least["held"]:
-        terms += f" + chunks a worker holds for it {size(least['held'])}"
+        terms += f" + chunks {holder} holds for it {size(least['held'])}"
     if least["factors"]:
         terms += f" + factors the operator holds {size(least['factors'])}"
     if least["produce"]:
@@ -143,7 +144,7 @@ def _infeasible(
     if least["graph"]:
         terms += f" + Dask's record of the graph's tasks {size(least['graph'])}"
     if least["runtime"]:
-        terms += f" + compiled code a worker keeps {size(least['runtime'])}"
+        terms += f" + compiled code {holder} keeps {size(least['runtime'])}"
     advice = []
     if least["held"] > least["task"]:
         sources = "; ".join(
@@ -152,7 +153,7 @@ def _infeasible(
             for v in problem.inputs
         )
         advice.append(
-            f"most of it is input chunks held in worker memory while the graph rechunks or "
+            f"most of it is input chunks held in {holder}'s memory while the graph rechunks or "
             f"overlaps them ({sources}): open the data from Zarr or netCDF with "
             f"xarray.open_dataset(..., chunks={{}}), and memchunk reads each task's block "
             f"straight from the file; or rechunk the data on disk first (rechunker)"
