@@ -4,6 +4,7 @@ import re
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from types import SimpleNamespace
 
 import dask
@@ -168,6 +169,28 @@ def test_a_refusal_with_no_cluster_states_a_minimum_that_plans_after_planning_gr
     now[0] += 5_000_000  # what the next plan's own work may add, within the allowance
     plan = tas.memchunk.plan("median", dim="time", memory_limit=least)
     assert plan.fits and plan.budget.worker_baseline == now[0]
+
+
+@pytest.mark.parametrize(
+    ("held", "loaded", "counted"), [(300, True, False), (300, False, True), (100, True, True)]
+)
+def test_with_no_cluster_a_runtime_loaded_here_is_counted_once(monkeypatch, held, loaded, counted):
+    """A new user's second GST3D plan in one process, after the first had run, needed 750 MB
+    where the first had needed 530 MB: this process's memory, the baseline, held the compiled
+    kernel, and the plan counted it again. It is counted where the baseline does not hold it:
+    the kernel not loaded, or a process holding less than the configured baseline."""
+    from xarray_memchunk import memory_limits
+    from xarray_memchunk.operators.gst3d import fused
+
+    monkeypatch.setattr(memory_limits, "this_process_memory", lambda: held * 2**20)
+    monkeypatch.setattr(fused, "kernel_loaded", lambda: loaded)
+    volume = xr.DataArray(
+        np.zeros((64, 64, 64), dtype="float32"), dims=("inline", "crossline", "sample")
+    )
+    with dask.config.set(num_workers=2):
+        plan = volume.memchunk.plan("gst3d", memory_limit="2GB")
+    assert (plan.runtime_bytes > 0) is counted
+    assert any("loaded in this process already" in n for n in plan.notes) is not counted
 
 
 def test_per_task_shrinks_with_threads():
@@ -677,6 +700,31 @@ def test_a_dataset_is_gathered_a_dask_variable_at_a_time():
     assert _gathered(ds.a) == (8000, "")
     assert _gathered(ds.big) == (0, "")
     assert _gathered(ds[["big"]]) == (0, "")
+
+
+def test_with_no_cluster_the_pieces_of_a_result_wait_beside_the_running_tasks():
+    """A new user's stencil on a 30.52 MiB volume, computed with no cluster at its stated
+    minimum: 2 tasks of 74 MB predicted beside a 230 MiB baseline, under the pause line; the
+    finished pieces of the result waited beside them, and the process peaked at 0.77-0.84 of
+    its limit. The pieces and the whole (61 MiB) alone would fit."""
+    budget = Budget(
+        worker_memory=507 * 10**6,
+        threads_per_worker=2,
+        n_workers=1,
+        per_task=74 * 10**6,
+        source="test",
+        worker_baseline=230 * 2**20,
+        pause_fraction=0.8,
+        threaded_scheduler=True,
+    )
+    result = 200**3 * 4
+    assert budget.gather_advice(result) == ""  # the last task alone fits
+    advice = budget.gather_advice(result, running=2 * 74 * 10**6)
+    assert "into this process" in advice and "wait beside the tasks still running" in advice
+    assert "up to 30.52 MiB" in advice and "result.memchunk.to_zarr(path)" in advice
+    # on a cluster of 4 workers, each holds its share of the pieces
+    on_four = replace(budget, threaded_scheduler=False, n_workers=4)
+    assert on_four.gather_advice(result, running=2 * 74 * 10**6) == ""
 
 
 @pytest.mark.cluster

@@ -228,12 +228,15 @@ class Plan:
             result.attrs["memchunk_plan"] = _plan_summary(prepared.plan)
         run = record_run(rechunked, result, prepared.kept)
         self._applied = True
+        plan = prepared.plan
+        running = plan.predicted_peak_bytes * plan.budget.threads_per_worker
+        gather = plan.budget.gather_advice(*_gathered(result), running=running)
         if run is not None:
             self.runs.append(run)
             _RESULTS.remember(result, prepared, run)  # what reporting needs: not the data
-            run.gather = prepared.plan.budget.gather_advice(*_gathered(result))
-            if run.gather:
-                warn_at_caller(run.gather, ResultGatherWarning)
+            run.gather = gather
+        if gather:  # with no cluster too: this process gathers the pieces as they finish
+            warn_at_caller(gather, ResultGatherWarning)
         return result
 
     def report(self, learn: bool = True) -> RunReport:
@@ -1194,6 +1197,29 @@ def _alternative(
     return _Alternative(kwargs, targets, costs, problem)
 
 
+def _without_loaded_runtime(
+    budget: Budget, operator: Operator, problem: PlanProblem
+) -> PlanProblem:
+    """``problem`` without the operator's runtime where this process holds it and is the budget.
+
+    With no cluster, the budget's baseline is this process's memory now, and the tasks run
+    here: compiled code loaded here already (:meth:`Operator.runtime_loaded`) is in that
+    baseline. Counted again, a second GST3D plan in one process, after the first had run,
+    needed 750 MB where the first had needed 530 MB.
+    """
+    here = budget.threaded_scheduler and budget.baseline_source.startswith(THREADED_BASELINE)
+    if not here or not any(layout.runtime_bytes for layout in problem.inputs):
+        return problem
+    if not operator.runtime_loaded():
+        return problem
+    inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
+    note = (
+        f"{operator.name}'s compiled code is loaded in this process already: the memory it "
+        f"holds counts it, and the plan does not count it again"
+    )
+    return replace(problem, inputs=inputs, notes=(*problem.notes, note))
+
+
 def _prepare_one(
     operator: Operator,
     resolved: Budget,
@@ -1211,6 +1237,7 @@ def _prepare_one(
     kwargs, costs = alternative.kwargs, alternative.costs
     resolved = _held_after_running(resolved, operator, costs)
     resolved, problem = _held_in_chunk_caches(resolved, operator, alternative)
+    problem = _without_loaded_runtime(resolved, operator, problem)
     problem = replace(problem, max_tasks=_max_tasks())
     if chunks is None:
         try:

@@ -285,6 +285,15 @@ class Operator(abc.ABC):
         """
         return []
 
+    def runtime_loaded(self) -> bool:
+        """Whether this process holds the operator's runtime already (its compiled code).
+
+        Hook: for an operator whose cost states :attr:`Cost.runtime_bytes`. With no cluster,
+        the tasks run in this process, whose memory now is the budget's baseline: a runtime
+        loaded here is in it, and a plan does not count it again. False by default.
+        """
+        return False
+
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """What becomes of a Dataset's variable the operator does not apply to, and why.
 

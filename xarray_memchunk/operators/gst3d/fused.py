@@ -799,6 +799,11 @@ def gst3d(
     return out if direct else out.astype(out_dtype)
 
 
+def kernel_loaded() -> bool:
+    """Whether this process has compiled the kernel, or loaded it from Numba's cache."""
+    return bool(_gst3d.signatures)
+
+
 def warm(dtype: np.dtype | str, out_dtype: np.dtype | str = "float32") -> None:
     """Compile the kernel for blocks of ``dtype`` (or load it from Numba's cache) in this process.
 

@@ -261,6 +261,12 @@ class GST3D(Operator):
             runtime_bytes=FUSED_RUNTIME_BYTES if on_cpu else 0.0,
         )
 
+    def runtime_loaded(self) -> bool:
+        """Whether this process has loaded the fused kernel (:data:`FUSED_RUNTIME_BYTES`)."""
+        from .fused import kernel_loaded
+
+        return kernel_loaded()
+
     def calibration_setup(self, **kwargs: Any) -> tuple[dict[str, Any], list[dict[str, int]]]:
         """The arguments as given; padded blocks of 32^3 to 8.2 million voxels, cubes and slabs.
 
