@@ -166,6 +166,9 @@ def test_a_refusal_with_no_cluster_states_a_minimum_that_plans_after_planning_gr
         tas.memchunk.plan("median", dim="time", memory_limit="300MB")
     least = refused.value.minimum_memory_limit
     assert least is not None
+    # the figures it gives on its way are the one it leads with, its allowance included
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", str(refused.value)))
+    assert figures == {units.format_size_up(least)}, figures
     now[0] += 5_000_000  # what the next plan's own work may add, within the allowance
     plan = tas.memchunk.plan("median", dim="time", memory_limit=least)
     assert plan.fits and plan.budget.worker_baseline == now[0]
@@ -722,6 +725,10 @@ def test_with_no_cluster_the_pieces_of_a_result_wait_beside_the_running_tasks():
     advice = budget.gather_advice(result, running=2 * 74 * 10**6)
     assert "into this process" in advice and "wait beside the tasks still running" in advice
     assert "up to 30.52 MiB" in advice and "result.memchunk.to_zarr(path)" in advice
+    assert budget.gather_advice(0, running=10**9) == ""  # no result: nothing gathered
+    # a Dataset's variables' pieces all wait: 3 of them are more than this process has room for
+    assert budget.gather_advice(result // 4, running=2 * 74 * 10**6) == ""
+    assert budget.gather_advice(result // 4, running=2 * 74 * 10**6, pieces=3 * result) != ""
     # on a cluster of 4 workers, each holds its share of the pieces
     on_four = replace(budget, threaded_scheduler=False, n_workers=4)
     assert on_four.gather_advice(result, running=2 * 74 * 10**6) == ""

@@ -197,7 +197,8 @@ class Plan:
         Nothing is planned again, and nothing is computed. On a ``distributed`` cluster the run
         is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`; a
         :class:`~xarray_memchunk.ResultGatherWarning` says where the result is too large to
-        gather into one worker, as ``.compute()`` does (write it instead).
+        gather into one worker (or, with no cluster, into this process, whose finished pieces
+        wait beside the tasks still running), as ``.compute()`` does (write it instead).
 
         Parameters
         ----------
@@ -229,8 +230,12 @@ class Plan:
         run = record_run(rechunked, result, prepared.kept)
         self._applied = True
         plan = prepared.plan
-        running = plan.predicted_peak_bytes * plan.budget.threads_per_worker
-        gather = plan.budget.gather_advice(*_gathered(result), running=running)
+        # the slots' peak as planned: chunks given over the budget have a warning of their own
+        slot = min(plan.predicted_peak_bytes, plan.budget.per_task)
+        running = slot * plan.budget.threads_per_worker
+        gather = plan.budget.gather_advice(
+            *_gathered(result), running=running, pieces=_dask_bytes(result)
+        )
         if run is not None:
             self.runs.append(run)
             _RESULTS.remember(result, prepared, run)  # what reporting needs: not the data
@@ -836,17 +841,21 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
     if needed is None or not isinstance(budget, Budget):
         return refused
     growth = _growth_allowance(budget)
-    needed += growth
+    why = str(refused)
+    if growth:  # the figures it gives on its way are the lead's, its allowance included
+        why = why.replace(budget.format_minimum(needed), budget.format_minimum(needed + growth))
+        needed += growth
     advice = budget.memory_limit_advice(needed)
-    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", str(refused)))
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", why))
     if not growth and figures <= {budget.format_minimum(needed)}:  # this one only: said once
         return refused
     if growth:
         advice += (
-            f" (with {format_size(memory_limits.PLANNING_GROWTH_BYTES)} more for what this "
-            f"process may hold by the time it plans again)"
+            f" (with {format_size(growth)} of memory_limit for the "
+            f"{format_size(memory_limits.PLANNING_GROWTH_BYTES)} this process may grow by "
+            f"while it plans again)"
         )
-    message = f"{operator.name!r} needs more memory: {advice}. Why: {refused}"
+    message = f"{operator.name!r} needs more memory: {advice}. Why: {why}"
     if isinstance(refused, BudgetError):
         led = BudgetError(message, minimum_memory_limit=needed, reason=refused.reason)
         led.budget_at_minimum = refused.budget_at_minimum
@@ -1409,33 +1418,30 @@ def plan(
         (:class:`CalibrationError`), or no chunking that fits.
     """
     through_dask = read_through_dask(obj)  # a variable opened without chunks is not read whole
-    held = memory_limits.this_process_memory()
+    here = _plans_this_process(memory_limit, budget)
+    held = memory_limits.held_by_this_process() if here else 0
     try:
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     except (BudgetError, InfeasiblePlanError):
-        if not _planning_grew_this_process(held, memory_limit, budget):
+        grown = memory_limits.held_by_this_process() - held if here else 0
+        if grown <= memory_limits.PLANNING_GROWTH_BYTES:
             raise
         # once more, from what this process holds now: the minimum it states then counts it
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     return Plan(_planned_through_dask(obj, through_dask, prepared), prepared, measure)
 
 
-def _planning_grew_this_process(
-    held: int, memory_limit: int | str | None, budget: Budget | None
-) -> bool:
-    """Whether a refusal of a plan for this process (no cluster) stated a stale minimum.
+def _plans_this_process(memory_limit: int | str | None, budget: Budget | None) -> bool:
+    """Whether the plan's budget is this process's memory: ``memory_limit=``, no cluster.
 
-    With ``memory_limit=`` and no cluster, the tasks run in this process, and its memory
-    now is the budget's baseline. Planning itself may raise it: a trial's median over
-    ``open_mfdataset`` files was refused with "at least 276.01 MiB", and refused again there,
-    as opening and measuring the files had left this process 224 MiB where it held less.
-    A refusal is planned once more where this process grew by more than
-    :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`, which its stated minimum allows.
+    Its memory now is then the budget's baseline, and planning itself may raise it: a trial's
+    median over ``open_mfdataset`` files was refused with "at least 276.01 MiB", and refused
+    again there, as opening and measuring the files had left this process 224 MiB where it
+    held less. A refusal is planned once more where this process grew by more than
+    :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`, which its stated minimum
+    allows.
     """
-    if memory_limit is None or budget is not None or active_client() is not None:
-        return False
-    grown = memory_limits.this_process_memory() - held
-    return grown > memory_limits.PLANNING_GROWTH_BYTES
+    return memory_limit is not None and budget is None and active_client() is None
 
 
 def _planned_through_dask(
@@ -1555,6 +1561,12 @@ def _gathered(result: xr.DataArray | xr.Dataset) -> tuple[int, str]:
         return 0, ""
     largest = max(sizes, key=sizes.__getitem__)
     return sizes[largest], largest
+
+
+def _dask_bytes(result: xr.DataArray | xr.Dataset) -> int:
+    """Bytes of ``result``'s Dask-backed variables, all of them: the pieces computing makes."""
+    variables = [result.variable] if isinstance(result, xr.DataArray) else result.variables.values()
+    return sum(int(v.nbytes) for v in variables if v.chunks is not None)
 
 
 def _with_untouched_coords(result: xr.Dataset, source: xr.Dataset) -> xr.Dataset:

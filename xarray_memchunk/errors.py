@@ -96,9 +96,11 @@ class ResultGatherWarning(UserWarning):
     """A result too large to gather into one worker, as ``.compute()`` does.
 
     The plan bounds the operator's tasks; Dask's last task of ``.compute()`` concatenates the
-    whole result on one worker. Write such a result (``result.memchunk.to_zarr``) instead:
-    then nothing is gathered, and the warning, given before anyone knows, does not apply. Not
-    a :class:`MemoryBudgetWarning`: the plan is as asked.
+    whole result on one worker, and before it the finished pieces wait beside the tasks still
+    running (all of them in this process, with no cluster). Write such a result
+    (``result.memchunk.to_zarr``) instead: then nothing is gathered, and the warning, given
+    before anyone knows, does not apply. Not a :class:`MemoryBudgetWarning`: the plan is as
+    asked.
     """
 
 

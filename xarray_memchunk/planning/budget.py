@@ -193,7 +193,9 @@ class Budget:
             f"{threads} thread{'' if threads == 1 else 's'} {per}"
         )
 
-    def gather_advice(self, result_bytes: int, variable: str = "", running: float = 0) -> str:
+    def gather_advice(
+        self, result_bytes: int, variable: str = "", running: float = 0, pieces: int | None = None
+    ) -> str:
         """What gathering a result of ``result_bytes`` into one worker costs, where it pauses it.
 
         Dask's last task of ``.compute()`` concatenates every chunk of the result on one
@@ -202,13 +204,18 @@ class Budget:
         (``running``: what a worker's task slots hold at their peak): a worker's share of the
         result, all of it with no cluster, where this process runs every task and keeps every
         piece (a user's stencil on a 30.52 MiB volume, computed with no cluster at its
-        stated minimum, peaked at 0.77-0.84 of ``memory_limit``). A Dataset is gathered a
-        variable at a time (a ``finalize-`` task each): ``result_bytes`` is then its largest
-        Dask-backed variable's, named ``variable``. Where the larger of the two passes the
+        stated minimum, peaked at 0.77-0.84 of ``memory_limit``). ``pieces``: the bytes of
+        every Dask-backed variable, whose pieces all wait so (``result_bytes`` where None). A
+        Dataset is gathered a variable at a time (a ``finalize-`` task each): ``result_bytes``
+        is then its largest Dask-backed variable's, named ``variable``. Where the larger of the
+        two passes the
         pause threshold, the sentence that says so and what to do instead; an empty string
         where it fits, or where nothing is known of the workers.
         """
-        share = result_bytes / (1 if self.threaded_scheduler else max(1, self.n_workers))
+        if not result_bytes:
+            return ""
+        pieces = result_bytes if pieces is None else pieces
+        share = pieces / (1 if self.threaded_scheduler else max(1, self.n_workers))
         gathering = 2 * result_bytes + self.worker_baseline
         while_running = share + running + self.worker_baseline
         pause = self.pause_fraction * self.worker_memory

@@ -194,7 +194,8 @@ class ChunkPlan:
             """The term's meaning, said of this process where it runs the tasks (no cluster)."""
             if not self.budget.threaded_scheduler:
                 return meaning
-            return meaning.replace("a worker", "this process").replace("the worker", "it")
+            meaning = meaning.replace(" (the worker loads it once)", "")
+            return meaning.replace("a worker", "this process")
 
         terms = [
             (f"  {name}", f"{self.budget.format(nbytes)}: {said(meaning)}")

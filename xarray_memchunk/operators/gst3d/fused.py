@@ -800,8 +800,12 @@ def gst3d(
 
 
 def kernel_loaded() -> bool:
-    """Whether this process has compiled the kernel, or loaded it from Numba's cache."""
-    return bool(_gst3d.signatures)
+    """Whether this process has compiled the kernel, or loaded it from Numba's cache.
+
+    Any of its versions (float32 or float64 blocks): Numba's runtime, most of what a first
+    task loads, is loaded with the first. False where Numba's JIT is disabled.
+    """
+    return bool(getattr(_gst3d, "signatures", ()))
 
 
 def warm(dtype: np.dtype | str, out_dtype: np.dtype | str = "float32") -> None:
