@@ -55,7 +55,7 @@ from .operators.sources import (
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
-from .planning.budget import THREADED_BASELINE, format_size, with_baseline
+from .planning.budget import format_size, with_baseline
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
 from .planning.problem import DEFAULT_MAX_TASKS, PlanProblem
@@ -874,8 +874,7 @@ def _growth_allowance(budget: Budget) -> int:
     threshold's share), where the baseline is this process's memory (not the configured one,
     which it holds less than); none inside the search for a minimum, which states no figure.
     """
-    from_this_process = budget.baseline_source.startswith(THREADED_BASELINE)
-    if not budget.threaded_scheduler or not from_this_process or _SEARCHING_MINIMUM.get():
+    if not budget.baseline_is_this_process or _SEARCHING_MINIMUM.get():
         return 0
     return math.ceil(memory_limits.PLANNING_GROWTH_BYTES / budget.pause_fraction)
 
@@ -1216,10 +1215,8 @@ def _without_loaded_runtime(
     baseline. Counted again, a second GST3D plan in one process, after the first had run,
     needed 750 MB where the first had needed 530 MB.
     """
-    here = budget.threaded_scheduler and budget.baseline_source.startswith(THREADED_BASELINE)
-    if not here or not any(layout.runtime_bytes for layout in problem.inputs):
-        return problem
-    if not operator.runtime_loaded():
+    counted = any(layout.runtime_bytes for layout in problem.inputs)
+    if not (budget.baseline_is_this_process and counted and operator.runtime_loaded()):
         return problem
     inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
     note = (
@@ -1554,9 +1551,7 @@ def _gathered(result: xr.DataArray | xr.Dataset) -> tuple[int, str]:
     A Dataset's Dask-backed variables are gathered one at a time, each by a ``finalize-``
     task of its own; NumPy-backed ones never reach a worker.
     """
-    if isinstance(result, xr.DataArray):
-        return (int(result.nbytes) if result.chunks is not None else 0), ""
-    sizes = {str(n): int(v.nbytes) for n, v in result.variables.items() if v.chunks is not None}
+    sizes = _dask_sizes(result)
     if not sizes:
         return 0, ""
     largest = max(sizes, key=sizes.__getitem__)
@@ -1565,8 +1560,14 @@ def _gathered(result: xr.DataArray | xr.Dataset) -> tuple[int, str]:
 
 def _dask_bytes(result: xr.DataArray | xr.Dataset) -> int:
     """Bytes of ``result``'s Dask-backed variables, all of them: the pieces computing makes."""
-    variables = [result.variable] if isinstance(result, xr.DataArray) else result.variables.values()
-    return sum(int(v.nbytes) for v in variables if v.chunks is not None)
+    return sum(_dask_sizes(result).values())
+
+
+def _dask_sizes(result: xr.DataArray | xr.Dataset) -> dict[str, int]:
+    """Bytes of each Dask-backed variable of ``result`` (a DataArray's under ``""``)."""
+    if isinstance(result, xr.DataArray):
+        return {"": int(result.nbytes)} if result.chunks is not None else {}
+    return {str(n): int(v.nbytes) for n, v in result.variables.items() if v.chunks is not None}
 
 
 def _with_untouched_coords(result: xr.Dataset, source: xr.Dataset) -> xr.Dataset:

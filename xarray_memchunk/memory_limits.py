@@ -417,9 +417,8 @@ def _threaded_budget(memory: int, decimal: bool) -> Budget:
     as workers of one thread each, a new user's function ran 2 tasks of 395.77 MiB in this
     process, which peaked at 1023 MiB against a ``memory_limit`` of 1 GB (953.67 MiB).
     Its baseline is what this process holds now (:func:`held_by_this_process`) where that is
-    more than the configured one,
-    as for workers in this process: a 549 MiB NumPy array, planned with the configured
-    baseline at 1.5 GB, peaked at 1555-1583 MiB.
+    more than the configured one, as for workers in this process: a 549 MiB NumPy array,
+    planned with the configured baseline at 1.5 GB, peaked at 1555-1583 MiB.
     """
     threads = threaded_scheduler_threads()
     held = held_by_this_process()

@@ -142,6 +142,15 @@ class Budget:
     threaded_scheduler: bool = False
 
     @property
+    def baseline_is_this_process(self) -> bool:
+        """Whether the baseline is this process's memory now, read with no cluster.
+
+        The tasks then run in this process, beside all it holds: what it loads or keeps is in
+        the baseline (:data:`THREADED_BASELINE`).
+        """
+        return self.threaded_scheduler and self.baseline_source.startswith(THREADED_BASELINE)
+
+    @property
     def total_threads(self) -> int:
         """Tasks that run at the same time across all workers."""
         return self.n_workers * self.threads_per_worker
@@ -208,9 +217,8 @@ class Budget:
         every Dask-backed variable, whose pieces all wait so (``result_bytes`` where None). A
         Dataset is gathered a variable at a time (a ``finalize-`` task each): ``result_bytes``
         is then its largest Dask-backed variable's, named ``variable``. Where the larger of the
-        two passes the
-        pause threshold, the sentence that says so and what to do instead; an empty string
-        where it fits, or where nothing is known of the workers.
+        two passes the pause threshold, the sentence that says so and what to do instead; an
+        empty string where it fits, or where nothing is known of the workers.
         """
         if not result_bytes:
             return ""
