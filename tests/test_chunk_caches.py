@@ -163,7 +163,28 @@ def test_workers_in_this_process_count_the_files_it_opened(yearly, quiet_distrib
         Client(cluster),
     ):
         caches = held_in_chunk_caches([graph.tas, graph.pr], 0)
+        note = next(
+            n
+            for n in graph.memchunk.plan("std", dim="time").notes
+            if n.startswith("netCDF chunk caches")
+        )
     assert caches.nbytes >= 8 * CHUNKS_PER_FILE_BYTES
+    # the files open in this process: a client.run there would change no cache of theirs
+    assert "netCDF4.set_chunk_cache(0) before opening the files" in note
+    assert "client.run" not in note
+
+
+def test_with_no_cluster_the_note_and_refusal_say_how_this_process_keeps_none(yearly, threaded):
+    # a new user's trial was told to call client.run(...) where there was no client
+    graph = _graph(yearly)
+    plan = graph.memchunk.plan("std", dim="time", memory_limit="4GB")
+    note = next(n for n in plan.notes if n.startswith("netCDF chunk caches"))
+    assert "this process keeps" in note and "netCDF4.set_chunk_cache(0)" in note
+    assert "client" not in note
+    with pytest.raises(InfeasiblePlanError) as refused:
+        graph.memchunk.plan("std", dim="time", memory_limit="400MB")
+    assert "netCDF4.set_chunk_cache(0) before opening the files" in str(refused.value)
+    assert "client.run" not in str(refused.value)
 
 
 def test_a_budget_given_by_hand_gets_no_note_of_what_it_does_not_count(yearly):

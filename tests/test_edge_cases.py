@@ -16,6 +16,7 @@ import time
 import warnings
 
 import dask
+import dask.array
 import numpy as np
 import pandas as pd
 import pytest
@@ -745,3 +746,41 @@ def test_a_variable_named_by_an_int_is_refused_before_it_is_measured(tmp_path, m
     with pytest.raises(xm.MemchunkError, match="not named by a string"):
         ds.memchunk.plan(double)
     assert not list(tmp_path.rglob("*.json"))  # nothing measured for a refusal
+
+
+def _fails_while_others_write(block, block_info=None):
+    """The first chunk's task fails soon; the others still write theirs 0.6 s later."""
+    import time
+
+    if block_info[0]["chunk-location"][0] == 0:
+        time.sleep(0.05)  # once the others run
+        raise RuntimeError("the first chunk fails")
+    time.sleep(0.6)
+    return block * 2
+
+
+def _failing_write(tmp_path):
+    """A write whose first task fails while the others are still running; what it left."""
+    data = dask.array.ones((4, 10), chunks=(1, 10)).map_blocks(
+        _fails_while_others_write, dtype=float
+    )
+    target = tmp_path / "out.zarr"
+    xr.Dataset({"v": ("x", np.arange(3.0))}).to_zarr(target)
+    with pytest.raises(RuntimeError, match="the first chunk fails"):
+        safe_write(xr.Dataset({"v": (("x", "y"), data)}), target, overwrite=True)
+    time.sleep(1.0)  # past the end of every task
+    np.testing.assert_array_equal(xr.open_zarr(target).v.values, np.arange(3.0))
+    return sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_a_failed_write_removes_its_partial_store_after_the_tasks_still_writing(tmp_path, threaded):
+    # before: the partial store was removed as the error arrived, and the task still
+    # running on the other thread wrote its chunk into it again after
+    with dask.config.set(num_workers=2):
+        assert _failing_write(tmp_path) == ["out.zarr"]
+
+
+def test_a_failed_write_on_a_cluster_waits_for_the_tasks_still_writing(tmp_path, cluster_client):
+    make, client_type = cluster_client
+    with make("2GB") as cluster, client_type(cluster):
+        assert _failing_write(tmp_path) == ["out.zarr"]

@@ -816,3 +816,70 @@ def test_the_dim_given_twice_on_the_command_line_is_refused():
 
     with pytest.raises(xm.MemchunkError, match="--dim and -o dim=lat both name the dim"):
         cli._op_kwargs("mean", ["dim=lat"], ["time"])
+
+
+def _self_calibrated(rise: int, key: str = "anom3-0123456789ab") -> SimpleNamespace:
+    """A variable's cost whose calibration measured running it raise its process by ``rise``."""
+    calibration = SimpleNamespace(held_after_running=lambda idle: idle + rise)
+    return SimpleNamespace(calibration=calibration, calibration_key=key, device="cpu")
+
+
+def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_baseline(user_dir):
+    """A trial's function calibrated in a worker that had run a flox groupby before measured
+    a rise of 10 MiB; fresh workers kept 84-93 MiB after their first tasks, and a plan that
+    counted 10 paused them 17-26 times a run, learning nothing."""
+    from xarray_memchunk.api import _held_after_running
+    from xarray_memchunk.measure import runs
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.models.learned import load_kept, record_kept
+
+    cost = _self_calibrated(10 * 2**20)
+    budget = make_budget(350 * MB, 2, 2, "a test", worker_baseline=150 * 2**20)
+    prepared = SimpleNamespace(
+        plan=SimpleNamespace(operator="anom3", budget=budget), costs={"tas": cost}
+    )
+    # within the calibrated rise and the slack: nothing kept
+    assert runs._learn_kept(prepared, 10 * 2**20 + ABSOLUTE_SLACK) == ""
+    assert load_kept(cost.calibration_key, "cpu") is None
+    operator = SimpleNamespace(name="anom3")
+    before = _held_after_running(budget, operator, {"tas": cost})
+    assert before.worker_baseline == 160 * 2**20
+    learned = runs._learn_kept(prepared, 84 * 2**20)
+    assert "a worker kept 84.00 MiB after its first tasks" in learned
+    assert "measured 10.00 MiB" in learned and "--forget" in learned
+    assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20
+    after = _held_after_running(budget, operator, {"tas": cost})
+    assert after.worker_baseline == 234 * 2**20 and after.per_task < before.per_task
+    assert "84.00 MiB kept after its first tasks, measured in a run" in after.baseline_source
+    record_kept(cost.calibration_key, "cpu", 50 * 2**20)  # a later, smaller measure
+    assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20  # the largest stays
+    # where it leaves no room, the plan is refused with the memory it needs
+    record_kept(cost.calibration_key, "cpu", 200 * 2**20)
+    with pytest.raises(xm.InfeasiblePlanError, match="measured in a run") as refused:
+        _held_after_running(budget, operator, {"tas": cost})
+    assert refused.value.minimum_memory_limit > 350 * MB
+    forget_learned(cost.calibration_key)
+    assert load_kept(cost.calibration_key, "cpu") is None
+
+
+def test_a_learned_kept_figure_that_is_not_bytes_is_a_clear_error(user_dir):
+    from xarray_memchunk.errors import CalibrationError
+    from xarray_memchunk.models.learned import LEARNED_FORMAT, load_kept, record_kept
+
+    path = learned_path("anom3-0123456789ab", "cpu")
+    path.write_text(
+        json.dumps(
+            {
+                "format": LEARNED_FORMAT,
+                "calibration": "anom3-0123456789ab",
+                "kept_after_running_bytes": "lots",
+            }
+        )
+    )
+    with pytest.raises(CalibrationError, match=r"must be a number of bytes.*--forget"):
+        load_kept("anom3-0123456789ab", "cpu")
+    with pytest.raises(CalibrationError, match="must be a number of bytes"):
+        record_kept("anom3-0123456789ab", "cpu", 10 * MB)  # the report says why not kept
+    path.write_text(path.read_text().replace('"lots"', "Infinity"))
+    with pytest.raises(CalibrationError, match="not inf"):
+        load_kept("anom3-0123456789ab", "cpu")

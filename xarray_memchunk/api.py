@@ -34,9 +34,9 @@ from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
 from .memory_limits import Budget, budget_with_memory, configured_baseline, resolve_budget
 from .models import Calibration, load_calibration
-from .models.learned import Learned, load_learned, settle_observations
+from .models.learned import Learned, load_kept, load_learned, settle_observations
 from .operators import Operator, get_operator
-from .operators.chunk_caches import CHUNK_CACHE_REMEDY, chunk_cache_note, held_in_chunk_caches
+from .operators.chunk_caches import chunk_cache_note, chunk_cache_remedy, held_in_chunk_caches
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.kept_variables import KeptVariable, size_kept_variables
@@ -1082,18 +1082,30 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
 
     A self-calibrated function's calibration records how much its runs raised the measuring
     process's memory (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`):
-    imports such as flox's numba stay in the worker after the first task. Where that makes a
-    worker hold more between tasks than the budget's baseline, the baseline is raised to it.
+    imports such as flox's numba stay in the worker after the first task. A run may have
+    measured a fresh worker keeping more (:func:`~xarray_memchunk.models.learned.load_kept`:
+    the calibration was measured in a process that had those imports already). Where the
+    larger makes a worker hold more between tasks than the budget's baseline, the baseline is
+    raised to it.
     """
     if budget.device != "cpu":
         return budget
-    held = [
-        c.calibration.held_after_running(budget.worker_baseline)
-        for c in costs.values()
-        if c.calibration is not None
-    ]
-    largest = max((h for h in held if h is not None), default=0)
-    source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
+    idle = budget.worker_baseline
+    largest, source = 0, ""
+    for cost in costs.values():
+        if cost.calibration is None:
+            continue
+        held = cost.calibration.held_after_running(idle)
+        if held is not None and held > largest:
+            largest = held
+            source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
+        kept = load_kept(cost.calibration_key, cost.device) if held is not None else None
+        if kept is not None and idle + kept > largest:
+            largest = idle + kept
+            source = (
+                f"a worker's memory once it has run {operator.name!r}: "
+                f"{budget.format(kept)} kept after its first tasks, measured in a run"
+            )
     return _raised_baseline(budget, operator, largest, source)
 
 
@@ -1153,13 +1165,16 @@ def _held_in_chunk_caches(
     caches = held_in_chunk_caches(graph_inputs, configured_baseline())
     if not caches.nbytes:
         return budget, alternative.problem
-    source = f"netCDF chunk caches ({format_size(caches.nbytes)}) a worker keeps reading the input"
+    here = budget.threaded_scheduler or budget.in_this_process  # the files open here
+    holder = "this process keeps" if here else "a worker keeps"
+    source = f"netCDF chunk caches ({format_size(caches.nbytes)}) {holder} reading the input"
     baseline = budget.worker_baseline + caches.nbytes
-    raised = _raised_baseline(budget, operator, baseline, source, CHUNK_CACHE_REMEDY, filled=True)
+    remedy = chunk_cache_remedy(here)
+    raised = _raised_baseline(budget, operator, baseline, source, remedy, filled=True)
     problem = alternative.problem
     if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
         return budget, problem
-    return raised, replace(problem, notes=(*problem.notes, chunk_cache_note(caches)))
+    return raised, replace(problem, notes=(*problem.notes, chunk_cache_note(caches, here)))
 
 
 def _alternative(

@@ -557,8 +557,12 @@ def _computer(client):
 
     def compute(delayed) -> None:
         future = client.compute(delayed)
-        _progress(future)
-        future.result()
+        try:
+            _progress(future)
+            future.result()
+        except BaseException:  # an interrupt too: no task left to start on the workers
+            future.cancel()
+            raise
 
     return compute
 
@@ -567,14 +571,13 @@ def _threaded_computer(threads: int):
     """Run a delayed write with ``threads`` threads in this process, reporting progress."""
 
     def compute(delayed) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         import dask
+        import dask.threaded
 
-        pool = ThreadPoolExecutor(threads)
-        try:
-            with dask.config.set(scheduler="threads", pool=pool), _threaded_progress():
-                dask.compute(delayed)
+        pool = dask.threaded.ContextAwareThreadPoolExecutor(threads)
+        try:  # the pool is this write's alone (not set in dask's config, which all share)
+            with _threaded_progress():
+                dask.compute(delayed, scheduler="threads", pool=pool)
         finally:  # on an error or interrupt: no task still writing when the output is removed
             pool.shutdown(wait=True, cancel_futures=True)
 

@@ -38,7 +38,9 @@ from typing import Any
 
 import xarray as xr
 
+from .clusters import active_client
 from .errors import MemchunkError
+from .memory_limits import threaded_scheduler_threads
 from .operators.sources import source_files
 from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
 
@@ -55,6 +57,11 @@ __all__ = [
     "safe_write",
     "write_segy",
 ]
+
+
+#: Seconds a failed write waits for its tasks still running on a cluster before it removes
+#: what they wrote (:func:`_wait_for_running`).
+WRITE_SETTLE_SECONDS = 120.0
 
 
 class RecoveredWriteWarning(UserWarning):
@@ -421,10 +428,9 @@ def safe_write(
     ------
     MemchunkError
         Before anything is computed, when :func:`check_target` refuses the target or a
-        DataArray has no name.
+        DataArray has no name, or (a ``BudgetError``) the dask config key ``num_workers``
+        is not a whole number of at least 1.
     """
-    import dask
-
     for message in recover(target):
         warnings.warn(message, RecoveredWriteWarning, stacklevel=2)
     if isinstance(obj, xr.DataArray) and obj.name is None:
@@ -463,7 +469,7 @@ def safe_write(
                 else:
                     var.encoding.pop("chunks", None)
             delayed = ds.to_zarr(tmp, mode="w-", compute=False, consolidated=True)
-        (compute or dask.compute)(delayed)
+        _run_write(delayed, compute)
     except BaseException:
         _remove(tmp)
         raise
@@ -473,6 +479,83 @@ def safe_write(
         recover(target)
         raise
     return target
+
+
+def _run_write(delayed: Any, compute: Callable[[Any], None] | None) -> None:
+    """Run the delayed write; where it fails, return only once none of its tasks still runs.
+
+    Dask raises a task's error as soon as it reaches the caller, while other tasks of the
+    write may still be writing their chunks: removing the partial write then left the chunks
+    they wrote after it (a failing function's write with no cluster left one in 2 of 3 runs).
+    Where the scheduler is Dask's threaded one, the write runs in a pool of its own, whose
+    running tasks are waited for; where it is a distributed client's (or ``compute`` is given
+    and a client is active), the workers are asked until none of the write's tasks runs
+    (:func:`_wait_for_running`). Dask's ``processes`` scheduler waits for its own pool, and
+    ``sync`` runs one task at a time. A ``compute`` given with no client waits for its own
+    tasks.
+
+    Parameters
+    ----------
+    delayed
+        The write, as xarray's ``to_zarr`` or ``to_netcdf`` returns it with ``compute=False``.
+    compute
+        Runs it; None: :func:`dask.compute` on the active scheduler.
+    """
+    import dask
+    import dask.threaded
+
+    scheduler = dask.base.get_scheduler(collections=[delayed])
+    if compute is None and scheduler is dask.threaded.get:
+        pool = dask.threaded.ContextAwareThreadPoolExecutor(threaded_scheduler_threads())
+        try:  # the pool is this write's alone (not set in dask's config, which all share)
+            dask.compute(delayed, scheduler="threads", pool=pool)
+        finally:  # on an error or an interrupt: no task still writing when it returns
+            pool.shutdown(wait=True, cancel_futures=True)
+        return
+    client = getattr(scheduler, "__self__", None) if compute is None else active_client()
+    try:
+        (compute or dask.compute)(delayed)
+    except BaseException:
+        if client is not None and callable(getattr(client, "run", None)):
+            _wait_for_running(client, delayed)
+        raise
+
+
+def _wait_for_running(client: Any, delayed: Any) -> None:
+    """Wait until no worker of ``client`` runs a task of ``delayed``'s graph.
+
+    A task whose result is no longer wanted runs on to its end in its worker. Workers that do
+    not answer (killed, restarting) are left out; the others are asked again, less often as
+    the wait goes on, for at most :data:`WRITE_SETTLE_SECONDS`.
+
+    Parameters
+    ----------
+    client
+        The distributed client the write ran on.
+    delayed
+        The write.
+    """
+    import time
+
+    keys = {str(key) for key in delayed.__dask_graph__()}
+    deadline = time.monotonic() + WRITE_SETTLE_SECONDS
+    pause = 0.05
+    while time.monotonic() < deadline:
+        try:
+            running = client.run(_running_tasks, on_error="ignore")
+        except Exception:  # the cluster is gone or going: nothing of it writes
+            return
+        answers = [r for r in running.values() if isinstance(r, set)]
+        if keys.isdisjoint(set().union(*answers)):
+            return
+        time.sleep(pause)
+        pause = min(1.0, 2 * pause)
+
+
+def _running_tasks(dask_worker: Any) -> set[str]:
+    """The keys of the tasks ``dask_worker`` runs, cancelled ones included (as ``str``)."""
+    state = dask_worker.state
+    return {str(task.key) for task in (*state.executing, *state.long_running)}
 
 
 def _move_into_place(tmp: Path, target: Path, write_id: str) -> None:

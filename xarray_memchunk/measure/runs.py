@@ -69,7 +69,7 @@ from .._dask_compat import (
 from ..clusters import active_client, memory_threshold
 from ..errors import CalibrationError
 from ..models.fitting import ABSOLUTE_SLACK
-from ..models.learned import Observation, forget_command, record_observation
+from ..models.learned import Observation, forget_command, record_kept, record_observation
 from ..planning.candidates import padded_extent
 from ..planning.plan import ChunkPlan
 from ..planning.search import operator_peak_within
@@ -781,8 +781,16 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
         gathered=run.gather if computed else "",
         format=plan.budget.format,
     )
+    # what a worker kept, less the chunk caches the baseline counts apart; not where another
+    # run's tasks on this client may have shared the period
+    kept_setup = max(0, setup - caches)
+    kept_note = _learn_kept(prepared, kept_setup) if learn and not others else ""
     over = peak is not None and peak.peak_bytes > _limit(plan, peak)
-    if not over:
+    if kept_note and not over:
+        result.learned = kept_note
+        if events.deaths > events.memory_deaths:
+            result.learned += "; deaths not caused by memory in an operator task are not evidence"
+    elif not over:
         once = (
             f", and {plan.budget.format(peak.allowance)} once in a worker's first task"
             if peak is not None and peak.allowance
@@ -803,7 +811,60 @@ def report(run: Run, prepared: Any, learn: bool = True) -> RunReport:
             result.learned = _learn(prepared, peak.peak_bytes - peak.runtime, floor)
         except CalibrationError as exc:  # a read-only learned file, an unwritable directory
             result.learned = f"nothing: {exc}"
+        if kept_note:
+            result.learned = f"{kept_note}; and {result.learned}"
     return result
+
+
+def _learn_kept(prepared: Any, setup: int) -> str:
+    """Keep what a worker kept from its first tasks, where calibrating measured less.
+
+    Self-calibration records what its runs raised the measuring process's memory by; measured
+    in a worker that had imported the function's libraries for earlier work (a flox groupby
+    before it), that is less than a fresh worker keeps, and a plan that counted it paused its
+    workers (25 pauses in a run whose every task was within its prediction). ``setup`` is
+    what a worker with several threads kept from the period of its first tasks
+    (:func:`_setup_left_out`). Where it is above the calibration's rise by more than
+    :data:`~xarray_memchunk.models.fitting.ABSOLUTE_SLACK`, it is kept beside the calibration
+    (:func:`~xarray_memchunk.models.learned.record_kept`), and the next plan's baseline counts
+    it. The caller passes ``setup`` less the netCDF chunk caches the baseline counts apart
+    (:attr:`~xarray_memchunk.planning.budget.Budget.filled_while_running`), and learns
+    nothing so where another run's tasks on the client may have shared the period.
+
+    Parameters
+    ----------
+    prepared
+        What planning resolved (its ``plan`` and the variables' ``costs``).
+    setup
+        What a worker kept from its first tasks, in bytes.
+
+    Returns
+    -------
+    str
+        What was learned, or an empty string.
+    """
+    plan = prepared.plan
+    for cost in prepared.costs.values():
+        rise = _calibrated_rise(cost)
+        if rise is None or setup <= rise + ABSOLUTE_SLACK:
+            continue
+        try:
+            path = record_kept(cost.calibration_key, cost.device, setup)
+        except CalibrationError as exc:
+            return f"nothing of what a worker kept: {exc}"
+        size = plan.budget.format
+        return (
+            f"a worker kept {size(setup)} after its first tasks, where calibrating "
+            f"{plan.operator!r} measured {size(rise)}: the next plan counts it in the baseline "
+            f"(forget it with {forget_command(cost.calibration_key)}): {path}"
+        )
+    return ""
+
+
+def _calibrated_rise(cost: Any) -> int | None:
+    """What self-calibration measured running the operator raise its process's memory by."""
+    calibration = cost.calibration
+    return None if calibration is None else calibration.held_after_running(0)
 
 
 def _learn(prepared: Any, measured: int, floor: bool) -> str:

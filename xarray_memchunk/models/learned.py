@@ -22,6 +22,7 @@ what that model predicts for it (:func:`learned_scale`). So learning:
 from __future__ import annotations
 
 import datetime
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -48,8 +49,10 @@ __all__ = [
     "forget_command",
     "forget_learned",
     "learned_path",
+    "load_kept",
     "load_learned",
     "read_only",
+    "record_kept",
     "record_observation",
     "settle_observations",
 ]
@@ -234,23 +237,7 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
         When the learned file is read-only (:func:`read_only`), or it or the calibration
         directory cannot be written.
     """
-    path = learned_path(calibration, device)
-    if read_only(path):
-        raise CalibrationError(
-            f"{path} is read-only: what the run taught is not kept there (make the file "
-            f"writable to keep learning, or report with learn=False)"
-        )
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CalibrationError(
-            f"cannot keep what the run taught in {path.parent}: {exc}; set "
-            f"MEMCHUNK_CALIBRATION_DIR to a writable directory, or report with learn=False"
-        ) from None
-    document: dict[str, Any] = {"format": LEARNED_FORMAT, "calibration": calibration}
-    if path.is_file():
-        document = _read(path, calibration) | document
-    document["device"] = device
+    path, document = _for_update(calibration, device)
     entries = list(document.setdefault("dtypes", {}).get(dtype, []))
     entries.append(
         {
@@ -267,6 +254,95 @@ def record_observation(calibration: str, device: str, dtype: str, observation: O
     except OSError as exc:
         raise CalibrationError(f"cannot write {path}: {exc}") from None
     return path
+
+
+#: The learned file's key for what a worker was measured keeping once it ran the operator.
+KEPT_KEY = "kept_after_running_bytes"
+
+
+def load_kept(calibration: str, device: str) -> int | None:
+    """What a run measured a worker keep once it ran the operator, or None (never measured).
+
+    See :func:`record_kept`.
+
+    Raises
+    ------
+    CalibrationError
+        When the file exists but is not valid.
+    """
+    path = learned_path(calibration, device)
+    if not path.is_file():
+        return None
+    return _kept_in(_read(path, calibration), path, calibration)
+
+
+def _kept_in(document: Mapping[str, Any], path: Path, calibration: str) -> int | None:
+    """The learned ``document``'s :data:`KEPT_KEY` figure, checked; None where it has none."""
+    value = document.get(KEPT_KEY)
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value < 0:
+        raise CalibrationError(
+            f"{path}: {KEPT_KEY} must be a number of bytes, not {value!r}; {_forget(calibration)}"
+        )
+    return int(value)
+
+
+def record_kept(calibration: str, device: str, kept: int) -> Path:
+    """Keep ``kept`` in the learned file of ``calibration`` (the largest so far); its path.
+
+    ``kept``: what a worker held between tasks once it ran the operator. Self-calibration
+    records what its runs raised the measuring process's memory by
+    (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`); a process
+    that had imported the operator's libraries for earlier work measures less than a fresh
+    worker keeps. The plan counts the larger of the two in its baseline.
+
+    Raises
+    ------
+    CalibrationError
+        As :func:`record_observation`.
+    """
+    path, document = _for_update(calibration, device)
+    document[KEPT_KEY] = max(int(kept), _kept_in(document, path, calibration) or 0)
+    try:
+        write_json_atomically(document, path)
+    except OSError as exc:
+        raise CalibrationError(f"cannot write {path}: {exc}") from None
+    return path
+
+
+def _for_update(calibration: str, device: str) -> tuple[Path, dict[str, Any]]:
+    """The learned file of ``calibration`` and what it holds, to add to and write back.
+
+    Raises
+    ------
+    CalibrationError
+        Where it cannot be written (:func:`_writable`) or read.
+    """
+    path = learned_path(calibration, device)
+    _writable(path)
+    document: dict[str, Any] = {"format": LEARNED_FORMAT, "calibration": calibration}
+    if path.is_file():
+        document = _read(path, calibration) | document
+    document["device"] = device
+    return path, document
+
+
+def _writable(path: Path) -> None:
+    """Raise :class:`CalibrationError` where what a run taught cannot be kept in ``path``."""
+    if read_only(path):
+        raise CalibrationError(
+            f"{path} is read-only: what the run taught is not kept there (make the file "
+            f"writable to keep learning, or report with learn=False)"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CalibrationError(
+            f"cannot keep what the run taught in {path.parent}: {exc}; set "
+            f"MEMCHUNK_CALIBRATION_DIR to a writable directory, or report with learn=False"
+        ) from None
 
 
 def settle_observations(calibration: str, device: str, dtype: str) -> str:

@@ -29,14 +29,31 @@ from ..clusters import active_client
 from ..units import format_size
 from .sources import netcdf4_backend, netcdf4_variable
 
-__all__ = ["CHUNK_CACHE_REMEDY", "ChunkCaches", "chunk_cache_note", "held_in_chunk_caches"]
+__all__ = ["ChunkCaches", "chunk_cache_note", "chunk_cache_remedy", "held_in_chunk_caches"]
 
-#: How a user keeps the workers from caching a graph's netCDF4 chunks.
-CHUNK_CACHE_REMEDY = (
-    "keep no netCDF chunk caches in the workers: run client.run(netCDF4.set_chunk_cache, 0) "
-    "before they first read the files (a file opened with chunks= and planned as it is, not "
-    "through a graph, is read by memchunk with none)"
-)
+
+def chunk_cache_remedy(in_this_process: bool) -> str:
+    """How a user keeps the tasks from caching a graph's netCDF4 chunks.
+
+    ``in_this_process``: the tasks run in this process (no cluster, or workers in it): the
+    files are opened here when the dataset is, and a file keeps the cache size it was opened
+    with, so the size is set before that.
+    """
+    if in_this_process:
+        how = (
+            "keep no netCDF chunk caches in this process: call netCDF4.set_chunk_cache(0) "
+            "before opening the files (xr.open_mfdataset...; files opened before it keep "
+            "their caches: open them again)"
+        )
+    else:
+        how = (
+            "keep no netCDF chunk caches in the workers: run client.run("
+            "netCDF4.set_chunk_cache, 0) before they first read the files"
+        )
+    return (
+        f"{how} (a file opened with chunks= and planned as it is, not through a graph, is "
+        f"read by memchunk with none)"
+    )
 
 
 class ChunkCaches(NamedTuple):
@@ -177,12 +194,18 @@ def _layout(backend: Any) -> tuple[int, int]:
     return math.prod(chunking) * variable.dtype.itemsize, count
 
 
-def chunk_cache_note(caches: ChunkCaches) -> str:
-    """The plan's note on what a worker keeps in chunk caches, and how to keep none."""
+def chunk_cache_note(caches: ChunkCaches, in_this_process: bool = False) -> str:
+    """The plan's note on what a worker keeps in chunk caches, and how to keep none.
+
+    ``in_this_process``: the tasks run in this process (no cluster, or workers in it), which
+    keeps them.
+    """
+    holder = "this process" if in_this_process else "a worker"
+    counted = "in this process's baseline" if in_this_process else "in each worker's baseline"
     return (
         f"netCDF chunk caches: the input's graph reads chunked netCDF4 variables "
-        f"({caches.variables}, in {caches.files} file(s)), and a worker keeps up to "
+        f"({caches.variables}, in {caches.files} file(s)), and {holder} keeps up to "
         f"{format_size(caches.cache_bytes)} of each one's decompressed chunks while xarray "
-        f"keeps the file open: {format_size(caches.nbytes)} counted in each worker's "
-        f"baseline. To {CHUNK_CACHE_REMEDY}"
+        f"keeps the file open: {format_size(caches.nbytes)} counted {counted}. To "
+        f"{chunk_cache_remedy(in_this_process)}"
     )
