@@ -839,12 +839,12 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
         plan=SimpleNamespace(operator="anom3", budget=budget), costs={"tas": cost}
     )
     # within the calibrated rise and the slack: nothing kept
-    assert runs._learn_kept(prepared, 10 * 2**20 + ABSOLUTE_SLACK) == ""
+    assert runs._learn_kept(prepared, 10 * 2**20 + ABSOLUTE_SLACK, paused=True) == ""
     assert load_kept(cost.calibration_key, "cpu") is None
     operator = SimpleNamespace(name="anom3")
     before = _held_after_running(budget, operator, {"tas": cost})
     assert before.worker_baseline == 160 * 2**20
-    learned = runs._learn_kept(prepared, 84 * 2**20)
+    learned = runs._learn_kept(prepared, 84 * 2**20, paused=False)  # the first: kept
     assert "a worker kept 84.00 MiB after its first tasks" in learned
     assert "measured 10.00 MiB" in learned and "--forget" in learned
     assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20
@@ -853,6 +853,12 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     assert "84.00 MiB kept after its first tasks, measured in a run" in after.baseline_source
     record_kept(cost.calibration_key, "cpu", 50 * 2**20)  # a later, smaller measure
     assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20  # the largest stays
+    # a later run that kept more raises it only where a worker paused: a trial's figure grew
+    # 78 -> 91 -> 104 MiB over runs that did not pause, refusing each stated minimum after
+    assert runs._learn_kept(prepared, 100 * 2**20, paused=False) == ""
+    assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20
+    assert "a worker kept 100.00 MiB" in runs._learn_kept(prepared, 100 * 2**20, paused=True)
+    assert load_kept(cost.calibration_key, "cpu") == 100 * 2**20
     # where it leaves no room, the plan is refused with the memory it needs
     record_kept(cost.calibration_key, "cpu", 200 * 2**20)
     with pytest.raises(xm.InfeasiblePlanError, match="measured in a run") as refused:
