@@ -760,3 +760,30 @@ def test_apply_warns_of_a_result_too_large_to_gather_and_the_report_says_so(
     ).explain()
     assert re.search(r"^result gathered +computing the result in one piece", report, re.M)
     assert report.rstrip().splitlines()[-2].endswith("may be this, not the operator's tasks)")
+
+
+def test_a_clusters_stated_minimum_allows_for_the_workers_memory_moving():
+    """Two trials' functions, refused at 350 MB, were refused again on a new cluster at the
+    minimum stated (384.63 then 385.43 MiB; 386.02 then 387.01): the baseline is the largest
+    worker's memory, read when the plan is made, which planning's measurements move."""
+    from types import SimpleNamespace
+
+    from xarray_memchunk.api import _minimum_first
+    from xarray_memchunk.memory_limits import PLANNING_GROWTH_BYTES, make_budget
+
+    operator = SimpleNamespace(name="anom")
+    refused = xm.InfeasiblePlanError("no room", minimum_memory_limit=400 * 2**20)
+    cluster = make_budget(
+        350 * 10**6, 2, 2, "distributed client tcp://127.0.0.1:8786", worker_baseline=190 * 2**20
+    )
+    led = _minimum_first(refused, cluster, operator)
+    allowance = led.minimum_memory_limit - 400 * 2**20
+    assert allowance == pytest.approx(PLANNING_GROWTH_BYTES / cluster.pause_fraction, abs=1)
+    assert "may move by on a new cluster" in str(led)
+    # a budget made by hand, or the threaded scheduler's configured baseline, does not move
+    by_hand = make_budget(350 * 10**6, 2, 2, "by hand", worker_baseline=190 * 2**20)
+    threaded = make_budget(
+        350 * 10**6, 2, 1, "threads", worker_baseline=190 * 2**20, threaded_scheduler=True
+    )
+    for fixed in (by_hand, threaded):
+        assert _minimum_first(refused, fixed, operator).minimum_memory_limit == 400 * 2**20

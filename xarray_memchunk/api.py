@@ -850,10 +850,14 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
     if not growth and figures <= {budget.format_minimum(needed)}:  # this one only: said once
         return refused
     if growth:
+        moves = (
+            "this process may grow by while it plans again"
+            if budget.baseline_is_this_process
+            else "a worker's memory, read when a plan is made, may move by on a new cluster"
+        )
         advice += (
             f" (with {format_size(growth)} of memory_limit for the "
-            f"{format_size(memory_limits.PLANNING_GROWTH_BYTES)} this process may grow by "
-            f"while it plans again)"
+            f"{format_size(memory_limits.PLANNING_GROWTH_BYTES)} {moves})"
         )
     message = f"{operator.name!r} needs more memory: {advice}. Why: {why}"
     if isinstance(refused, BudgetError):
@@ -864,17 +868,22 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
 
 
 def _growth_allowance(budget: Budget) -> int:
-    """What a no-cluster refusal's stated minimum adds for this process's growth, in bytes.
+    """What a refusal's stated minimum adds for a baseline that moves between plans, in bytes.
 
     With no cluster, the baseline is this process's memory when it plans, which planning
     itself raises a little (files opened and measured): a trial's median over
     ``open_mfdataset`` files, planned at the minimum its refusal stated, was refused for
-    0.22 MiB more. The stated minimum allows
+    0.22 MiB more. On a cluster, it is the largest worker's memory where that is above the
+    configured baseline, read when the plan is made: a trial's function, refused at 350 MB
+    with "at least 384.63 MiB", was refused on a new cluster of that limit with "at least
+    385.43 MiB" (a second trial: 386.02, then 387.01 MiB). The stated minimum allows
     :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES` of that (above the pause
-    threshold's share), where the baseline is this process's memory (not the configured one,
-    which it holds less than); none inside the search for a minimum, which states no figure.
+    threshold's share), where the baseline is this process's memory or was read from a
+    cluster's workers (not a budget made by hand, or the threaded scheduler's configured
+    one); none inside the search for a minimum, which states no figure.
     """
-    if not budget.baseline_is_this_process or _SEARCHING_MINIMUM.get():
+    moves = budget.baseline_is_this_process or budget.read_from_cluster
+    if not moves or not budget.from_formula or _SEARCHING_MINIMUM.get():
         return 0
     return math.ceil(memory_limits.PLANNING_GROWTH_BYTES / budget.pause_fraction)
 

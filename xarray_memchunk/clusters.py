@@ -18,6 +18,7 @@ from ._dask_compat import (
     workers_in_this_process,
 )
 from .errors import MemchunkError
+from .planning.budget import CLIENT_SOURCE
 
 __all__ = [
     "ASK_TIMEOUT",
@@ -184,12 +185,12 @@ def cluster_facts(client, ask_above: int | None = None) -> ClusterFacts:
         if ask_above is not None and max(reported.values()) > ask_above:
             reported = _memory_now(client, reported)
         rss = max(reported.values())
-        return _facts(layouts, address, rss, f"distributed client {address}")
+        return _facts(layouts, address, rss, f"{CLIENT_SOURCE} {address}")
     planned = _planned_workers(getattr(client, "cluster", None))
     if planned is None:
         raise no_workers_error(address)
     layouts, how = planned
-    return _facts(layouts, address, 0, f"distributed client {address}: {how}")
+    return _facts(layouts, address, 0, f"{CLIENT_SOURCE} {address}: {how}")
 
 
 def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:

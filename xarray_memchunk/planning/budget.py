@@ -64,6 +64,8 @@ IN_PROCESS_BASELINE = "this Python process's memory now: its workers run in it"
 #: ``Budget.baseline_source`` with no cluster: Dask's threaded scheduler computes in this
 #: Python process, beside all it holds (your arrays in memory included).
 THREADED_BASELINE = "this Python process's memory now: it computes the tasks, with no cluster"
+#: How a budget read from a distributed client's workers names its source.
+CLIENT_SOURCE = "distributed client"
 
 #: How :meth:`Budget.explain` names pause_fraction, worker_memory, worker_baseline and a worker.
 _TERM_NAMES = {
@@ -149,6 +151,11 @@ class Budget:
         the baseline (:data:`THREADED_BASELINE`).
         """
         return self.threaded_scheduler and self.baseline_source.startswith(THREADED_BASELINE)
+
+    @property
+    def read_from_cluster(self) -> bool:
+        """Whether it was read from a distributed client's workers (their memory included)."""
+        return self.source.startswith(CLIENT_SOURCE)
 
     @property
     def total_threads(self) -> int:
