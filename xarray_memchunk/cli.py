@@ -571,15 +571,10 @@ def _threaded_computer(threads: int):
     """Run a delayed write with ``threads`` threads in this process, reporting progress."""
 
     def compute(delayed) -> None:
-        import dask
-        import dask.threaded
+        from .io import compute_in_own_pool
 
-        pool = dask.threaded.ContextAwareThreadPoolExecutor(threads)
-        try:  # the pool is this write's alone (not set in dask's config, which all share)
-            with _threaded_progress():
-                dask.compute(delayed, scheduler="threads", pool=pool)
-        finally:  # on an error or interrupt: no task still writing when the output is removed
-            pool.shutdown(wait=True, cancel_futures=True)
+        with _threaded_progress():  # no task still writing when the output is removed
+            compute_in_own_pool(delayed, threads)
 
     return compute
 

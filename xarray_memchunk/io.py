@@ -47,6 +47,7 @@ from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
 __all__ = [
     "RecoveredWriteWarning",
     "check_target",
+    "compute_in_own_pool",
     "input_paths",
     "is_dataset",
     "open_input",
@@ -506,11 +507,7 @@ def _run_write(delayed: Any, compute: Callable[[Any], None] | None) -> None:
 
     scheduler = dask.base.get_scheduler(collections=[delayed])
     if compute is None and scheduler is dask.threaded.get:
-        pool = dask.threaded.ContextAwareThreadPoolExecutor(threaded_scheduler_threads())
-        try:  # the pool is this write's alone (not set in dask's config, which all share)
-            dask.compute(delayed, scheduler="threads", pool=pool)
-        finally:  # on an error or an interrupt: no task still writing when it returns
-            pool.shutdown(wait=True, cancel_futures=True)
+        compute_in_own_pool(delayed, threaded_scheduler_threads())
         return
     client = getattr(scheduler, "__self__", None) if compute is None else active_client()
     try:
@@ -519,6 +516,31 @@ def _run_write(delayed: Any, compute: Callable[[Any], None] | None) -> None:
         if client is not None and callable(getattr(client, "run", None)):
             _wait_for_running(client, delayed)
         raise
+
+
+def compute_in_own_pool(delayed: Any, threads: int) -> None:
+    """Compute ``delayed`` on Dask's threaded scheduler in a pool of ``threads`` of its own.
+
+    It returns, an error or an interrupt included, only once none of its tasks still runs,
+    so that what they write may be removed. The pool is given to this compute alone: set in
+    dask's config, which every thread shares, another thread's compute would take it and
+    lose its tasks when it shuts down.
+
+    Parameters
+    ----------
+    delayed
+        What to compute.
+    threads
+        Tasks run at once.
+    """
+    import dask
+    import dask.threaded
+
+    pool = dask.threaded.ContextAwareThreadPoolExecutor(threads)
+    try:
+        dask.compute(delayed, scheduler="threads", pool=pool)
+    finally:  # on an error or an interrupt: no task still writing when it returns
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _wait_for_running(client: Any, delayed: Any) -> None:

@@ -48,6 +48,7 @@ from .clusters import (
 from .errors import BudgetError, MemoryBudgetWarning
 from .models.profiling import trim_allocator
 from .planning.budget import (
+    CLIENT_SOURCE,
     IN_PROCESS_BASELINE,
     MEASURED_BASELINE,
     THREADED_BASELINE,
@@ -528,7 +529,7 @@ def device_budget(device_memory: int | None = None, client=None) -> Budget:
         facts = device_facts(client)
         total, in_use = facts.total, facts.in_use + (facts.device_memory_limit or 0)
         threads, n_gpus = facts.threads_per_gpu, facts.n_gpus
-        source = f"distributed client {facts.address}: {n_gpus} GPU(s), read by the workers"
+        source = f"{CLIENT_SOURCE} {facts.address}: {n_gpus} GPU(s), read by the workers"
         if facts.device_memory_limit:
             notes.append(f"dask-cuda device_memory_limit {format_size(facts.device_memory_limit)}")
     else:
