@@ -600,6 +600,8 @@ def test_no_room_for_a_task_states_what_the_operator_needs_beyond_it():
     least = err.value.minimum_memory_limit
     assert least is not None and least > to_bytes("240MB")
     assert units.format_size_up(least) in str(err.value)
+    # caught as a refusal too: a new user's `except InfeasiblePlanError` crashed on it
+    assert isinstance(err.value, xm.InfeasiblePlanError)
     assert ds.memchunk.plan("median", dim="time", memory_limit=least).chunks["time"] == 365
     with pytest.raises((BudgetError, xm.InfeasiblePlanError)):
         ds.memchunk.plan("median", dim="time", memory_limit=int(0.99 * least))
@@ -787,3 +789,29 @@ def test_a_clusters_stated_minimum_allows_for_the_workers_memory_moving():
     )
     for fixed in (by_hand, threaded):
         assert _minimum_first(refused, fixed, operator).minimum_memory_limit == 400 * 2**20
+
+
+def test_a_refusal_states_one_minimum_where_room_for_a_task_was_not_enough():
+    """A new user's refusal gave two minimums: "give each worker at least 395.68 MiB", then in
+    its reasons "Give each worker at least 366.73 MiB (memory_limit); twice that leaves a task
+    about 132.02 MiB per thread ... Planned at that memory_limit, ... needs more: 395.68 MiB"."""
+    from types import SimpleNamespace
+
+    from xarray_memchunk.api import _minimum_first
+    from xarray_memchunk.memory_limits import make_budget
+
+    budget = make_budget(350 * 10**6, 2, 2, "by hand", worker_baseline=190 * 2**20)
+    needed = 400 * 2**20
+    refused = xm.InfeasiblePlanError(
+        "'anom': a worker with 333.79 MiB of memory has no room for a task: Dask pauses it at "
+        "0.8 x its memory (267.03 MiB), and the worker would hold between tasks 293.38 MiB. "
+        "Give each worker at least 366.73 MiB (memory_limit); twice that leaves a task about "
+        "132.02 MiB per thread (its baseline: a worker's memory once it has run 'anom'). "
+        f"Planned at that memory_limit, 'anom' needs more: "
+        f"{budget.memory_limit_advice(needed)}",
+        minimum_memory_limit=needed,
+    )
+    led = str(_minimum_first(refused, budget, SimpleNamespace(name="anom")))
+    assert "366.73" not in led and "twice that leaves" not in led
+    assert set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", led)) == {"400.00 MiB"}
+    assert "has no room for a task" in led and "Planned with room for a task, 'anom'" in led

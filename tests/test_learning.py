@@ -8,6 +8,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import dask
@@ -58,6 +59,28 @@ def test_learned_evidence_only_raises_a_model_and_at_most_twice_per_run():
     # a model of other features learns nothing from it
     other = LinearMemoryModel({"output_bytes": 1.0})
     assert learned_scale((above,), other) == 1.0
+
+
+def test_learned_evidence_covers_a_fixed_excess_in_smaller_tasks_and_a_proportional_one_in_larger():
+    """A new user's anomaly measured 14.94 MiB at 9.14 predicted; the next plan, raised x1.63,
+    chose smaller tasks, whose excess stayed about 6 MiB, and its worker paused for good."""
+    from xarray_memchunk.models.learned import Learned, LearnedMemoryModel
+
+    model = LinearMemoryModel({"input_bytes": 3.0})
+    thin = Observation({"input_bytes": 1 * MB}, measured_bytes=5 * MB, predicted_bytes=3 * MB)
+    learned = Learned(Path("f-cpu.learned.json"), (thin,))
+    raised = learned.applied_to(model)
+    assert isinstance(raised, LearnedMemoryModel)
+    assert learned.scale(model) == pytest.approx(5 / 3) and learned.shift(model) == 2 * MB
+    smaller, same, larger = raised.peak_bytes({"input_bytes": np.array([0.25, 1.0, 10.0]) * MB})
+    assert smaller == pytest.approx(0.75 * MB + 2 * MB, abs=1)  # the excess, not the ratio
+    assert same == pytest.approx(5 * MB, abs=1)  # the task measured, either way
+    assert larger == pytest.approx(30 * MB * 5 / 3, abs=1)  # the ratio, not the excess
+    assert "x1.67 or +1.91 MiB, whichever is more, learned from runs" in raised.source
+    # bounded as the ratio is: at most twice the run's prediction
+    far = Observation({"input_bytes": 1 * MB}, measured_bytes=30 * MB, predicted_bytes=3 * MB)
+    assert Learned(Path("f"), (far,)).shift(model) == pytest.approx(3 * MB)
+    assert Learned(Path("f"), ()).applied_to(model) is model
 
 
 def test_learned_file_sits_beside_the_calibration_and_is_forgotten(user_dir):
@@ -824,6 +847,64 @@ def _self_calibrated(rise: int, key: str = "anom3-0123456789ab") -> SimpleNamesp
     return SimpleNamespace(calibration=calibration, calibration_key=key, device="cpu")
 
 
+TABLE_ELEMENTS = 2**23  # 64 MiB of float64
+
+
+def _keeps_a_table(x):
+    """Twice ``x``; its first call keeps 64 MiB in its process, as importing a library does."""
+    if not hasattr(sys, "_memchunk_test_table"):
+        sys._memchunk_test_table = np.ones(TABLE_ELEMENTS)
+    return x * 2.0
+
+
+def _hold_the_table():
+    """What a worker that ran :func:`_keeps_a_table` before holds."""
+    sys._memchunk_test_table = np.ones(TABLE_ELEMENTS)
+
+
+@pytest.mark.cluster
+def test_a_fresh_clusters_plan_counts_what_a_first_run_keeps_that_calibrating_did_not_see(
+    user_dir, quiet_distributed
+):
+    """A trial's groupby anomaly was calibrated in a worker that had run a flox groupby: it
+    measured a 7.19 MiB rise, fresh workers kept 90.13 MiB, and the first run on a fresh
+    cluster paused 22-26 times. Each worker now runs the function once while planning."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.models.calibration import load_calibration
+    from xarray_memchunk.models.learned import load_kept
+
+    op = xm.BlockwiseOperator("keeps_a_table", _keeps_a_table)
+    data = xr.DataArray(
+        da.random.default_rng(0).random((120, 200, 300), chunks=(30, 200, 300)),
+        dims=("time", "y", "x"),
+    )
+    key = op.cost(data).calibration_key
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit="2GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        client.run(_hold_the_table)
+        calibrated = data.memchunk.plan(op)  # measured where the table was held already
+    assert calibrated.fits
+    rise = load_calibration(key, "cpu", "float64").held_after_running(0)
+    assert rise < 16 * 2**20
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        plan = data.memchunk.plan(op)
+    source = plan.budget.baseline_source
+    assert "more after its first run, measured in a worker that had not run it" in source
+    first_run = float(source.split("'keeps_a_table': ")[1].split(" MiB")[0]) * 2**20
+    assert 60 * 2**20 <= first_run <= 80 * 2**20, source
+    assert load_kept(key, "cpu") == pytest.approx(first_run, abs=2**20)  # the next plan's too
+
+
 def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_baseline(user_dir):
     """A trial's function calibrated in a worker that had run a flox groupby before measured
     a rise of 10 MiB; fresh workers kept 84-93 MiB after their first tasks, and a plan that
@@ -842,15 +923,17 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     assert runs._learn_kept(prepared, 10 * 2**20 + ABSOLUTE_SLACK, paused=True) == ""
     assert load_kept(cost.calibration_key, "cpu") is None
     operator = SimpleNamespace(name="anom3")
-    before = _held_after_running(budget, operator, {"tas": cost})
+    before = _held_after_running(budget, operator, {"tas": cost}, {})
     assert before.worker_baseline == 160 * 2**20
     learned = runs._learn_kept(prepared, 84 * 2**20, paused=False)  # the first: kept
     assert "a worker kept 84.00 MiB after its first tasks" in learned
     assert "measured 10.00 MiB" in learned and "--forget" in learned
     assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20
-    after = _held_after_running(budget, operator, {"tas": cost})
+    after = _held_after_running(budget, operator, {"tas": cost}, {})
     assert after.worker_baseline == 234 * 2**20 and after.per_task < before.per_task
-    assert "84.00 MiB kept after its first tasks, measured in a run" in after.baseline_source
+    assert "84.00 MiB kept after its first tasks, measured by an earlier run or plan" in (
+        after.baseline_source
+    )
     record_kept(cost.calibration_key, "cpu", 50 * 2**20)  # a later, smaller measure
     assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20  # the largest stays
     # a later run that kept more raises it only where a worker paused: a trial's figure grew
@@ -861,8 +944,8 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     assert load_kept(cost.calibration_key, "cpu") == 100 * 2**20
     # where it leaves no room, the plan is refused with the memory it needs
     record_kept(cost.calibration_key, "cpu", 200 * 2**20)
-    with pytest.raises(xm.InfeasiblePlanError, match="measured in a run") as refused:
-        _held_after_running(budget, operator, {"tas": cost})
+    with pytest.raises(xm.InfeasiblePlanError, match="measured by an earlier run") as refused:
+        _held_after_running(budget, operator, {"tas": cost}, {})
     assert refused.value.minimum_memory_limit > 350 * MB
     forget_learned(cost.calibration_key)
     assert load_kept(cost.calibration_key, "cpu") is None

@@ -20,6 +20,7 @@ from .errors import (
     MeasuringWorkerDiedError,
     MemchunkError,
     MemoryBudgetWarning,
+    NoRoomForTaskError,
     ResultGatherWarning,
     UnknownOperatorError,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "MemchunkAccessor",
     "MemchunkError",
     "MemoryBudgetWarning",
+    "NoRoomForTaskError",
     "ResultGatherWarning",
     "RunReport",
     "Operator",

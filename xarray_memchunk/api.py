@@ -10,7 +10,7 @@ import re
 import warnings
 import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import dask
@@ -26,15 +26,18 @@ from .errors import (
     InfeasiblePlanError,
     MemchunkError,
     MemoryBudgetWarning,
+    NoRoomForTaskError,
     ResultGatherWarning,
     warn_at_caller,
 )
 from .measure.calibrate import self_calibrate
+from .measure.first_runs import first_run_rise
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
 from .memory_limits import Budget, budget_with_memory, configured_baseline, resolve_budget
 from .models import Calibration, load_calibration
-from .models.learned import Learned, load_kept, load_learned, settle_observations
+from .models.fitting import ABSOLUTE_SLACK
+from .models.learned import Learned, load_kept, load_learned, record_kept, settle_observations
 from .operators import Operator, get_operator
 from .operators.chunk_caches import chunk_cache_note, chunk_cache_remedy, held_in_chunk_caches
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
@@ -681,7 +684,7 @@ def _prepare(
         resolved = _budget(memory_limit, budget, device)
     except BudgetError as no_room:
         needs = _with_operators_minimum(no_room, obj, operator, chunks, op_kwargs, measure)
-        raise _minimum_first(needs, no_room.budget_at_minimum, operator) from None
+        raise _no_room_refusal(_minimum_first(needs, no_room.budget_at_minimum, operator)) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     try:
         chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
@@ -830,6 +833,21 @@ def _with_operators_minimum(
     )
 
 
+def _no_room_refusal(error: BudgetError) -> BudgetError:
+    """``error`` as a :class:`~xarray_memchunk.NoRoomForTaskError` where it states a minimum.
+
+    Also an ``InfeasiblePlanError``: a new user's script caught a plan refused on workers of
+    its own process as ``BudgetError`` only, and crashed. Planning itself tells the two apart.
+    """
+    if error.minimum_memory_limit is None or isinstance(error, NoRoomForTaskError):
+        return error
+    refusal = NoRoomForTaskError(
+        str(error), minimum_memory_limit=error.minimum_memory_limit, reason=error.reason
+    )
+    refusal.budget_at_minimum = error.budget_at_minimum
+    return refusal
+
+
 def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator) -> _Refusal:
     """``refused`` led by the least memory it states, where it states one.
 
@@ -846,9 +864,11 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
         why = why.replace(budget.format_minimum(needed), budget.format_minimum(needed + growth))
         needed += growth
     advice = budget.memory_limit_advice(needed)
-    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", why))
-    if not growth and figures <= {budget.format_minimum(needed)}:  # this one only: said once
+    said = _without_superseded_room(why, budget.format_minimum(needed))
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", said))
+    if not growth and said == why and figures <= {budget.format_minimum(needed)}:  # said once
         return refused
+    why = said
     if growth:
         moves = (
             "this process may grow by while it plans again"
@@ -865,6 +885,28 @@ def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator)
         led.budget_at_minimum = refused.budget_at_minimum
         return led
     return InfeasiblePlanError(message, minimum_memory_limit=needed)
+
+
+#: The advice of a refusal for no room for a task (``planning.budget.per_task_bytes``); its
+#: figure is the first group.
+_ROOM_ADVICE = re.compile(
+    r"\. Give (?:it|each worker) at least (\S+ \S+) \(memory_limit\); twice that leaves a task "
+    r"about \S+ \S+ per thread"
+)
+
+
+def _without_superseded_room(why: str, lead: str) -> str:
+    """``why`` without the advice of room for a task where planning there found ``lead`` more.
+
+    A new user's refusal said "give each worker at least 395.68 MiB", then in its reasons "Give
+    each worker at least 366.73 MiB (memory_limit); twice that leaves a task about 132.02 MiB
+    per thread ... Planned at that memory_limit, ... needs more: ... 395.68 MiB": two minimums
+    in one message. The first is dropped, and what follows it says where it was planned.
+    """
+    said = _ROOM_ADVICE.sub(lambda m: m.group(0) if m.group(1) == lead else "", why)
+    if said == why:
+        return why
+    return said.replace("Planned at that memory_limit,", "Planned with room for a task,")
 
 
 def _growth_allowance(budget: Budget) -> int:
@@ -1084,18 +1126,25 @@ class _Alternative:
     targets: dict[str, xr.DataArray]
     costs: dict[str, TaskCost]
     problem: PlanProblem
+    first_run_rises: dict[str, int] = field(default_factory=dict)  # _first_run_rises
 
 
-def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, TaskCost]):
+def _held_after_running(
+    budget: Budget,
+    operator: Operator,
+    costs: Mapping[str, TaskCost],
+    first_run_rises: Mapping[str, int],
+):
     """``budget`` for workers that keep what running ``operator`` leaves in them.
 
     A self-calibrated function's calibration records how much its runs raised the measuring
     process's memory (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`):
     imports such as flox's numba stay in the worker after the first task. A run may have
     measured a fresh worker keeping more (:func:`~xarray_memchunk.models.learned.load_kept`:
-    the calibration was measured in a process that had those imports already). Where the
-    larger makes a worker hold more between tasks than the budget's baseline, the baseline is
-    raised to it.
+    the calibration was measured in a process that had those imports already), and so may the
+    workers' first runs of it while planning (``first_run_rises``, :func:`_first_run_rises`).
+    Where the largest makes a worker hold more between tasks than the budget's baseline, the
+    baseline is raised to it.
     """
     if budget.device != "cpu":
         return budget
@@ -1108,12 +1157,20 @@ def _held_after_running(budget: Budget, operator: Operator, costs: Mapping[str, 
         if held is not None and held > largest:
             largest = held
             source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
+        rise = first_run_rises.get(cost.calibration_key)
+        if held is not None and rise is not None and idle + rise > largest:
+            largest = idle + rise
+            source = (
+                f"a worker's memory once it has run {operator.name!r}: {budget.format(rise)} "
+                f"more after its first run, measured in a worker that had not run it"
+            )
         kept = load_kept(cost.calibration_key, cost.device) if held is not None else None
         if kept is not None and idle + kept > largest:
             largest = idle + kept
             source = (
                 f"a worker's memory once it has run {operator.name!r}: "
-                f"{budget.format(kept)} kept after its first tasks, measured in a run"
+                f"{budget.format(kept)} kept after its first tasks, measured by an earlier run "
+                f"or plan"
             )
     return _raised_baseline(budget, operator, largest, source)
 
@@ -1226,7 +1283,47 @@ def _alternative(
     read = file_read_seconds(costs, targets) if measure != "never" else None
     if read is not None:  # a file's decoding, measured: what cutting its storage chunks costs
         problem = replace(problem, read_seconds_per_element=read)
-    return _Alternative(kwargs, targets, costs, problem)
+    rises = _first_run_rises(operator, targets, costs, kwargs, resolved, measure)
+    return _Alternative(kwargs, targets, costs, problem, rises)
+
+
+def _first_run_rises(
+    operator: Operator,
+    targets: Mapping[str, xr.DataArray],
+    costs: Mapping[str, TaskCost],
+    kwargs: Mapping[str, Any],
+    budget: Budget,
+    measure: str,
+) -> dict[str, int]:
+    """What a self-calibrated function's first run raised a fresh worker's memory by, now.
+
+    On a budget read from a distributed client's workers, each worker that has not run the
+    function runs it once on a small block
+    (:func:`~xarray_memchunk.measure.first_runs.first_run_rise`): its calibration may have been
+    measured in a process that held its libraries already, and counted less than fresh workers
+    keep. Each rise above the calibration's own is kept beside it
+    (:func:`~xarray_memchunk.models.learned.record_kept`, the largest so far), so that a plan on
+    the next cluster counts it too. Calibration keys to the largest rise measured; nothing
+    with ``measure="never"``.
+    """
+    if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
+        return {}
+    client = active_client()
+    if client is None:
+        return {}
+    rises: dict[str, int] = {}
+    for name, cost in costs.items():
+        key, calibration = cost.calibration_key, cost.calibration
+        if key in rises or calibration is None or calibration.held_after_running(0) is None:
+            continue
+        rise = first_run_rise(operator, targets[name], kwargs, key, client)
+        if rise is None:
+            continue
+        rises[key] = rise
+        if rise > calibration.held_after_running(0) + ABSOLUTE_SLACK:
+            with contextlib.suppress(CalibrationError):  # counted in this plan all the same
+                record_kept(key, cost.device, rise)
+    return rises
 
 
 def _without_loaded_runtime(
@@ -1265,7 +1362,7 @@ def _prepare_one(
     write speed measured unless ``measure="never"``).
     """
     kwargs, costs = alternative.kwargs, alternative.costs
-    resolved = _held_after_running(resolved, operator, costs)
+    resolved = _held_after_running(resolved, operator, costs, alternative.first_run_rises)
     resolved, problem = _held_in_chunk_caches(resolved, operator, alternative)
     problem = _without_loaded_runtime(resolved, operator, problem)
     problem = replace(problem, max_tasks=_max_tasks())

@@ -76,6 +76,17 @@ class InfeasiblePlanError(MemchunkError):
         self.minimum_memory_limit = minimum_memory_limit
 
 
+class NoRoomForTaskError(BudgetError, InfeasiblePlanError):
+    """The workers' memory leaves no room for a task: what they hold is past Dask's pause line.
+
+    A :class:`BudgetError` (the budget leaves nothing) and an :class:`InfeasiblePlanError`
+    (nothing fits), so that ``except InfeasiblePlanError`` catches every refusal that states a
+    minimum: a new user's script caught a plan refused on workers of its own process as
+    ``BudgetError`` only, and crashed. ``minimum_memory_limit`` is the least memory with room
+    (from ``plan``, the least at which the plan runs).
+    """
+
+
 class CalibrationError(MemchunkError):
     """A calibration file that is missing, malformed, or does not match its operator."""
 

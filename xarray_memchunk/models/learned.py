@@ -8,8 +8,13 @@ record; the task needed at least what killed it).
 
 The calibration a plan starts from (shipped with the package, made by
 :func:`xarray_memchunk.calibrate`, or measured by self-calibration) is never rewritten. A plan
-combines the two: the calibration's model scaled by the largest ratio of a measured task to
-what that model predicts for it (:func:`learned_scale`). So learning:
+combines the two (:class:`LearnedMemoryModel`): the larger of the calibration's model scaled by
+the largest ratio of a measured task to what that model predicts for it (:func:`learned_scale`)
+and the model plus the largest excess of a measured task over it (:meth:`Learned.shift`). A
+task's excess may be in proportion to it or fixed (a thin task read from a netCDF file measured
+4-7 MiB above its prediction at every size); the next plan's tasks are smaller than the one
+measured, where the ratio alone left them under-predicted again (a second run at a stated
+minimum paused a worker for good). So learning:
 
 - only ever raises a prediction (a scale below 1 is not applied), and never drops a term;
 - is bounded: one observation raises the scale by at most :data:`MAX_SCALE_PER_RUN`; a floor,
@@ -29,6 +34,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from dask.utils import format_bytes
+
 from ..errors import CalibrationError
 from .calibration import (
     _Invalid,
@@ -45,6 +53,7 @@ __all__ = [
     "LEARNED_FORMAT",
     "MAX_SCALE_PER_RUN",
     "Learned",
+    "LearnedMemoryModel",
     "Observation",
     "forget_command",
     "forget_learned",
@@ -106,13 +115,27 @@ class Observation:
         The bound is :data:`MAX_SCALE_PER_RUN` times what the run's plan predicted, so one
         run raises a prediction at most that much beyond what it was when the run was planned.
         """
-        if set(model.coefficients) - set(self.features):
-            return 1.0  # a model of other features: the observation says nothing of it
-        predicted = float(model.peak_bytes({k: [v] for k, v in self.features.items()})[0])
-        if predicted <= 0:
+        predicted = self._predicted(model)
+        if predicted is None or predicted <= 0:
             return 1.0
-        bound = MAX_SCALE_PER_RUN * max(self.predicted_bytes, predicted) / predicted
-        return min(self.measured_bytes / predicted, bound)
+        return self._bounded(predicted) / predicted
+
+    def excess(self, model: LinearMemoryModel) -> float:
+        """Measured less what ``model`` predicts for this task, bounded as :meth:`ratio`; >= 0."""
+        predicted = self._predicted(model)
+        if predicted is None:
+            return 0.0
+        return max(0.0, self._bounded(predicted) - predicted)
+
+    def _predicted(self, model: LinearMemoryModel) -> float | None:
+        """What ``model`` predicts for this task; None for a model of other features."""
+        if set(model.coefficients) - set(self.features):
+            return None  # the observation says nothing of it
+        return float(model.peak_bytes({k: [v] for k, v in self.features.items()})[0])
+
+    def _bounded(self, predicted: float) -> float:
+        """The measured bytes, at most :data:`MAX_SCALE_PER_RUN` times the larger prediction."""
+        return min(self.measured_bytes, MAX_SCALE_PER_RUN * max(self.predicted_bytes, predicted))
 
 
 @dataclass(frozen=True)
@@ -139,16 +162,51 @@ class Learned:
         """The factor ``model`` is raised by: see :func:`learned_scale`."""
         return learned_scale(self.observations, model)
 
-    def applied_to(self, model: LinearMemoryModel) -> LinearMemoryModel:
-        """``model`` with every term raised by :meth:`scale` (unchanged where it is 1)."""
+    def shift(self, model: LinearMemoryModel) -> float:
+        """The bytes ``model`` is raised by: the largest excess of a task measured over it."""
+        return max([0.0, *(o.excess(model) for o in self.observations)])
+
+    def applied_to(self, model: LinearMemoryModel) -> LinearMemoryModel | LearnedMemoryModel:
+        """``model`` raised as runs taught (:class:`LearnedMemoryModel`); itself where not."""
         factor = self.scale(model)
         if factor <= 1.0:
             return model
-        return LinearMemoryModel(
-            coefficients={k: v * factor for k, v in model.coefficients.items()},
-            intercept=model.intercept * factor,
-            source=f"{model.source}, x{factor:.2f} learned from runs ({self.path.name})",
+        shift = self.shift(model)
+        return LearnedMemoryModel(
+            model, factor, shift, f"{model.source}, {self.describe(model)} ({self.path.name})"
         )
+
+    def describe(self, model: LinearMemoryModel) -> str:
+        """How ``model`` is raised, for a plan's notes: ``x1.63 or +5.80 MiB, whichever ...``."""
+        shift = format_bytes(int(self.shift(model)))
+        return f"x{self.scale(model):.2f} or +{shift}, whichever is more, learned from runs"
+
+
+@dataclass(frozen=True)
+class LearnedMemoryModel:
+    """A memory model raised as runs taught: the larger of ``base`` scaled and ``base`` shifted.
+
+    Parameters
+    ----------
+    base
+        The calibration's (or the operator's own) model.
+    scale
+        The factor of :func:`learned_scale`.
+    shift
+        The bytes of :meth:`Learned.shift`.
+    source
+        Where the numbers came from, for the plan's notes.
+    """
+
+    base: LinearMemoryModel
+    scale: float
+    shift: float
+    source: str = "learned"
+
+    def peak_bytes(self, features: Mapping[str, Any]) -> np.ndarray:
+        """Predicted peak bytes of one task per candidate: the larger raise of ``base``'s."""
+        predicted = self.base.peak_bytes(features)
+        return np.ceil(np.maximum(predicted * self.scale, predicted + self.shift))
 
 
 def learned_scale(observations: tuple[Observation, ...], model: LinearMemoryModel) -> float:

@@ -22,7 +22,7 @@ import xarray as xr
 from ..errors import CalibrationError, MemchunkError
 from ..models import Calibration, LinearMemoryModel, load_calibration
 from ..models.calibration import describe_calibration, short_path
-from ..models.learned import Learned, load_learned
+from ..models.learned import Learned, LearnedMemoryModel, load_learned
 from ..planning.footprint import InputKind, InputLayout
 from ..planning.problem import DimUse
 from .base import Cost, Features, Operator
@@ -119,7 +119,7 @@ class TaskCost:
     dtype: np.dtype
     device: str
     uses: Mapping[str, DimUse]
-    model: LinearMemoryModel
+    model: LinearMemoryModel | LearnedMemoryModel
     model_source: str
     seconds_per_element: float
     tasks_per_chunk: float
@@ -238,9 +238,8 @@ def resolve_cost(
             f"xarray_memchunk.calibrate"
         )
     learned = load_learned(key, device, dtype.name)
-    factor = learned.scale(model) if learned is not None else 1.0
-    if factor > 1.0:
-        source = f"{source}, x{factor:.2f} learned from runs ({short_path(learned.path)})"
+    if learned is not None and learned.scale(model) > 1.0:
+        source = f"{source}, {learned.describe(model)} ({short_path(learned.path)})"
         model = learned.applied_to(model)
     dims = tuple(str(d) for d in da.dims)
     production = produced_input(da)

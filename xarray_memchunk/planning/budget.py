@@ -261,8 +261,9 @@ class Budget:
             f"over the {self.format(pause)} that plans keep this process under "
             f"({self.pause_fraction:g} x its memory_limit), whatever the plan"
             if self.threaded_scheduler
-            else f"over its {self.format(pause)} pause threshold, that worker pauses or is "
-            f"killed whatever the plan"
+            else f"over its {self.format(pause)} pause threshold as planned (the baseline is "
+            f"the most a worker is expected to hold), that worker may pause or be killed "
+            f"whatever the plan"
         )
         return (
             f"computing the result in one piece (.compute(), .values, .load()) gathers "
