@@ -862,6 +862,12 @@ def _hold_the_table():
     sys._memchunk_test_table = np.ones(TABLE_ELEMENTS)
 
 
+def _resident() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 @pytest.mark.cluster
 def test_a_fresh_clusters_plan_counts_what_a_first_run_keeps_that_calibrating_did_not_see(
     user_dir, quiet_distributed
@@ -895,14 +901,30 @@ def test_a_fresh_clusters_plan_counts_what_a_first_run_keeps_that_calibrating_di
         LocalCluster(
             n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
         ) as cluster,
-        Client(cluster),
+        Client(cluster) as client,
     ):
         plan = data.memchunk.plan(op)
+        # the workers hold the table now: the baseline they measure (the configured one lowered
+        # so that it does) is not raised by it again
+        with dask.config.set({"memchunk.worker-baseline": "10MiB"}):
+            again = data.memchunk.plan(op)
+        holding = max(client.run(_resident).values())
     source = plan.budget.baseline_source
     assert "more after its first run, measured in a worker that had not run it" in source
     first_run = float(source.split("'keeps_a_table': ")[1].split(" MiB")[0]) * 2**20
     assert 60 * 2**20 <= first_run <= 80 * 2**20, source
     assert load_kept(key, "cpu") == pytest.approx(first_run, abs=2**20)  # the next plan's too
+    assert "more after its first run" not in again.budget.baseline_source
+    assert again.budget.worker_baseline <= holding + 16 * 2**20  # not 64 MiB more
+
+
+def test_an_asynchronous_client_runs_no_first_run_while_planning():
+    """A review found planning with an asynchronous client failed: 'coroutine' object is not
+    iterable (its ncores() is a coroutine)."""
+    from xarray_memchunk.measure.first_runs import first_run_rise
+
+    client = SimpleNamespace(asynchronous=True)
+    assert first_run_rise(None, None, {}, "f-0123456789ab", client) is None
 
 
 def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_baseline(user_dir):

@@ -31,7 +31,7 @@ from .errors import (
     warn_at_caller,
 )
 from .measure.calibrate import self_calibrate
-from .measure.first_runs import first_run_rise
+from .measure.first_runs import FirstRuns, first_run_rise
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
 from .memory_limits import Budget, budget_with_memory, configured_baseline, resolve_budget
@@ -1126,14 +1126,14 @@ class _Alternative:
     targets: dict[str, xr.DataArray]
     costs: dict[str, TaskCost]
     problem: PlanProblem
-    first_run_rises: dict[str, int] = field(default_factory=dict)  # _first_run_rises
+    first_runs: dict[str, FirstRuns] = field(default_factory=dict)  # _first_run_rises
 
 
 def _held_after_running(
     budget: Budget,
     operator: Operator,
     costs: Mapping[str, TaskCost],
-    first_run_rises: Mapping[str, int],
+    first_runs: Mapping[str, FirstRuns],
 ):
     """``budget`` for workers that keep what running ``operator`` leaves in them.
 
@@ -1142,36 +1142,49 @@ def _held_after_running(
     imports such as flox's numba stay in the worker after the first task. A run may have
     measured a fresh worker keeping more (:func:`~xarray_memchunk.models.learned.load_kept`:
     the calibration was measured in a process that had those imports already), and so may the
-    workers' first runs of it while planning (``first_run_rises``, :func:`_first_run_rises`).
-    Where the largest makes a worker hold more between tasks than the budget's baseline, the
-    baseline is raised to it.
+    workers' first runs of it while planning (``first_runs``, :func:`_first_run_rises`). The
+    largest is added to the baseline: to the workers' memory now where they have not run the
+    function; where each had run it before (:attr:`FirstRuns.ran_before`), their memory holds
+    it already, and the baseline is the larger of that and the configured one plus the figure
+    (a worker that joins later starts from a fresh one's memory). Where that makes a worker hold
+    more between tasks than the budget's baseline, the baseline is raised to it.
     """
     if budget.device != "cpu":
         return budget
     idle = budget.worker_baseline
     largest, source = 0, ""
     for cost in costs.values():
-        if cost.calibration is None:
+        calibrated = None if cost.calibration is None else cost.calibration.held_after_running(0)
+        if calibrated is None:
             continue
-        held = cost.calibration.held_after_running(idle)
-        if held is not None and held > largest:
-            largest = held
-            source = f"a worker's memory once it has run {operator.name!r}, measured calibrating it"
-        rise = first_run_rises.get(cost.calibration_key)
-        if held is not None and rise is not None and idle + rise > largest:
-            largest = idle + rise
-            source = (
-                f"a worker's memory once it has run {operator.name!r}: {budget.format(rise)} "
-                f"more after its first run, measured in a worker that had not run it"
+        name, first = operator.name, first_runs.get(cost.calibration_key)
+        figures = [
+            (calibrated, f"a worker's memory once it has run {name!r}, measured calibrating it")
+        ]
+        if first is not None and not first.ran_before:
+            figures.append(
+                (
+                    first.rise,
+                    f"a worker's memory once it has run {name!r}: {budget.format(first.rise)} "
+                    f"more after its first run, measured in a worker that had not run it",
+                )
             )
-        kept = load_kept(cost.calibration_key, cost.device) if held is not None else None
-        if kept is not None and idle + kept > largest:
-            largest = idle + kept
-            source = (
-                f"a worker's memory once it has run {operator.name!r}: "
-                f"{budget.format(kept)} kept after its first tasks, measured by an earlier run "
-                f"or plan"
+        kept = load_kept(cost.calibration_key, cost.device)
+        if kept is not None:
+            figures.append(
+                (
+                    kept,
+                    f"a worker's memory once it has run {name!r}: {budget.format(kept)} kept "
+                    f"after its first tasks, measured by an earlier run or plan",
+                )
             )
+        figure, why = max(figures, key=lambda f: f[0])  # the first of equals
+        if first is not None and first.ran_before:
+            held = max(idle, configured_baseline() + figure)
+        else:
+            held = idle + figure
+        if held > largest:
+            largest, source = held, why
     return _raised_baseline(budget, operator, largest, source)
 
 
@@ -1294,36 +1307,39 @@ def _first_run_rises(
     kwargs: Mapping[str, Any],
     budget: Budget,
     measure: str,
-) -> dict[str, int]:
-    """What a self-calibrated function's first run raised a fresh worker's memory by, now.
+) -> dict[str, FirstRuns]:
+    """What a self-calibrated function's first run raised fresh workers' memory by, now.
 
     On a budget read from a distributed client's workers, each worker that has not run the
     function runs it once on a small block
     (:func:`~xarray_memchunk.measure.first_runs.first_run_rise`): its calibration may have been
     measured in a process that held its libraries already, and counted less than fresh workers
-    keep. Each rise above the calibration's own is kept beside it
-    (:func:`~xarray_memchunk.models.learned.record_kept`, the largest so far), so that a plan on
-    the next cluster counts it too. Calibration keys to the largest rise measured; nothing
-    with ``measure="never"``.
+    keep. The first rise measured above the calibration's own is kept beside it
+    (:func:`~xarray_memchunk.models.learned.record_kept`), so that a plan on the next cluster
+    counts it too; a later one is not (a run raises it where a worker paused:
+    :func:`~xarray_memchunk.measure.runs.report`). Calibration keys to what was measured;
+    nothing with ``measure="never"``.
     """
     if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
         return {}
     client = active_client()
     if client is None:
         return {}
-    rises: dict[str, int] = {}
+    measured: dict[str, FirstRuns] = {}
     for name, cost in costs.items():
         key, calibration = cost.calibration_key, cost.calibration
-        if key in rises or calibration is None or calibration.held_after_running(0) is None:
+        if key in measured or calibration is None or calibration.held_after_running(0) is None:
             continue
-        rise = first_run_rise(operator, targets[name], kwargs, key, client)
-        if rise is None:
+        first = first_run_rise(operator, targets[name], kwargs, key, client)
+        if first is None:
             continue
-        rises[key] = rise
-        if rise > calibration.held_after_running(0) + ABSOLUTE_SLACK:
+        measured[key] = first
+        above = first.rise > calibration.held_after_running(0) + ABSOLUTE_SLACK
+        if above and not first.ran_before:
             with contextlib.suppress(CalibrationError):  # counted in this plan all the same
-                record_kept(key, cost.device, rise)
-    return rises
+                if load_kept(key, cost.device) is None:
+                    record_kept(key, cost.device, first.rise)
+    return measured
 
 
 def _without_loaded_runtime(
@@ -1362,7 +1378,7 @@ def _prepare_one(
     write speed measured unless ``measure="never"``).
     """
     kwargs, costs = alternative.kwargs, alternative.costs
-    resolved = _held_after_running(resolved, operator, costs, alternative.first_run_rises)
+    resolved = _held_after_running(resolved, operator, costs, alternative.first_runs)
     resolved, problem = _held_in_chunk_caches(resolved, operator, alternative)
     problem = _without_loaded_runtime(resolved, operator, problem)
     problem = replace(problem, max_tasks=_max_tasks())

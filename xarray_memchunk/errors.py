@@ -77,13 +77,15 @@ class InfeasiblePlanError(MemchunkError):
 
 
 class NoRoomForTaskError(BudgetError, InfeasiblePlanError):
-    """The workers' memory leaves no room for a task: what they hold is past Dask's pause line.
+    """``plan``'s refusal where the budget itself leaves no room for a task.
 
-    A :class:`BudgetError` (the budget leaves nothing) and an :class:`InfeasiblePlanError`
+    What the workers (or this process) hold is past Dask's pause line before any task. A
+    :class:`BudgetError` (the budget leaves nothing) and an :class:`InfeasiblePlanError`
     (nothing fits), so that ``except InfeasiblePlanError`` catches every refusal that states a
     minimum: a new user's script caught a plan refused on workers of its own process as
-    ``BudgetError`` only, and crashed. ``minimum_memory_limit`` is the least memory with room
-    (from ``plan``, the least at which the plan runs).
+    ``BudgetError`` only, and crashed. ``minimum_memory_limit`` is the least memory at which the
+    plan runs. A refusal found while planning (what running the operator leaves in a worker)
+    is an :class:`InfeasiblePlanError`.
     """
 
 

@@ -15,8 +15,9 @@ prediction.
 proportions, generated values, the data's coordinates), in each worker of the cluster that has
 not run it yet, and returns how much that raised the largest worker's resident memory, each
 read after a collection (:func:`~xarray_memchunk.models.profiling.resident_bytes`). The plan
-counts it in its baseline before it chooses chunks. A worker that ran the function already (an
-earlier plan) holds what it kept, and the baseline reads that.
+counts it in its baseline before it chooses chunks. Where every worker had run the function
+already (an earlier plan or run), they hold what they kept, the baseline reads that, and the
+plan does not add it again (:attr:`FirstRuns.ran_before`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,19 +35,38 @@ from ..operators import Operator
 from ..planning.problem import DimRole
 from .calibrate import WARM_UP_ELEMENTS, growing_shapes, run_task
 
-__all__ = ["FIRST_RUN_SECONDS", "first_run_rise", "run_first_time"]
+__all__ = ["FIRST_RUN_SECONDS", "FirstRuns", "first_run_rise", "run_first_time"]
 
-#: Seconds :func:`first_run_rise` waits for the workers' first runs; a worker busy with other
-#: work past them is left out (its run cancelled), and the plan counts what calibration and
-#: earlier runs measured.
+#: Seconds :func:`first_run_rise` waits for the workers' first runs. A worker that has not
+#: answered by then (busy with other work, paused, or a first call that compiles for long) is
+#: left out: its run is not waited for by a later plan either, and Dask cannot stop it once it
+#: has started.
 FIRST_RUN_SECONDS = 15.0
 
 #: The calibration keys of the functions this process ran once (:func:`run_first_time`).
 _RUN_HERE: set[str] = set()
 _RUN_HERE_LOCK = threading.Lock()
-#: ``(worker address, calibration key)`` of each worker known to have run the function: a
-#: plan on workers that all have asks none of them again (0.08 s a plan on 2 workers).
-_RAN_IN: set[tuple[str, str]] = set()
+#: ``(scheduler, worker address, calibration key)`` of each worker asked to run the function
+#: (it did, or it was left out): a plan on workers that all were asks none of them again (0.08 s
+#: a plan on 2 workers, and no second wait for a worker left out).
+_ASKED: set[tuple[str, str, str]] = set()
+
+
+@dataclass(frozen=True)
+class FirstRuns:
+    """What the workers' first runs of a function raised the largest worker's memory by.
+
+    Attributes
+    ----------
+    rise
+        Bytes: the largest worker's memory after the runs less the largest before, at least 0.
+    ran_before
+        Whether every worker had run the function before (nothing ran now): their memory, which
+        the plan's baseline reads, holds what they kept already.
+    """
+
+    rise: int
+    ran_before: bool
 
 
 def run_first_time(
@@ -55,28 +76,42 @@ def run_first_time(
     extents: Mapping[str, int],
     dtype: str,
     coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]],
-) -> tuple[int, int] | None:
+) -> tuple[int, int, bool] | None:
     """In a worker: run ``operator`` once on a block of ``extents``, unless it ran here before.
 
     Returns
     -------
-    tuple of int or None
-        The process's resident memory before and after the run, each read after a collection;
-        both read now where this process ran the function of ``key`` before (it holds what it
-        kept). None where the function failed on the block (its plan's tasks say so when they
-        run).
+    tuple or None
+        The process's resident memory before and after the run (each read after a
+        collection), and whether it had run the function of ``key`` before (both read now: it
+        holds what it kept). None where the function failed on the block (its plan's tasks say
+        so when they run), or where other tasks ran in the worker meanwhile (their memory would
+        be counted as the function's).
     """
     with _RUN_HERE_LOCK:
         ran = key in _RUN_HERE
         _RUN_HERE.add(key)
     before = resident_bytes()
     if ran:
-        return before, before
+        return before, before, True
+    if _others_running():
+        return None
     try:
         run_task(operator, kwargs, extents, extents, dtype, 0, coords=coords)
     except Exception:
         return None
-    return before, resident_bytes()
+    after = resident_bytes()
+    return None if _others_running() else (before, after, False)
+
+
+def _others_running() -> bool:
+    """Whether the worker this runs in executes another task beside this one."""
+    try:
+        from distributed import get_worker
+
+        return get_worker().state.executing_count > 1
+    except Exception:  # not in a worker, or a distributed that does not say
+        return False
 
 
 def first_run_rise(
@@ -86,7 +121,7 @@ def first_run_rise(
     key: str,
     client: Any,
     timeout: float = FIRST_RUN_SECONDS,
-) -> int | None:
+) -> FirstRuns | None:
     """How much running ``operator`` first raises the cluster's largest worker memory, now.
 
     Each worker of ``client``'s cluster that has not run the function of calibration ``key``
@@ -95,21 +130,26 @@ def first_run_rise(
     largest worker's memory after the runs less the largest before, at least 0: fresh workers
     rise by all their first run keeps, and one fresh worker beside one that ran the function
     already (its memory above the other's already) raises it by no more than what it outgrows
-    that one by. None where the cluster has no worker, where each worker ran the function
-    already as far as this process knows, or where no worker answered within ``timeout``
-    seconds (one busy with other work is left out, its run cancelled).
+    that one by. A worker where other tasks ran meanwhile is not counted. None where the
+    cluster has no worker, where no worker answered within ``timeout`` seconds, or for an
+    asynchronous client (planning does not wait on one).
     """
     from distributed import wait
 
+    if getattr(client, "asynchronous", False):
+        return None
     workers = list(client.ncores())
-    if all((worker, key) in _RAN_IN for worker in workers):  # none, or all ran it
+    scheduler = str(getattr(client.scheduler, "address", ""))
+    if workers and all((scheduler, worker, key) in _ASKED for worker in workers):
+        return FirstRuns(0, ran_before=True)
+    if not workers:
         return None
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
     uses = operator.dims(da, **kwargs)
     whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
     extents = next(growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS))
     coords = {
-        str(name): (dims, np.asarray(coord.values)[tuple(slice(0, extents[d]) for d in dims)])
+        str(name): (dims, np.asarray(coord.isel({d: slice(0, extents[d]) for d in dims}).values))
         for name, coord in da.coords.items()
         if set(dims := tuple(map(str, coord.dims))) <= set(extents)
     }
@@ -135,10 +175,10 @@ def first_run_rise(
     except TimeoutError:
         pass
     answers = [f.result() for f in futures if f.status == "finished"]
-    client.cancel([f for f in futures if not f.done()])
-    ran = zip(workers, futures, strict=True)
-    _RAN_IN.update((worker, key) for worker, future in ran if future.status == "finished")
+    client.cancel([f for f in futures if not f.done()])  # those not started yet
+    _ASKED.update((scheduler, worker, key) for worker in workers)
     held = [a for a in answers if a is not None]
     if not held:
         return None
-    return max(0, max(after for _, after in held) - max(before for before, _ in held))
+    rise = max(after for _, after, _ in held) - max(before for before, _, _ in held)
+    return FirstRuns(max(0, rise), ran_before=all(ran for _, _, ran in held))
