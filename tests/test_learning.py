@@ -994,3 +994,50 @@ def test_a_learned_kept_figure_that_is_not_bytes_is_a_clear_error(user_dir):
     path.write_text(path.read_text().replace('"lots"', "Infinity"))
     with pytest.raises(CalibrationError, match="not inf"):
         load_kept("anom3-0123456789ab", "cpu")
+
+
+def test_a_cluster_that_cannot_measure_now_measures_in_a_child_process():
+    """A new user's plan on an asynchronous client failed ("'coroutine' object is not
+    iterable"), and one on paused workers of the planning process waited for ever."""
+    from xarray_memchunk.measure.calibrate import _cannot_measure_in
+    from xarray_memchunk.measure.first_runs import _paused
+
+    def client(*statuses, asynchronous=False):
+        workers = {f"tcp://w{i}": {"status": s} for i, s in enumerate(statuses)}
+        return SimpleNamespace(
+            asynchronous=asynchronous, scheduler_info=lambda n_workers=0: {"workers": workers}
+        )
+
+    assert _cannot_measure_in(client("running", asynchronous=True))
+    assert _cannot_measure_in(client("paused", "paused"))
+    assert not _cannot_measure_in(client("paused", "running"))
+    assert not _cannot_measure_in(client())  # no worker yet: as before
+    assert _paused(client("paused", "running")) == {"tcp://w0"}
+
+
+@pytest.mark.cluster
+def test_a_function_is_planned_on_an_asynchronous_client(user_dir, quiet_distributed):
+    import asyncio
+
+    from distributed import Client, LocalCluster
+
+    data = xr.DataArray(
+        da.random.default_rng(0).random((60, 50, 40), chunks=(20, 50, 40)), dims=("t", "y", "x")
+    )
+    op = xm.BlockwiseOperator("twice_async", _keeps_a_table)
+
+    async def plan_it():
+        async with (
+            LocalCluster(
+                n_workers=1,
+                threads_per_worker=1,
+                memory_limit="1GB",
+                asynchronous=True,
+                dashboard_address=":0",
+            ) as cluster,
+            Client(cluster, asynchronous=True),
+        ):
+            return data.memchunk.plan(op)
+
+    plan = asyncio.run(plan_it())
+    assert plan.fits and any("child process" in n or "process of its own" in n for n in plan.notes)

@@ -1290,11 +1290,29 @@ def _scaled_to_zero(client) -> bool:
         return False
 
 
+def _cannot_measure_in(client) -> bool:
+    """Whether ``client``'s workers cannot run a measurement now (async, or all paused).
+
+    An asynchronous client's calls return coroutines that planning does not await: a new
+    user's plan failed with "'coroutine' object is not iterable". A paused worker runs no task:
+    a plan on workers of the planning process (``processes=False``), whose memory was past
+    their pause line, waited for ever for its measurement's first block.
+    """
+    if getattr(client, "asynchronous", False):
+        return True
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    except Exception:  # a scheduler that cannot say: measured on the cluster, as before
+        return False
+    return bool(workers) and all(w.get("status") == "paused" for w in workers.values())
+
+
 @contextlib.contextmanager
 def _profiling_client(client, keep: bool = False):
     """Use ``client``, or a child process for the profiles (one task at a time).
 
-    A child is used too where ``client``'s cluster adapts and runs no worker now: it starts
+    A child is used too where ``client`` is asynchronous or all its workers are paused
+    (:func:`_cannot_measure_in`), and where its cluster adapts and runs no worker now: it starts
     one only for tasks, which a measurement pinned to a worker cannot send, so waiting for one
     would fail after :data:`~xarray_memchunk.models.profiling.WORKER_WAIT_SECONDS`.
 
@@ -1305,7 +1323,7 @@ def _profiling_client(client, keep: bool = False):
     (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only the first pays
     for its start.
     """
-    if client is not None and not _scaled_to_zero(client):
+    if client is not None and not _scaled_to_zero(client) and not _cannot_measure_in(client):
         yield client
         return
     from ..models.probe_process import ProbeProcess, kept_probe_process

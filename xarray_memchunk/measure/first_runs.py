@@ -114,6 +114,15 @@ def _others_running() -> bool:
         return False
 
 
+def _paused(client: Any) -> set[str]:
+    """The addresses of ``client``'s workers that are paused now (none where it cannot say)."""
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    except Exception:
+        return set()
+    return {address for address, w in workers.items() if w.get("status") == "paused"}
+
+
 def first_run_rise(
     operator: Operator,
     da: Any,
@@ -130,9 +139,9 @@ def first_run_rise(
     largest worker's memory after the runs less the largest before, at least 0: fresh workers
     rise by all their first run keeps, and one fresh worker beside one that ran the function
     already (its memory above the other's already) raises it by no more than what it outgrows
-    that one by. A worker where other tasks ran meanwhile is not counted. None where the
-    cluster has no worker, where no worker answered within ``timeout`` seconds, or for an
-    asynchronous client (planning does not wait on one).
+    that one by. A worker where other tasks ran meanwhile is not counted, nor a paused one (it
+    would run nothing). None where the cluster has no running worker, where no worker answered
+    within ``timeout`` seconds, or for an asynchronous client (planning does not wait on one).
     """
     from distributed import wait
 
@@ -142,6 +151,7 @@ def first_run_rise(
     scheduler = str(getattr(client.scheduler, "address", ""))
     if workers and all((scheduler, worker, key) in _ASKED for worker in workers):
         return FirstRuns(0, ran_before=True)
+    workers = [w for w in workers if w not in _paused(client)]  # they would run nothing
     if not workers:
         return None
     sizes = {str(d): int(n) for d, n in da.sizes.items()}
