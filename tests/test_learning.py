@@ -999,8 +999,7 @@ def test_a_learned_kept_figure_that_is_not_bytes_is_a_clear_error(user_dir):
 def test_a_cluster_that_cannot_measure_now_measures_in_a_child_process():
     """A new user's plan on an asynchronous client failed ("'coroutine' object is not
     iterable"), and one on paused workers of the planning process waited for ever."""
-    from xarray_memchunk.measure.calibrate import _cannot_measure_in
-    from xarray_memchunk.measure.first_runs import _paused
+    from xarray_memchunk.measure.calibrate import _cannot_measure_in, worker_statuses
 
     def client(*statuses, asynchronous=False):
         workers = {f"tcp://w{i}": {"status": s} for i, s in enumerate(statuses)}
@@ -1012,7 +1011,10 @@ def test_a_cluster_that_cannot_measure_now_measures_in_a_child_process():
     assert _cannot_measure_in(client("paused", "paused"))
     assert not _cannot_measure_in(client("paused", "running"))
     assert not _cannot_measure_in(client())  # no worker yet: as before
-    assert _paused(client("paused", "running")) == {"tcp://w0"}
+    assert worker_statuses(client("paused", "running")) == {
+        "tcp://w0": "paused",
+        "tcp://w1": "running",
+    }
 
 
 @pytest.mark.cluster

@@ -1157,27 +1157,20 @@ def _held_after_running(
         calibrated = None if cost.calibration is None else cost.calibration.held_after_running(0)
         if calibrated is None:
             continue
-        name, first = operator.name, first_runs.get(cost.calibration_key)
-        figures = [
-            (calibrated, f"a worker's memory once it has run {name!r}, measured calibrating it")
-        ]
+        first = first_runs.get(cost.calibration_key)
+        ran = f"a worker's memory once it has run {operator.name!r}"
+        figures = [(calibrated, f"{ran}, measured calibrating it")]
         if first is not None and not first.ran_before:
-            figures.append(
-                (
-                    first.rise,
-                    f"a worker's memory once it has run {name!r}: {budget.format(first.rise)} "
-                    f"more after its first run, measured in a worker that had not run it",
-                )
+            rise = budget.format(first.rise)
+            why = (
+                f"{ran}: {rise} more after its first run, measured in a worker that had not run it"
             )
+            figures.append((first.rise, why))
         kept = load_kept(cost.calibration_key, cost.device)
         if kept is not None:
-            figures.append(
-                (
-                    kept,
-                    f"a worker's memory once it has run {name!r}: {budget.format(kept)} kept "
-                    f"after its first tasks, measured by an earlier run or plan",
-                )
-            )
+            size = budget.format(kept)
+            why = f"{ran}: {size} kept after its first tasks, measured by an earlier run or plan"
+            figures.append((kept, why))
         figure, why = max(figures, key=lambda f: f[0])  # the first of equals
         if first is not None and first.ran_before:
             held = max(idle, configured_baseline() + figure)
@@ -1328,13 +1321,14 @@ def _first_run_rises(
     measured: dict[str, FirstRuns] = {}
     for name, cost in costs.items():
         key, calibration = cost.calibration_key, cost.calibration
-        if key in measured or calibration is None or calibration.held_after_running(0) is None:
+        calibrated = None if calibration is None else calibration.held_after_running(0)
+        if key in measured or calibrated is None:
             continue
         first = first_run_rise(operator, targets[name], kwargs, key, client)
         if first is None:
             continue
         measured[key] = first
-        above = first.rise > calibration.held_after_running(0) + ABSOLUTE_SLACK
+        above = first.rise > calibrated + ABSOLUTE_SLACK
         if above and not first.ran_before:
             with contextlib.suppress(CalibrationError):  # counted in this plan all the same
                 if load_kept(key, cost.device) is None:

@@ -1300,11 +1300,20 @@ def _cannot_measure_in(client) -> bool:
     """
     if getattr(client, "asynchronous", False):
         return True
+    statuses = worker_statuses(client)  # none where it cannot say: measured there, as before
+    return bool(statuses) and all(s == "paused" for s in statuses.values())
+
+
+def worker_statuses(client) -> dict[str, str]:
+    """Each worker's status as ``client``'s scheduler says it now; empty where it cannot say.
+
+    ``"running"`` or ``"paused"`` (distributed's ``Status``), by worker address.
+    """
     try:
         workers = client.scheduler_info(n_workers=-1)["workers"]
-    except Exception:  # a scheduler that cannot say: measured on the cluster, as before
-        return False
-    return bool(workers) and all(w.get("status") == "paused" for w in workers.values())
+    except Exception:
+        return {}
+    return {str(address): str(w.get("status", "")) for address, w in workers.items()}
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ import numpy as np
 from ..models.profiling import resident_bytes
 from ..operators import Operator
 from ..planning.problem import DimRole
-from .calibrate import WARM_UP_ELEMENTS, growing_shapes, run_task
+from .calibrate import WARM_UP_ELEMENTS, growing_shapes, run_task, worker_statuses
 
 __all__ = ["FIRST_RUN_SECONDS", "FirstRuns", "first_run_rise", "run_first_time"]
 
@@ -114,15 +114,6 @@ def _others_running() -> bool:
         return False
 
 
-def _paused(client: Any) -> set[str]:
-    """The addresses of ``client``'s workers that are paused now (none where it cannot say)."""
-    try:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-    except Exception:
-        return set()
-    return {address for address, w in workers.items() if w.get("status") == "paused"}
-
-
 def first_run_rise(
     operator: Operator,
     da: Any,
@@ -151,7 +142,8 @@ def first_run_rise(
     scheduler = str(getattr(client.scheduler, "address", ""))
     if workers and all((scheduler, worker, key) in _ASKED for worker in workers):
         return FirstRuns(0, ran_before=True)
-    workers = [w for w in workers if w not in _paused(client)]  # they would run nothing
+    statuses = worker_statuses(client)
+    workers = [w for w in workers if statuses.get(w) != "paused"]  # they would run nothing
     if not workers:
         return None
     sizes = {str(d): int(n) for d, n in da.sizes.items()}

@@ -172,14 +172,19 @@ class Learned:
         if factor <= 1.0:
             return model
         shift = self.shift(model)
+        raised = _described(factor, shift)
         return LearnedMemoryModel(
-            model, factor, shift, f"{model.source}, {self.describe(model)} ({self.path.name})"
+            model, factor, shift, f"{model.source}, {raised} ({self.path.name})"
         )
 
     def describe(self, model: LinearMemoryModel) -> str:
         """How ``model`` is raised, for a plan's notes: ``x1.63 or +5.80 MiB, whichever ...``."""
-        shift = format_bytes(int(self.shift(model)))
-        return f"x{self.scale(model):.2f} or +{shift}, whichever is more, learned from runs"
+        return _described(self.scale(model), self.shift(model))
+
+
+def _described(scale: float, shift: float) -> str:
+    """``x1.63 or +5.80 MiB, whichever is more, learned from runs``."""
+    return f"x{scale:.2f} or +{format_bytes(int(shift))}, whichever is more, learned from runs"
 
 
 @dataclass(frozen=True)
