@@ -770,15 +770,15 @@ def test_a_clusters_stated_minimum_allows_for_the_workers_memory_moving():
     worker's memory, read when the plan is made, which planning's measurements move."""
     from types import SimpleNamespace
 
-    from xarray_memchunk.api import _minimum_first
     from xarray_memchunk.memory_limits import PLANNING_GROWTH_BYTES, make_budget
+    from xarray_memchunk.refusals import minimum_first
 
     operator = SimpleNamespace(name="anom")
     refused = xm.InfeasiblePlanError("no room", minimum_memory_limit=400 * 2**20)
     cluster = make_budget(
         350 * 10**6, 2, 2, "distributed client tcp://127.0.0.1:8786", worker_baseline=190 * 2**20
     )
-    led = _minimum_first(refused, cluster, operator)
+    led = minimum_first(refused, cluster, operator)
     allowance = led.minimum_memory_limit - 400 * 2**20
     assert allowance == pytest.approx(PLANNING_GROWTH_BYTES / cluster.pause_fraction, abs=1)
     assert "may move by on a new cluster" in str(led)
@@ -788,7 +788,7 @@ def test_a_clusters_stated_minimum_allows_for_the_workers_memory_moving():
         350 * 10**6, 2, 1, "threads", worker_baseline=190 * 2**20, threaded_scheduler=True
     )
     for fixed in (by_hand, threaded):
-        assert _minimum_first(refused, fixed, operator).minimum_memory_limit == 400 * 2**20
+        assert minimum_first(refused, fixed, operator).minimum_memory_limit == 400 * 2**20
 
 
 def test_a_refusal_states_one_minimum_where_room_for_a_task_was_not_enough():
@@ -797,8 +797,8 @@ def test_a_refusal_states_one_minimum_where_room_for_a_task_was_not_enough():
     about 132.02 MiB per thread ... Planned at that memory_limit, ... needs more: 395.68 MiB"."""
     from types import SimpleNamespace
 
-    from xarray_memchunk.api import _minimum_first
     from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.refusals import minimum_first
 
     budget = make_budget(350 * 10**6, 2, 2, "by hand", worker_baseline=190 * 2**20)
     needed = 400 * 2**20
@@ -811,7 +811,7 @@ def test_a_refusal_states_one_minimum_where_room_for_a_task_was_not_enough():
         f"{budget.memory_limit_advice(needed)}",
         minimum_memory_limit=needed,
     )
-    led = str(_minimum_first(refused, budget, SimpleNamespace(name="anom")))
+    led = str(minimum_first(refused, budget, SimpleNamespace(name="anom")))
     assert "366.73" not in led and "twice that leaves" not in led
     assert set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", led)) == {"400.00 MiB"}
     assert "has no room for a task" in led and "Planned with room for a task, 'anom'" in led

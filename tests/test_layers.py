@@ -42,6 +42,7 @@ LAYERS = (
     ("operators",),
     ("measure",),
     ("memory_limits", "io", "seismic"),
+    ("baselines", "refusals"),
     ("api",),
     ("accessor", "datasets", "demo", "interrupts", "testing"),
     ("__init__",),

@@ -931,7 +931,7 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     """A trial's function calibrated in a worker that had run a flox groupby before measured
     a rise of 10 MiB; fresh workers kept 84-93 MiB after their first tasks, and a plan that
     counted 10 paused them 17-26 times a run, learning nothing."""
-    from xarray_memchunk.api import _held_after_running
+    from xarray_memchunk.baselines import held_after_running
     from xarray_memchunk.measure import runs
     from xarray_memchunk.memory_limits import make_budget
     from xarray_memchunk.models.learned import load_kept, record_kept
@@ -945,13 +945,13 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     assert runs._learn_kept(prepared, 10 * 2**20 + ABSOLUTE_SLACK, paused=True) == ""
     assert load_kept(cost.calibration_key, "cpu") is None
     operator = SimpleNamespace(name="anom3")
-    before = _held_after_running(budget, operator, {"tas": cost}, {})
+    before = held_after_running(budget, operator, {"tas": cost}, {})
     assert before.worker_baseline == 160 * 2**20
     learned = runs._learn_kept(prepared, 84 * 2**20, paused=False)  # the first: kept
     assert "a worker kept 84.00 MiB after its first tasks" in learned
     assert "measured 10.00 MiB" in learned and "--forget" in learned
     assert load_kept(cost.calibration_key, "cpu") == 84 * 2**20
-    after = _held_after_running(budget, operator, {"tas": cost}, {})
+    after = held_after_running(budget, operator, {"tas": cost}, {})
     assert after.worker_baseline == 234 * 2**20 and after.per_task < before.per_task
     assert "84.00 MiB kept after its first tasks, measured by an earlier run or plan" in (
         after.baseline_source
@@ -967,7 +967,7 @@ def test_what_a_fresh_worker_kept_beyond_the_calibrated_rise_raises_the_next_bas
     # where it leaves no room, the plan is refused with the memory it needs
     record_kept(cost.calibration_key, "cpu", 200 * 2**20)
     with pytest.raises(xm.InfeasiblePlanError, match="measured by an earlier run") as refused:
-        _held_after_running(budget, operator, {"tas": cost}, {})
+        held_after_running(budget, operator, {"tas": cost}, {})
     assert refused.value.minimum_memory_limit > 350 * MB
     forget_learned(cost.calibration_key)
     assert load_kept(cost.calibration_key, "cpu") is None

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import math
-import re
 import warnings
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import dask
 import numpy as np
 import xarray as xr
 
 from . import memory_limits
+from .baselines import (
+    first_run_rises,
+    held_after_running,
+    held_in_chunk_caches,
+    without_loaded_runtime,
+)
 from .clusters import active_client, scheduler_queueing, task_overhead_seconds
 from .errors import (
     BudgetError,
@@ -26,20 +30,17 @@ from .errors import (
     InfeasiblePlanError,
     MemchunkError,
     MemoryBudgetWarning,
-    NoRoomForTaskError,
     ResultGatherWarning,
     warn_at_caller,
 )
 from .measure.calibrate import self_calibrate
-from .measure.first_runs import FirstRuns, first_run_rise
+from .measure.first_runs import FirstRuns
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
-from .memory_limits import Budget, budget_with_memory, configured_baseline, resolve_budget
+from .memory_limits import Budget, resolve_budget
 from .models import Calibration, load_calibration
-from .models.fitting import ABSOLUTE_SLACK
-from .models.learned import Learned, load_kept, load_learned, record_kept, settle_observations
+from .models.learned import Learned, load_learned, settle_observations
 from .operators import Operator, get_operator
-from .operators.chunk_caches import chunk_cache_note, chunk_cache_remedy, held_in_chunk_caches
 from .operators.cost import TaskCost, bind_cost, produced_input, resolve_cost
 from .operators.halo_rule import check_halo_reads
 from .operators.kept_variables import KeptVariable, size_kept_variables
@@ -58,12 +59,13 @@ from .operators.sources import (
 from .operators.staged_plan import as_stored, plan_staged, write_task_bytes
 from .operators.staging import StagingChunks, StagingSite, stage
 from .operators.user_chunks import Chunks, normalize_user_chunks
-from .planning.budget import format_size, with_baseline
+from .planning.budget import format_size
 from .planning.footprint import InputKind
 from .planning.plan import ChunkPlan
 from .planning.problem import DEFAULT_MAX_TASKS, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
+from .refusals import checked_minimum, minimum_first, no_room_refusal, with_operators_minimum
 from .units import format_seconds
 
 __all__ = ["MEASURE_CHOICES", "Plan", "apply", "plan", "report", "storage_chunks"]
@@ -680,17 +682,21 @@ def _prepare(
         )
     _check_dims(obj, operator.name)
     device = _device(obj, operator)
+
+    def replan(at: Budget, measuring: str) -> _Prepared:
+        return _prepare(obj, operator, None, at, chunks, op_kwargs, measuring)
+
     try:
         resolved = _budget(memory_limit, budget, device)
     except BudgetError as no_room:
-        needs = _with_operators_minimum(no_room, obj, operator, chunks, op_kwargs, measure)
-        raise _no_room_refusal(_minimum_first(needs, no_room.budget_at_minimum, operator)) from None
+        needs = with_operators_minimum(no_room, operator, replan, measure)
+        raise no_room_refusal(minimum_first(needs, no_room.budget_at_minimum, operator)) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     try:
         chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
     except InfeasiblePlanError as refused:
-        checked = _checked_minimum(refused, resolved, obj, operator, chunks, op_kwargs, measure)
-        raise _minimum_first(checked, resolved, operator) from None
+        checked = checked_minimum(refused, resolved, operator, replan, measure)
+        raise minimum_first(checked, resolved, operator) from None
     label, prepared, cautions = chosen
     for caution in cautions:
         warnings.warn(caution, MemoryBudgetWarning, stacklevel=4)
@@ -732,236 +738,6 @@ def _kept(obj: xr.DataArray | xr.Dataset, prepared: _Prepared) -> dict[str, Kept
         return {}
     uses = {name: cost.uses for name, cost in prepared.costs.items()}
     return size_kept_variables(obj, prepared.operator, uses, prepared.kwargs, prepared.plan.budget)
-
-
-#: Set while planning searches for the least memory a plan runs at: refusals inside are not
-#: searched again.
-_SEARCHING_MINIMUM: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "memchunk_searching_minimum", default=False
-)
-#: Plans tried upward from a refusal's minimum before the search gives up (each refusal there
-#: states a larger one: a baseline raised by the operator's calibration, then its task).
-MINIMUM_SEARCH_STEPS = 4
-
-
-def _least_memory_that_plans(
-    at_least: Budget,
-    stated: int | None,
-    obj: xr.DataArray | xr.Dataset,
-    operator: Operator,
-    chunks: Chunks,
-    op_kwargs: dict[str, Any],
-    measure: str,
-) -> int | None:
-    """The least worker memory from ``at_least``'s up at which the operator's plan runs.
-
-    The plan is tried there, its warnings kept quiet, first with nothing measured (a function
-    with no model yet is not measured for a refusal: on tasks that small, it would be
-    measured again on the next plan), then as asked (``measure``: what producing a graph's
-    input holds counts), then with nothing measured again (what was measured as asked, a
-    larger calibration, may state a larger baseline). Where it is refused with a larger
-    minimum (the operator's task; a baseline raised by what calibrating it left in its
-    worker), that one is tried, up to :data:`MINIMUM_SEARCH_STEPS` times. None where the
-    search ends without a plan (a refusal that states no larger minimum, or another error),
-    where the plan runs at the refusal's ``stated`` minimum, and where planning is searching
-    already (a refusal inside the search is not searched again).
-    """
-    if _SEARCHING_MINIMUM.get():
-        return None
-    token = _SEARCHING_MINIMUM.set(True)
-    needed: int | None = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for _ in range(MINIMUM_SEARCH_STEPS):
-                minimums: list[int | None] = []  # each refusal's
-                # nothing measured, as asked, then nothing measured again: a calibration made
-                # as asked (the operator measured on larger blocks) may raise the baseline
-                for each in ("never", measure, "never")[: 1 if measure == "never" else 3]:
-                    try:
-                        _prepare(obj, operator, None, at_least, chunks, op_kwargs, each)
-                    except InfeasiblePlanError as refused:
-                        minimums.append(refused.minimum_memory_limit)
-                    except MemchunkError:  # a function with no model yet, or another refusal
-                        return None
-                if not minimums:
-                    needed = at_least.worker_memory
-                    break
-                if None in minimums or max(minimums) <= at_least.worker_memory:
-                    return None
-                try:
-                    at_least = budget_with_memory(at_least, max(minimums))
-                except BudgetError:
-                    return None
-    finally:
-        _SEARCHING_MINIMUM.reset(token)
-    return None if needed == stated else needed
-
-
-#: A refusal that states the least memory it runs at (:func:`_minimum_first`).
-_Refusal = TypeVar("_Refusal", BudgetError, InfeasiblePlanError)
-
-
-def _with_operators_minimum(
-    no_room: BudgetError,
-    obj: xr.DataArray | xr.Dataset,
-    operator: Operator,
-    chunks: Chunks,
-    op_kwargs: dict[str, Any],
-    measure: str,
-) -> BudgetError:
-    """``no_room``, or the same refusal with what the operator needs beyond a task's room.
-
-    The least memory the plan runs at is searched from the least with room for a task
-    (``no_room.budget_at_minimum``: :func:`_least_memory_that_plans`). Where the plan runs
-    there, or the search finds nothing, ``no_room`` stands as it is.
-    """
-    at_least = no_room.budget_at_minimum
-    if not isinstance(at_least, Budget):
-        return no_room
-    stated = no_room.minimum_memory_limit
-    needed = _least_memory_that_plans(at_least, stated, obj, operator, chunks, op_kwargs, measure)
-    if needed is None:
-        return no_room
-    advice = at_least.memory_limit_advice(needed)
-    return BudgetError(
-        f"{no_room.reason}. {advice[0].upper()}{advice[1:]}: {operator.name!r} needs more "
-        f"than the least memory with room for a task (plan with that memory_limit to see its "
-        f"chunks)",
-        minimum_memory_limit=needed,
-        reason=no_room.reason,
-    )
-
-
-def _no_room_refusal(error: BudgetError) -> BudgetError:
-    """``error`` as a :class:`~xarray_memchunk.NoRoomForTaskError` where it states a minimum.
-
-    Also an ``InfeasiblePlanError``: a new user's script caught a plan refused on workers of
-    its own process as ``BudgetError`` only, and crashed. Planning itself tells the two apart.
-    """
-    if error.minimum_memory_limit is None or isinstance(error, NoRoomForTaskError):
-        return error
-    refusal = NoRoomForTaskError(
-        str(error), minimum_memory_limit=error.minimum_memory_limit, reason=error.reason
-    )
-    refusal.budget_at_minimum = error.budget_at_minimum
-    return refusal
-
-
-def _minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator) -> _Refusal:
-    """``refused`` led by the least memory it states, where it states one.
-
-    A refusal may give several figures on its way (in memory, staged, the room for a task,
-    then what planning there needs): a new user's read the first, 515.85 MiB for a GST3D that
-    ran from 438.65 MiB staged. The lead is :attr:`minimum_memory_limit`, the one that runs.
-    """
-    needed = refused.minimum_memory_limit
-    if needed is None or not isinstance(budget, Budget):
-        return refused
-    growth = _growth_allowance(budget)
-    why = str(refused)
-    if growth:  # the figures it gives on its way are the lead's, its allowance included
-        why = why.replace(budget.format_minimum(needed), budget.format_minimum(needed + growth))
-        needed += growth
-    advice = budget.memory_limit_advice(needed)
-    said = _without_superseded_room(why, budget.format_minimum(needed))
-    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", said))
-    if not growth and said == why and figures <= {budget.format_minimum(needed)}:  # said once
-        return refused
-    why = said
-    if growth:
-        moves = (
-            "this process may grow by while it plans again"
-            if budget.baseline_is_this_process
-            else "a worker's memory, read when a plan is made, may move by on a new cluster"
-        )
-        advice += (
-            f" (with {format_size(growth)} of memory_limit for the "
-            f"{format_size(memory_limits.PLANNING_GROWTH_BYTES)} {moves})"
-        )
-    message = f"{operator.name!r} needs more memory: {advice}. Why: {why}"
-    if isinstance(refused, BudgetError):
-        led = BudgetError(message, minimum_memory_limit=needed, reason=refused.reason)
-        led.budget_at_minimum = refused.budget_at_minimum
-        return led
-    return InfeasiblePlanError(message, minimum_memory_limit=needed)
-
-
-#: The advice of a refusal for no room for a task (``planning.budget.per_task_bytes``); its
-#: figure is the first group.
-_ROOM_ADVICE = re.compile(
-    r"\. Give (?:it|each worker) at least (\S+ \S+) \(memory_limit\); twice that leaves a task "
-    r"about \S+ \S+ per thread"
-)
-
-
-def _without_superseded_room(why: str, lead: str) -> str:
-    """``why`` without the advice of room for a task where planning there found ``lead`` more.
-
-    A new user's refusal said "give each worker at least 395.68 MiB", then in its reasons "Give
-    each worker at least 366.73 MiB (memory_limit); twice that leaves a task about 132.02 MiB
-    per thread ... Planned at that memory_limit, ... needs more: ... 395.68 MiB": two minimums
-    in one message. The first is dropped, and what follows it says where it was planned.
-    """
-    said = _ROOM_ADVICE.sub(lambda m: m.group(0) if m.group(1) == lead else "", why)
-    if said == why:
-        return why
-    return said.replace("Planned at that memory_limit,", "Planned with room for a task,")
-
-
-def _growth_allowance(budget: Budget) -> int:
-    """What a refusal's stated minimum adds for a baseline that moves between plans, in bytes.
-
-    With no cluster, the baseline is this process's memory when it plans, which planning
-    itself raises a little (files opened and measured): a trial's median over
-    ``open_mfdataset`` files, planned at the minimum its refusal stated, was refused for
-    0.22 MiB more. On a cluster, it is the largest worker's memory where that is above the
-    configured baseline, read when the plan is made: a trial's function, refused at 350 MB
-    with "at least 384.63 MiB", was refused on a new cluster of that limit with "at least
-    385.43 MiB" (a second trial: 386.02, then 387.01 MiB). The stated minimum allows
-    :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES` of that (above the pause
-    threshold's share), where the baseline is this process's memory or was read from a
-    cluster's workers (not a budget made by hand, or the threaded scheduler's configured
-    one); none inside the search for a minimum, which states no figure.
-    """
-    moves = budget.baseline_is_this_process or budget.read_from_cluster
-    if not moves or not budget.from_formula or _SEARCHING_MINIMUM.get():
-        return 0
-    return math.ceil(memory_limits.PLANNING_GROWTH_BYTES / budget.pause_fraction)
-
-
-def _checked_minimum(
-    refused: InfeasiblePlanError,
-    resolved: Budget,
-    obj: xr.DataArray | xr.Dataset,
-    operator: Operator,
-    chunks: Chunks,
-    op_kwargs: dict[str, Any],
-    measure: str,
-) -> InfeasiblePlanError:
-    """``refused``, with the least memory its plan runs at where the minimum it states is not.
-
-    A refusal's minimum can be only room for a task: where what calibrating the operator left
-    in its worker raises the baseline past the pause threshold (a new user's rolling mean,
-    refused at 238.42 MiB, said "at least 238.49 MiB", and was refused there again, stating
-    none). The stated minimum is planned (:func:`_least_memory_that_plans`); where more is
-    needed, the refusal says so and states it.
-    """
-    stated = refused.minimum_memory_limit
-    if stated is None or not resolved.from_formula:
-        return refused
-    try:
-        at_least = budget_with_memory(resolved, stated)
-    except BudgetError:
-        return refused
-    needed = _least_memory_that_plans(at_least, stated, obj, operator, chunks, op_kwargs, measure)
-    if needed is None:
-        return refused
-    advice = resolved.memory_limit_advice(needed)
-    return InfeasiblePlanError(
-        f"{refused}. Planned at that memory_limit, {operator.name!r} needs more: {advice}",
-        minimum_memory_limit=needed,
-    )
 
 
 def _queue_depth_note(plan: ChunkPlan, n_variables: int) -> tuple[str, ...]:
@@ -1126,83 +902,7 @@ class _Alternative:
     targets: dict[str, xr.DataArray]
     costs: dict[str, TaskCost]
     problem: PlanProblem
-    first_runs: dict[str, FirstRuns] = field(default_factory=dict)  # _first_run_rises
-
-
-def _held_after_running(
-    budget: Budget,
-    operator: Operator,
-    costs: Mapping[str, TaskCost],
-    first_runs: Mapping[str, FirstRuns],
-):
-    """``budget`` for workers that keep what running ``operator`` leaves in them.
-
-    A self-calibrated function's calibration records how much its runs raised the measuring
-    process's memory (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`):
-    imports such as flox's numba stay in the worker after the first task. A run may have
-    measured a fresh worker keeping more (:func:`~xarray_memchunk.models.learned.load_kept`:
-    the calibration was measured in a process that had those imports already), and so may the
-    workers' first runs of it while planning (``first_runs``, :func:`_first_run_rises`). The
-    largest is added to the baseline: to the workers' memory now where they have not run the
-    function; where each had run it before (:attr:`FirstRuns.ran_before`), their memory holds
-    it already, and the baseline is the larger of that and the configured one plus the figure
-    (a worker that joins later starts from a fresh one's memory). Where that makes a worker hold
-    more between tasks than the budget's baseline, the baseline is raised to it.
-    """
-    if budget.device != "cpu":
-        return budget
-    idle = budget.worker_baseline
-    largest, source = 0, ""
-    for cost in costs.values():
-        calibrated = None if cost.calibration is None else cost.calibration.held_after_running(0)
-        if calibrated is None:
-            continue
-        first = first_runs.get(cost.calibration_key)
-        ran = f"a worker's memory once it has run {operator.name!r}"
-        figures = [(calibrated, f"{ran}, measured calibrating it")]
-        if first is not None and not first.ran_before:
-            rise = budget.format(first.rise)
-            why = (
-                f"{ran}: {rise} more after its first run, measured in a worker that had not run it"
-            )
-            figures.append((first.rise, why))
-        kept = load_kept(cost.calibration_key, cost.device)
-        if kept is not None:
-            size = budget.format(kept)
-            why = f"{ran}: {size} kept after its first tasks, measured by an earlier run or plan"
-            figures.append((kept, why))
-        figure, why = max(figures, key=lambda f: f[0])  # the first of equals
-        if first is not None and first.ran_before:
-            held = max(idle, configured_baseline() + figure)
-        else:
-            held = idle + figure
-        if held > largest:
-            largest, source = held, why
-    return _raised_baseline(budget, operator, largest, source)
-
-
-def _raised_baseline(
-    budget: Budget,
-    operator: Operator,
-    baseline: int,
-    source: str,
-    remedy: str = "",
-    *,
-    filled: bool = False,
-) -> Budget:
-    """:func:`with_baseline`, its ``BudgetError`` a refusal that names ``source`` and ``remedy``.
-
-    A refusal like any other: the alternatives are tried. Its minimum is room for a task, which
-    :func:`_checked_minimum` plans before stating it.
-    """
-    try:
-        return with_baseline(budget, baseline, source, remedy, filled=filled)
-    except BudgetError as exc:
-        raise InfeasiblePlanError(
-            f"{operator.name!r}: {exc} (its baseline: {source})"
-            + (f"; or {remedy}" if remedy else ""),
-            minimum_memory_limit=exc.minimum_memory_limit,
-        ) from None
+    first_runs: dict[str, FirstRuns] = field(default_factory=dict)  # first_run_rises
 
 
 def _max_tasks() -> int:
@@ -1215,38 +915,6 @@ def _max_tasks() -> int:
             f"(the most chunks a plan may have; 1e6 is one), not {value!r}"
         )
     return int(value)
-
-
-def _held_in_chunk_caches(
-    budget: Budget, operator: Operator, alternative: _Alternative
-) -> tuple[Budget, PlanProblem]:
-    """``budget`` for workers that keep the chunk caches of the netCDF4 files a graph reads.
-
-    Variables produced by a Dask graph (:attr:`InputKind.GRAPH`) read their files through
-    xarray, whose netCDF4 files keep each variable's decompressed chunks
-    (:mod:`~xarray_memchunk.operators.chunk_caches`): the baseline is raised by what a worker
-    may still fill, and the problem gets a note that says how to keep none.
-    """
-    graph_inputs = [
-        alternative.targets[name]
-        for name, cost in alternative.costs.items()
-        if cost.layout.kind is InputKind.GRAPH
-    ]
-    if budget.device != "cpu" or not graph_inputs:
-        return budget, alternative.problem
-    caches = held_in_chunk_caches(graph_inputs, configured_baseline())
-    if not caches.nbytes:
-        return budget, alternative.problem
-    here = budget.threaded_scheduler or budget.in_this_process  # the files open here
-    holder = "this process keeps" if here else "a worker keeps"
-    source = f"netCDF chunk caches ({format_size(caches.nbytes)}) {holder} reading the input"
-    baseline = budget.worker_baseline + caches.nbytes
-    remedy = chunk_cache_remedy(here)
-    raised = _raised_baseline(budget, operator, baseline, source, remedy, filled=True)
-    problem = alternative.problem
-    if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
-        return budget, problem
-    return raised, replace(problem, notes=(*problem.notes, chunk_cache_note(caches, here)))
 
 
 def _alternative(
@@ -1289,72 +957,8 @@ def _alternative(
     read = file_read_seconds(costs, targets) if measure != "never" else None
     if read is not None:  # a file's decoding, measured: what cutting its storage chunks costs
         problem = replace(problem, read_seconds_per_element=read)
-    rises = _first_run_rises(operator, targets, costs, kwargs, resolved, measure)
+    rises = first_run_rises(operator, targets, costs, kwargs, resolved, measure)
     return _Alternative(kwargs, targets, costs, problem, rises)
-
-
-def _first_run_rises(
-    operator: Operator,
-    targets: Mapping[str, xr.DataArray],
-    costs: Mapping[str, TaskCost],
-    kwargs: Mapping[str, Any],
-    budget: Budget,
-    measure: str,
-) -> dict[str, FirstRuns]:
-    """What a self-calibrated function's first run raised fresh workers' memory by, now.
-
-    On a budget read from a distributed client's workers, each worker that has not run the
-    function runs it once on a small block
-    (:func:`~xarray_memchunk.measure.first_runs.first_run_rise`): its calibration may have been
-    measured in a process that held its libraries already, and counted less than fresh workers
-    keep. The first rise measured above the calibration's own is kept beside it
-    (:func:`~xarray_memchunk.models.learned.record_kept`), so that a plan on the next cluster
-    counts it too; a later one is not (a run raises it where a worker paused:
-    :func:`~xarray_memchunk.measure.runs.report`). Calibration keys to what was measured;
-    nothing with ``measure="never"``.
-    """
-    if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
-        return {}
-    client = active_client()
-    if client is None:
-        return {}
-    measured: dict[str, FirstRuns] = {}
-    for name, cost in costs.items():
-        key, calibration = cost.calibration_key, cost.calibration
-        calibrated = None if calibration is None else calibration.held_after_running(0)
-        if key in measured or calibrated is None:
-            continue
-        first = first_run_rise(operator, targets[name], kwargs, key, client)
-        if first is None:
-            continue
-        measured[key] = first
-        above = first.rise > calibrated + ABSOLUTE_SLACK
-        if above and not first.ran_before:
-            with contextlib.suppress(CalibrationError):  # counted in this plan all the same
-                if load_kept(key, cost.device) is None:
-                    record_kept(key, cost.device, first.rise)
-    return measured
-
-
-def _without_loaded_runtime(
-    budget: Budget, operator: Operator, problem: PlanProblem
-) -> PlanProblem:
-    """``problem`` without the operator's runtime where this process holds it and is the budget.
-
-    With no cluster, the budget's baseline is this process's memory now, and the tasks run
-    here: compiled code loaded here already (:meth:`Operator.runtime_loaded`) is in that
-    baseline. Counted again, a second GST3D plan in one process, after the first had run,
-    needed 750 MB where the first had needed 530 MB.
-    """
-    counted = any(layout.runtime_bytes for layout in problem.inputs)
-    if not (budget.baseline_is_this_process and counted and operator.runtime_loaded()):
-        return problem
-    inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
-    note = (
-        f"{operator.name}'s compiled code is loaded in this process already: the memory it "
-        f"holds counts it, and the plan does not count it again"
-    )
-    return replace(problem, inputs=inputs, notes=(*problem.notes, note))
 
 
 def _prepare_one(
@@ -1372,9 +976,11 @@ def _prepare_one(
     write speed measured unless ``measure="never"``).
     """
     kwargs, costs = alternative.kwargs, alternative.costs
-    resolved = _held_after_running(resolved, operator, costs, alternative.first_runs)
-    resolved, problem = _held_in_chunk_caches(resolved, operator, alternative)
-    problem = _without_loaded_runtime(resolved, operator, problem)
+    resolved = held_after_running(resolved, operator, costs, alternative.first_runs)
+    resolved, problem = held_in_chunk_caches(
+        resolved, operator, alternative.targets, costs, alternative.problem
+    )
+    problem = without_loaded_runtime(resolved, operator, problem)
     problem = replace(problem, max_tasks=_max_tasks())
     if chunks is None:
         try:

@@ -1,0 +1,208 @@
+"""What a worker holds beside a plan's tasks, counted in the budget's baseline.
+
+The baseline of a :class:`~xarray_memchunk.memory_limits.Budget` is a worker's memory when the
+plan is made. Running an operator may leave more there: a self-calibrated function's imports
+after its first run (:func:`held_after_running`, :func:`first_run_rises`), the netCDF chunk
+caches of the files a graph reads (:func:`held_in_chunk_caches`). Compiled code loaded in
+this process already is not counted twice (:func:`without_loaded_runtime`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import xarray as xr
+
+from .clusters import active_client
+from .errors import BudgetError, CalibrationError, InfeasiblePlanError
+from .measure.first_runs import FirstRuns, first_run_rise
+from .memory_limits import Budget, configured_baseline
+from .models.fitting import ABSOLUTE_SLACK
+from .models.learned import load_kept, record_kept
+from .operators import Operator, chunk_caches
+from .operators.cost import TaskCost
+from .planning.budget import format_size, with_baseline
+from .planning.footprint import InputKind
+from .planning.problem import PlanProblem
+
+__all__ = [
+    "first_run_rises",
+    "held_after_running",
+    "held_in_chunk_caches",
+    "without_loaded_runtime",
+]
+
+
+def held_after_running(
+    budget: Budget,
+    operator: Operator,
+    costs: Mapping[str, TaskCost],
+    first_runs: Mapping[str, FirstRuns],
+):
+    """``budget`` for workers that keep what running ``operator`` leaves in them.
+
+    A self-calibrated function's calibration records how much its runs raised the measuring
+    process's memory (:meth:`~xarray_memchunk.models.calibration.Calibration.held_after_running`):
+    imports such as flox's numba stay in the worker after the first task. A run may have
+    measured a fresh worker keeping more (:func:`~xarray_memchunk.models.learned.load_kept`:
+    the calibration was measured in a process that had those imports already), and so may the
+    workers' first runs of it while planning (``first_runs``, :func:`first_run_rises`). The
+    largest is added to the baseline: to the workers' memory now where they have not run the
+    function; where each had run it before (:attr:`FirstRuns.ran_before`), their memory holds
+    it already, and the baseline is the larger of that and the configured one plus the figure
+    (a worker that joins later starts from a fresh one's memory). Where that makes a worker hold
+    more between tasks than the budget's baseline, the baseline is raised to it.
+    """
+    if budget.device != "cpu":
+        return budget
+    idle = budget.worker_baseline
+    largest, source = 0, ""
+    for cost in costs.values():
+        calibrated = None if cost.calibration is None else cost.calibration.held_after_running(0)
+        if calibrated is None:
+            continue
+        first = first_runs.get(cost.calibration_key)
+        ran = f"a worker's memory once it has run {operator.name!r}"
+        figures = [(calibrated, f"{ran}, measured calibrating it")]
+        if first is not None and not first.ran_before:
+            rise = budget.format(first.rise)
+            why = (
+                f"{ran}: {rise} more after its first run, measured in a worker that had not run it"
+            )
+            figures.append((first.rise, why))
+        kept = load_kept(cost.calibration_key, cost.device)
+        if kept is not None:
+            size = budget.format(kept)
+            why = f"{ran}: {size} kept after its first tasks, measured by an earlier run or plan"
+            figures.append((kept, why))
+        figure, why = max(figures, key=lambda f: f[0])  # the first of equals
+        if first is not None and first.ran_before:
+            held = max(idle, configured_baseline() + figure)
+        else:
+            held = idle + figure
+        if held > largest:
+            largest, source = held, why
+    return _raised_baseline(budget, operator, largest, source)
+
+
+def _raised_baseline(
+    budget: Budget,
+    operator: Operator,
+    baseline: int,
+    source: str,
+    remedy: str = "",
+    *,
+    filled: bool = False,
+) -> Budget:
+    """:func:`with_baseline`, its ``BudgetError`` a refusal that names ``source`` and ``remedy``.
+
+    A refusal like any other: the alternatives are tried. Its minimum is room for a task, which
+    :func:`~xarray_memchunk.refusals.checked_minimum` plans before stating it.
+    """
+    try:
+        return with_baseline(budget, baseline, source, remedy, filled=filled)
+    except BudgetError as exc:
+        raise InfeasiblePlanError(
+            f"{operator.name!r}: {exc} (its baseline: {source})"
+            + (f"; or {remedy}" if remedy else ""),
+            minimum_memory_limit=exc.minimum_memory_limit,
+        ) from None
+
+
+def held_in_chunk_caches(
+    budget: Budget,
+    operator: Operator,
+    targets: Mapping[str, xr.DataArray],
+    costs: Mapping[str, TaskCost],
+    problem: PlanProblem,
+) -> tuple[Budget, PlanProblem]:
+    """``budget`` for workers that keep the chunk caches of the netCDF4 files a graph reads.
+
+    Variables produced by a Dask graph (:attr:`InputKind.GRAPH`) read their files through
+    xarray, whose netCDF4 files keep each variable's decompressed chunks
+    (:mod:`~xarray_memchunk.operators.chunk_caches`): the baseline is raised by what a worker
+    may still fill, and the problem gets a note that says how to keep none.
+    """
+    graph_inputs = [
+        targets[name] for name, cost in costs.items() if cost.layout.kind is InputKind.GRAPH
+    ]
+    if budget.device != "cpu" or not graph_inputs:
+        return budget, problem
+    caches = chunk_caches.held_in_chunk_caches(graph_inputs, configured_baseline())
+    if not caches.nbytes:
+        return budget, problem
+    here = budget.threaded_scheduler or budget.in_this_process  # the files open here
+    holder = "this process keeps" if here else "a worker keeps"
+    source = f"netCDF chunk caches ({format_size(caches.nbytes)}) {holder} reading the input"
+    baseline = budget.worker_baseline + caches.nbytes
+    remedy = chunk_caches.chunk_cache_remedy(here)
+    raised = _raised_baseline(budget, operator, baseline, source, remedy, filled=True)
+    if raised is budget:  # a per_task given by hand: nothing counted, nothing to note
+        return budget, problem
+    note = chunk_caches.chunk_cache_note(caches, here)
+    return raised, replace(problem, notes=(*problem.notes, note))
+
+
+def first_run_rises(
+    operator: Operator,
+    targets: Mapping[str, xr.DataArray],
+    costs: Mapping[str, TaskCost],
+    kwargs: Mapping[str, Any],
+    budget: Budget,
+    measure: str,
+) -> dict[str, FirstRuns]:
+    """What a self-calibrated function's first run raised fresh workers' memory by, now.
+
+    On a budget read from a distributed client's workers, each worker that has not run the
+    function runs it once on a small block
+    (:func:`~xarray_memchunk.measure.first_runs.first_run_rise`): its calibration may have been
+    measured in a process that held its libraries already, and counted less than fresh workers
+    keep. The first rise measured above the calibration's own is kept beside it
+    (:func:`~xarray_memchunk.models.learned.record_kept`), so that a plan on the next cluster
+    counts it too; a later one is not (a run raises it where a worker paused:
+    :func:`~xarray_memchunk.measure.runs.report`). Calibration keys to what was measured;
+    nothing with ``measure="never"``.
+    """
+    if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
+        return {}
+    client = active_client()
+    if client is None:
+        return {}
+    measured: dict[str, FirstRuns] = {}
+    for name, cost in costs.items():
+        key, calibration = cost.calibration_key, cost.calibration
+        calibrated = None if calibration is None else calibration.held_after_running(0)
+        if key in measured or calibrated is None:
+            continue
+        first = first_run_rise(operator, targets[name], kwargs, key, client)
+        if first is None:
+            continue
+        measured[key] = first
+        above = first.rise > calibrated + ABSOLUTE_SLACK
+        if above and not first.ran_before:
+            with contextlib.suppress(CalibrationError):  # counted in this plan all the same
+                if load_kept(key, cost.device) is None:
+                    record_kept(key, cost.device, first.rise)
+    return measured
+
+
+def without_loaded_runtime(budget: Budget, operator: Operator, problem: PlanProblem) -> PlanProblem:
+    """``problem`` without the operator's runtime where this process holds it and is the budget.
+
+    With no cluster, the budget's baseline is this process's memory now, and the tasks run
+    here: compiled code loaded here already (:meth:`Operator.runtime_loaded`) is in that
+    baseline. Counted again, a second GST3D plan in one process, after the first had run,
+    needed 750 MB where the first had needed 530 MB.
+    """
+    counted = any(layout.runtime_bytes for layout in problem.inputs)
+    if not (budget.baseline_is_this_process and counted and operator.runtime_loaded()):
+        return problem
+    inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
+    note = (
+        f"{operator.name}'s compiled code is loaded in this process already: the memory it "
+        f"holds counts it, and the plan does not count it again"
+    )
+    return replace(problem, inputs=inputs, notes=(*problem.notes, note))
