@@ -26,7 +26,8 @@ def main() -> None:
 
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
-    from xarray_memchunk.measure.calibrate import features_of, run_task, self_calibrate
+    from xarray_memchunk.measure.calibrate import features_of, run_task
+    from xarray_memchunk.measure.self_calibration import self_calibrate
     from xarray_memchunk.memory_limits import resolve_budget
     from xarray_memchunk.models import load_calibration
     from xarray_memchunk.models.fitting import prediction_errors

@@ -69,7 +69,7 @@ def one(place: str) -> None:
     import xarray_memchunk
     from xarray_memchunk.datasets import synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
-    from xarray_memchunk.measure.calibrate import self_calibrate
+    from xarray_memchunk.measure.self_calibration import self_calibrate
     from xarray_memchunk.memory_limits import resolve_budget
     from xarray_memchunk.models import load_calibration
 

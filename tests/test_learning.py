@@ -18,7 +18,7 @@ import pytest
 import xarray as xr
 
 import xarray_memchunk as xm
-from xarray_memchunk.measure.calibrate import excess_over_linear, superlinear_dims
+from xarray_memchunk.measure.self_calibration import excess_over_linear, superlinear_dims
 from xarray_memchunk.models import LinearMemoryModel
 from xarray_memchunk.models.calibration import shipped_dir
 from xarray_memchunk.models.fitting import ABSOLUTE_SLACK

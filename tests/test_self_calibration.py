@@ -18,8 +18,9 @@ from scipy import ndimage
 
 import xarray_memchunk as xm
 from xarray_memchunk.errors import MeasuringWorkerDiedError
-from xarray_memchunk.measure import calibrate
-from xarray_memchunk.measure.calibrate import (
+from xarray_memchunk.measure import calibrate, self_calibration
+from xarray_memchunk.measure.calibrate import trusted_range
+from xarray_memchunk.measure.self_calibration import (
     DEFAULT_SECONDS,
     HALO_WORK_SHARE,
     MAX_WORK_SECONDS,
@@ -28,7 +29,6 @@ from xarray_memchunk.measure.calibrate import (
     growing_shapes,
     own_share_elements,
     self_calibrate,
-    trusted_range,
 )
 from xarray_memchunk.memory_limits import DEFAULT_WORKER_BASELINE
 from xarray_memchunk.models import load_calibration
@@ -170,7 +170,7 @@ def test_a_calibration_stopped_by_budget_and_time_at_once_is_measured_again(user
         return np.stack([block] * 100).sum(0)
 
     op = xm.BlockwiseOperator("selfcal-hungry-slow", hungry)
-    monkeypatch.setattr(calibrate, "_grow", lambda *args, **kwargs: False)
+    monkeypatch.setattr(self_calibration, "_grow", lambda *args, **kwargs: False)
     self_calibrate(op, field(), {}, per_task=8 * 2**20)
     fit = load_calibration(op.calibration, "cpu", "float32").metadata["fit"]
     assert fit["next_block_peak_bytes"] > 8 * 2**20
@@ -424,30 +424,32 @@ def test_a_block_that_would_still_be_too_short_to_stop_at_is_skipped():
     # as large runs ~0.41 s on their line, too short to stop at, and one four times as large
     # ~0.85 s: the one after is measured
     blocks = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.22, 30 * 2**20)]
-    assert calibrate._seconds_at(2.0, blocks) == pytest.approx(0.22 + 0.10 / 68_651 * 132_651)
-    assert calibrate._step(blocks) == 4.0
+    assert self_calibration._seconds_at(2.0, blocks) == pytest.approx(
+        0.22 + 0.10 / 68_651 * 132_651
+    )
+    assert self_calibration._step(blocks) == 4.0
     # a block twice as large would be long enough: the blocks double
     slower = [_block(64_000, 0.12, 15 * 2**20), _block(132_651, 0.3, 30 * 2**20)]
-    assert calibrate._step(slower) == 2.0
+    assert self_calibration._step(slower) == 2.0
     # a fast function: four times as large would still be too short, so the blocks double
     fast = [_block(64_000, 0.004, 15 * 2**20), _block(132_651, 0.008, 30 * 2**20)]
-    assert calibrate._step(fast) == 2.0
+    assert self_calibration._step(fast) == 2.0
     # the last was long enough to stop at: the blocks double, as they always did
     long_enough = [*blocks, _block(531_441, 0.86, 120 * 2**20)]
-    assert calibrate._step(long_enough) == 2.0
+    assert self_calibration._step(long_enough) == 2.0
     # a single block, or one whose peak is lost in noise: nothing to extrapolate from
-    assert calibrate._step(blocks[:1]) == 2.0
-    assert calibrate._step([blocks[0], _block(132_651, 0.22, 0)]) == 2.0
+    assert self_calibration._step(blocks[:1]) == 2.0
+    assert self_calibration._step([blocks[0], _block(132_651, 0.22, 0)]) == 2.0
 
 
 def test_the_peak_of_the_next_block_follows_the_last_two_blocks_growth():
     blocks = [_block(64_000, 0.01, 10 * 2**20), _block(128_000, 0.02, 40 * 2**20)]  # peak ~ n^2
-    assert calibrate._exponent(blocks) == pytest.approx(2.0)
-    assert calibrate._next_peak(blocks, 4.0) == pytest.approx(16 * 40 * 2**20)
-    assert calibrate._next_peak(blocks, 2.0) == pytest.approx(4 * 40 * 2**20)
+    assert self_calibration._exponent(blocks) == pytest.approx(2.0)
+    assert self_calibration._next_peak(blocks, 4.0) == pytest.approx(16 * 40 * 2**20)
+    assert self_calibration._next_peak(blocks, 2.0) == pytest.approx(4 * 40 * 2**20)
     # a peak that grew slower than its block is extrapolated in proportion, no less
     flat = [_block(64_000, 0.01, 10 * 2**20), _block(128_000, 0.02, 12 * 2**20)]
-    assert calibrate._next_peak(flat, 4.0) == pytest.approx(4 * 12 * 2**20)
+    assert self_calibration._next_peak(flat, 4.0) == pytest.approx(4 * 12 * 2**20)
 
 
 def test_a_skip_that_the_budget_does_not_hold_doubles_instead(user_dir, monkeypatch):
@@ -461,8 +463,8 @@ def test_a_skip_that_the_budget_does_not_hold_doubles_instead(user_dir, monkeypa
         measured.append(elements)
         return [TaskProfile(extents, dtype, 100 * elements, 0, 1e-4, repeats, "hwm", array)]
 
-    monkeypatch.setattr(calibrate, "profile_in_worker", measured_as_linear)
-    monkeypatch.setattr(calibrate, "_step", lambda profiles: 4.0)
+    monkeypatch.setattr(self_calibration, "profile_in_worker", measured_as_linear)
+    monkeypatch.setattr(self_calibration, "_step", lambda profiles: 4.0)
     op = xm.BlockwiseOperator("selfcal-skip-budget", smooth, depth={"y": 2, "x": 2})
     self_calibrate(op, field(), {}, per_task=250_000_000)
     grown = measured[1 : measured.index(max(measured)) + 1]  # after the warm-up block
@@ -582,7 +584,7 @@ def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, thre
         cost, "input_production", events.watched("input", production.input_production)
     )
     monkeypatch.setattr(
-        calibrate, "profile_in_worker", events.watched("block", profiling.profile_in_worker)
+        self_calibration, "profile_in_worker", events.watched("block", profiling.profile_in_worker)
     )
     op = xm.BlockwiseOperator("selfcal-overlap", smooth, depth={"y": 2, "x": 2})
     plan = made_by_a_graph().memchunk.plan(op, memory_limit="2GB")
@@ -594,7 +596,7 @@ def test_the_input_is_measured_while_the_measuring_process_starts(user_dir, thre
 
 @pytest.mark.parametrize("doubt", [True, False])
 def test_a_doubtful_half_is_measured_again_on_the_largest_block(user_dir, monkeypatch, doubt):
-    from xarray_memchunk.measure.calibrate import halved_shapes
+    from xarray_memchunk.measure.self_calibration import halved_shapes
     from xarray_memchunk.models import profiling
     from xarray_memchunk.models.fitting import ABSOLUTE_SLACK
 
@@ -609,8 +611,8 @@ def test_a_doubtful_half_is_measured_again_on_the_largest_block(user_dir, monkey
     def over_the_line(operator, kwargs, grown, halved):
         return dict.fromkeys(halved, excess)
 
-    monkeypatch.setattr(calibrate, "profile_in_worker", watched)
-    monkeypatch.setattr(calibrate, "excess_over_linear", over_the_line)
+    monkeypatch.setattr(self_calibration, "profile_in_worker", watched)
+    monkeypatch.setattr(self_calibration, "excess_over_linear", over_the_line)
     op = xm.BlockwiseOperator(f"selfcal-doubt-{doubt}", smooth, depth={"y": 2, "x": 2})
     data = field()
     self_calibrate(op, data, {}, 2**30)
@@ -654,7 +656,7 @@ def test_the_input_is_measured_while_a_kept_process_measures_the_blocks(user_dir
         blocks.append(time.monotonic())
         return profiling.profile_in_worker(*args, **kwargs)
 
-    monkeypatch.setattr(calibrate, "profile_in_worker", watched)
+    monkeypatch.setattr(self_calibration, "profile_in_worker", watched)
     slept = []
 
     def meanwhile():
@@ -702,7 +704,9 @@ def test_a_cluster_worker_starts_on_its_imports_while_the_input_is_measured(user
     monkeypatch.setattr(
         cost, "input_production", events.watched("input", production.input_production)
     )
-    monkeypatch.setattr(calibrate, "_readiness", events.watched("sent", calibrate._readiness))
+    monkeypatch.setattr(
+        self_calibration, "_readiness", events.watched("sent", self_calibration._readiness)
+    )
     op = xm.BlockwiseOperator("selfcal-overlap-cluster", smooth, depth={"y": 2, "x": 2})
     with (
         LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=":0") as cluster,
@@ -728,7 +732,7 @@ def test_a_large_under_prediction_on_a_small_block_is_said_to_be_within_the_fits
     fit leaves a block up to 3% and 4 MiB below its measurement, a large share of a small one."""
     from pathlib import Path
 
-    from xarray_memchunk.measure.calibrate import SelfCalibration
+    from xarray_memchunk.measure.self_calibration import SelfCalibration
 
     def note(worst: float) -> str:
         return SelfCalibration(Path("f-cpu.json"), 10, 10**6, 2 * 10**6, 1.0, 1.4, worst).explain()

@@ -24,8 +24,9 @@ from .errors import (
     ResultGatherWarning,
     UnknownOperatorError,
 )
-from .measure.calibrate import calibrate, self_calibrate
+from .measure.calibrate import calibrate
 from .measure.runs import RunReport
+from .measure.self_calibration import self_calibrate
 from .memory_limits import Budget, resolve_budget
 from .models import LinearMemoryModel
 from .operators import (

@@ -33,10 +33,10 @@ from .errors import (
     ResultGatherWarning,
     warn_at_caller,
 )
-from .measure.calibrate import self_calibrate
 from .measure.first_runs import FirstRuns
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
+from .measure.self_calibration import self_calibrate
 from .memory_limits import Budget, resolve_budget
 from .models import Calibration, load_calibration
 from .models.learned import Learned, load_learned, settle_observations
@@ -453,11 +453,11 @@ def _cost(
     """Resolve one variable's cost, measuring the operator first where nothing else is known.
 
     A self-calibrating operator without a calibration is measured in a worker
-    (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`), and so is a NumPy function whose
-    last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory killed a
-    worker running its task, or a task needed more than twice its prediction), and so is a
-    self-calibrating operator whose blocks stopped growing at a smaller budget than this plan's
-    (:func:`_measured_for_less`) or at the whole of a smaller array
+    (:func:`~xarray_memchunk.measure.self_calibration.self_calibrate`), and so is a NumPy
+    function whose last run says its model is wrong (:attr:`Learned.asks_for_measuring`: memory
+    killed a worker running its task, or a task needed more than twice its prediction), and so
+    is a self-calibrating operator whose blocks stopped growing at a smaller budget than this
+    plan's (:func:`_measured_for_less`) or at the whole of a smaller array
     (:func:`_measured_on_a_smaller_array`). The plan's notes say so. With ``measure="never"``
     nothing is measured: the first is refused, the second planned with its model raised as
     runs taught (x2 at most per run), the third with the range it has.

@@ -11,7 +11,7 @@ MiB after their first tasks, and the run paused 22-26 times with every task with
 prediction.
 
 :func:`first_run_rise` runs the function once, on a small block
-(:data:`~xarray_memchunk.measure.calibrate.WARM_UP_ELEMENTS` elements of the array's
+(:data:`~xarray_memchunk.measure.self_calibration.WARM_UP_ELEMENTS` elements of the array's
 proportions, generated values, the data's coordinates), in each worker of the cluster that has
 not run it yet, and returns how much that raised the largest worker's resident memory, each
 read after a collection (:func:`~xarray_memchunk.models.profiling.resident_bytes`). The plan
@@ -33,7 +33,8 @@ import numpy as np
 from ..models.profiling import resident_bytes
 from ..operators import Operator
 from ..planning.problem import DimRole
-from .calibrate import WARM_UP_ELEMENTS, growing_shapes, run_task, worker_statuses
+from .calibrate import run_task, worker_statuses
+from .self_calibration import WARM_UP_ELEMENTS, growing_shapes
 
 __all__ = ["FIRST_RUN_SECONDS", "FirstRuns", "first_run_rise", "run_first_time"]
 

@@ -1,11 +1,11 @@
 """Any NumPy function applied chunk by chunk (with halos where declared), as an operator.
 
 Without a memory model, the operator calibrates itself on its first plan
-(:func:`~xarray_memchunk.measure.calibrate.self_calibrate`): its tasks are measured in a Dask
-worker on a few growing blocks of the data's dtype, and the fit is saved as a user calibration
-named after the function's identity (:mod:`~xarray_memchunk.operators.identity`: its code,
-what it closes over, its bound object and its keyword arguments), so a changed function is
-measured again.
+(:func:`~xarray_memchunk.measure.self_calibration.self_calibrate`): its tasks are measured in a
+Dask worker on a few growing blocks of the data's dtype, and the fit is saved as a user
+calibration named after the function's identity (:mod:`~xarray_memchunk.operators.identity`:
+its code, what it closes over, its bound object and its keyword arguments), so a changed
+function is measured again.
 
 Before anything runs, the function is called once on a small block of ones (a probe): a
 function that does not return an array of the expected shape is refused, and the lazy result

@@ -11,8 +11,8 @@ per-location computation gives the same result as the expression run by xarray o
 array, and a task holds what one call of ``func`` on one block holds: what is measured.
 
 With no memory model given, the operator measures itself on its first plan, as a NumPy block
-function does (:func:`~xarray_memchunk.measure.calibrate.self_calibrate`): ``func`` runs on
-growing blocks of the data's dtype, with the data's own coordinates along the whole dims (so
+function does (:func:`~xarray_memchunk.measure.self_calibration.self_calibrate`): ``func``
+runs on growing blocks of the data's dtype, with the data's own coordinates along the whole dims (so
 that ``groupby("time.month")`` finds its months), and the fit is saved under the function's
 identity (:mod:`~xarray_memchunk.operators.identity`).
 
