@@ -787,3 +787,41 @@ def test_the_sample_of_the_values_is_bounded_and_spread_over_the_middle_chunk(sh
     grid[260:460, 500:940] = np.nan  # a continent at the centre: 8.5% of the grid
     share = np.isnan(value_sample(xr.DataArray(grid))).mean()
     assert share == pytest.approx(np.isnan(grid).mean(), abs=0.01)
+
+
+def gradients_of_whole_planes(block):
+    """Gradient magnitude over each whole (y, x) plane, in float64: about 45 B per input byte."""
+    x = block.astype(np.float64)
+    gy, gx = np.gradient(x, axis=-2), np.gradient(x, axis=-1)
+    return np.sqrt(gx * gx + gy * gy).astype(np.float32)
+
+
+@pytest.mark.cluster
+def test_a_first_block_too_large_for_a_worker_is_measured_elsewhere(user_dir, cluster_client):
+    """A new user's function of whole 2000 x 2000 planes: its smallest block needs ~180 MiB,
+    and planning on workers of 300 MB paused them 5 times and killed 4 before it refused (2
+    pauses, 2 deaths where it had been calibrated: the workers' first runs). Its first block
+    is now measured in a child process, and a worker runs no first run it has no room for."""
+    from xarray_memchunk.errors import InfeasiblePlanError
+    from xarray_memchunk.testing import watch
+
+    op = xm.operator(whole=["y", "x"])(gradients_of_whole_planes)
+    planes = xr.DataArray(
+        da.random.default_rng(0).random((6, 2000, 2000), chunks=(1, 2000, 2000)).astype("f4"),
+        dims=("t", "y", "x"),
+        name="v",
+    )
+    make, Client = cluster_client
+    refusals = []
+
+    def plan():
+        with pytest.raises(InfeasiblePlanError) as refused:
+            planes.memchunk.plan(op)
+        refusals.append(refused.value.minimum_memory_limit)
+
+    with make("300MB") as cluster, Client(cluster) as client:
+        for _ in range(2):  # measured, then planned from the calibration (the first runs)
+            watched = watch(client, "plan", plan)
+            assert watched.completed, watched.error
+            assert (watched.pauses, watched.worker_deaths) == (0, 0)
+    assert len(refusals) == 2 and refusals[0] > 400 * 2**20

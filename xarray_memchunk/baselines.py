@@ -10,10 +10,11 @@ this process already is not counted twice (:func:`without_loaded_runtime`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import xarray as xr
 
 from .clusters import active_client
@@ -177,7 +178,9 @@ def first_run_rises(
         calibrated = None if calibration is None else calibration.held_after_running(0)
         if key in measured or calibrated is None:
             continue
-        first = first_run_rise(operator, targets[name], kwargs, key, client)
+        first = first_run_rise(
+            operator, targets[name], kwargs, key, client, predicted_peak=_peak_of(cost)
+        )
         if first is None:
             continue
         measured[key] = first
@@ -187,6 +190,15 @@ def first_run_rises(
                 if load_kept(key, cost.device) is None:
                     record_kept(key, cost.device, first.rise)
     return measured
+
+
+def _peak_of(cost: TaskCost) -> Callable[[Mapping[str, int]], float]:
+    """``cost``'s predicted peak of one task, in bytes, as a function of a block's extents."""
+
+    def peak(extents: Mapping[str, int]) -> float:
+        return float(cost.peak_bytes({d: np.asarray([extents[d]]) for d in cost.dims})[0])
+
+    return peak
 
 
 def without_loaded_runtime(budget: Budget, operator: Operator, problem: PlanProblem) -> PlanProblem:

@@ -48,6 +48,7 @@ __all__ = [
     "trusted_range",
     "worker_statuses",
     "ProfileFit",
+    "measures_in_cluster",
     "calibrate",
     "calibration_key",
     "features_of",
@@ -636,6 +637,15 @@ def _cannot_measure_in(client) -> bool:
     return bool(statuses) and all(s == "paused" for s in statuses.values())
 
 
+def measures_in_cluster(client) -> bool:
+    """Whether :func:`profiling_client` measures in ``client``'s workers, not a child process.
+
+    Not where ``client`` is None or asynchronous, every worker is paused, or its cluster adapts
+    and runs no worker now.
+    """
+    return client is not None and not _scaled_to_zero(client) and not _cannot_measure_in(client)
+
+
 def worker_statuses(client) -> dict[str, str]:
     """Each worker's status as ``client``'s scheduler says it now; empty where it cannot say.
 
@@ -664,7 +674,7 @@ def profiling_client(client, keep: bool = False):
     (:func:`~xarray_memchunk.models.probe_process.kept_probe_process`): only the first pays
     for its start.
     """
-    if client is not None and not _scaled_to_zero(client) and not _cannot_measure_in(client):
+    if measures_in_cluster(client):
         yield client
         return
     from ..models.probe_process import ProbeProcess, kept_probe_process

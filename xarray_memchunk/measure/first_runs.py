@@ -22,9 +22,10 @@ plan does not add it again (:attr:`FirstRuns.ran_before`).
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,8 +78,13 @@ def run_first_time(
     extents: Mapping[str, int],
     dtype: str,
     coords: Mapping[str, tuple[tuple[str, ...], np.ndarray]],
+    needs: float = 0.0,
 ) -> tuple[int, int, bool] | None:
     """In a worker: run ``operator`` once on a block of ``extents``, unless it ran here before.
+
+    Not where the block is predicted to need more (``needs`` bytes) than the worker has room
+    for below its pause threshold (:func:`_room_here`): the plan cannot fit there, and the run
+    would pause or kill the worker.
 
     Returns
     -------
@@ -86,9 +92,11 @@ def run_first_time(
         The process's resident memory before and after the run (each read after a
         collection), and whether it had run the function of ``key`` before (both read now: it
         holds what it kept). None where the function failed on the block (its plan's tasks say
-        so when they run), or where other tasks ran in the worker meanwhile (their memory would
-        be counted as the function's).
+        so when they run), where other tasks ran in the worker meanwhile (their memory would
+        be counted as the function's), or where the worker has no room for the block.
     """
+    if key not in _RUN_HERE and needs > _room_here():
+        return None
     with _RUN_HERE_LOCK:
         ran = key in _RUN_HERE
         _RUN_HERE.add(key)
@@ -103,6 +111,20 @@ def run_first_time(
         return None
     after = resident_bytes()
     return None if _others_running() else (before, after, False)
+
+
+def _room_here() -> float:
+    """Bytes below the pause threshold of the worker this runs in (inf: none, or no worker)."""
+    try:
+        from distributed import get_worker
+
+        manager = get_worker().memory_manager
+    except Exception:  # not in a worker, or a distributed that does not say
+        return math.inf
+    limit, pause = manager.memory_limit, manager.memory_pause_fraction
+    if not limit or not pause:
+        return math.inf
+    return pause * limit - resident_bytes()
 
 
 def _others_running() -> bool:
@@ -122,6 +144,7 @@ def first_run_rise(
     key: str,
     client: Any,
     timeout: float = FIRST_RUN_SECONDS,
+    predicted_peak: Callable[[Mapping[str, int]], float] | None = None,
 ) -> FirstRuns | None:
     """How much running ``operator`` first raises the cluster's largest worker memory, now.
 
@@ -134,6 +157,8 @@ def first_run_rise(
     that one by. A worker where other tasks ran meanwhile is not counted, nor a paused one (it
     would run nothing). None where the cluster has no running worker, where no worker answered
     within ``timeout`` seconds, or for an asynchronous client (planning does not wait on one).
+    ``predicted_peak``: the function's model, bytes of a block of these extents; a worker with
+    less room than that for the block does not run it (:func:`run_first_time`).
     """
     from distributed import wait
 
@@ -156,6 +181,7 @@ def first_run_rise(
         for name, coord in da.coords.items()
         if set(dims := tuple(map(str, coord.dims))) <= set(extents)
     }
+    needs = 0.0 if predicted_peak is None else float(predicted_peak(extents))
     token = uuid.uuid4().hex
     futures = [
         client.submit(
@@ -166,6 +192,7 @@ def first_run_rise(
             extents,
             np.dtype(da.dtype).name,
             coords,
+            needs,
             key=f"memchunk-first-run-{token}-{i}",
             workers=[worker],
             allow_other_workers=False,

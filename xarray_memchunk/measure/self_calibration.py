@@ -47,6 +47,7 @@ from .calibrate import (
     features_of,
     fit_profiles,
     fit_record,
+    measures_in_cluster,
     padded_block,
     profiling_client,
     run_task,
@@ -220,9 +221,10 @@ def self_calibrate(
 
     Each block runs as one task, in the active cluster's worker or, without one, in a child
     process (:class:`~xarray_memchunk.models.probe_process.ProbeProcess`: the user's script is
-    not imported again), kept for the next calibration. A small block runs first, unmeasured
-    (:data:`WARM_UP_ELEMENTS`: a process's first run of a function pays for its imports).
-    Blocks of the array's proportions double in size
+    not imported again), kept for the next calibration; in the child process too where the
+    first block might not fit the worker (:func:`_first_block_too_large`). A small block runs
+    first, unmeasured (:data:`WARM_UP_ELEMENTS`: a process's first run of a function pays for
+    its imports). Blocks of the array's proportions double in size
     until a time bound or until the next would need more than one task's budget
     (``per_task``, extrapolated from the blocks before it; at most what the measuring worker
     has room for: :func:`_room_in`); at least three are measured. Where
@@ -306,12 +308,15 @@ def self_calibrate(
     whole_array: int | None = None  # the array's elements, where the blocks grew to all of it
     beside: Future | None = None  # `meanwhile` in a thread of this process
     quiet = True  # the blocks may run while it does
+    shapes = _distinct(growing_shapes(sizes, whole))
+    chosen = client or active_client()
+    too_large = _first_block_too_large(chosen, math.prod(shapes[0].values()) * da.dtype.itemsize)
     with (
-        profiling_client(client or active_client(), keep=True) as profiler,
+        profiling_client(None if too_large else chosen, keep=True) as profiler,
         ThreadPoolExecutor(1, thread_name_prefix="memchunk-meanwhile") as thread,
     ):
         here = measures_here(profiler)
-        measured_in = _measured_in(profiler, here)
+        measured_in = _measured_in(profiler, here) + too_large
         # a cluster's worker process starts on its imports with the first call it is sent (a
         # probe process started on them already); not a worker in this process
         first = None if here or not hasattr(profiler, "ncores") else _readiness(profiler)
@@ -341,7 +346,6 @@ def self_calibrate(
             # a fresh process's first run pays extra: a small block takes it, else the first
             # block runs three times (the median kept)
             first_runs = 1 if _warmed_up(measure, sizes, whole) else 3
-            shapes = _distinct(growing_shapes(sizes, whole))
             index = 0
             while True:
                 extents = shapes[index]
@@ -429,6 +433,34 @@ def self_calibrate(
         squared_dims=tuple(squared),
         measured_in=measured_in,
         dtype=dtype,
+    )
+
+
+#: What a function's first block may hold per byte of its input, where it was never measured:
+#: a block whose input times this is more than the measuring worker has room for is measured in
+#: a child process instead (:func:`_first_block_too_large`). A plain NumPy function's
+#: temporaries hold about 240 B per float32 voxel, 60 times its input.
+UNMEASURED_PEAK_RATIO = 64
+
+
+def _first_block_too_large(client, first_block_bytes: int) -> str:
+    """Why the first block is measured in a child process, not ``client``'s worker; or ``""``.
+
+    Nothing says what a function never measured needs before its first block runs, and the
+    smallest block is the array whole along the dims the function needs whole: a new user's
+    function of whole 2000 x 2000 planes (16 MB of float32 input each, about 180 MiB to compute)
+    paused workers of 300 MB 5 times and killed 4 before its plan refused. Where the block's
+    input times :data:`UNMEASURED_PEAK_RATIO` is more than the measuring worker has room for
+    (:func:`_room_in`), a child process of this one measures, which no worker's limit holds.
+    """
+    if not hasattr(client, "ncores") or not measures_in_cluster(client):
+        return ""
+    room = _room_in(client)
+    if first_block_bytes * UNMEASURED_PEAK_RATIO <= room:
+        return ""
+    return (
+        f" (its first block, {format_size(first_block_bytes)} of input, could need more than "
+        f"the {format_size(room)} a worker has room for)"
     )
 
 
