@@ -344,9 +344,9 @@ def test_headers_are_scanned_once_and_again_when_the_file_changes(volume, tmp_pa
     first = segy.read_geometry(path)
     assert segy.read_geometry(path) is first  # opening, planning and writing share one scan
     assert not first.traces.flags.writeable  # shared, so read-only
-    write_segy(volume, path, first_inline=5001)  # the same size: other inline numbers
+    write_segy(volume, path, overwrite=True, first_inline=5001)  # the same size: other inlines
     assert segy.read_geometry(path).inlines[0] == 5001
-    write_segy(volume.isel(inline=slice(0, 20)), path)
+    write_segy(volume.isel(inline=slice(0, 20)), path, overwrite=True)
     assert segy.read_geometry(path).shape == (20, 26, 40)
     assert open_segy(path).shape == (20, 26, 40)
 
@@ -430,3 +430,64 @@ def test_an_irregular_trace_grid_is_shared_by_the_copies_unpickled(volume, tmp_p
     assert not first.traces.flags.writeable
     np.testing.assert_array_equal(first.traces, geometry.traces)
     assert first.missing == 12
+
+
+def test_write_segy_never_replaces_its_input_or_a_file_that_is_not_segy(volume, tmp_path):
+    """A new user's ``write_segy(open_segy(p) * 2, p)`` deleted p before reading it (a 3.6 kB
+    file, IndexError), and ``write_segy(..., "important.txt")`` replaced a text file."""
+    from xarray_memchunk.errors import MemchunkError
+
+    path = write_segy(volume, tmp_path / "v.sgy")
+    before = path.read_bytes()
+    for overwrite in (False, True):
+        with pytest.raises(MemchunkError, match="is the input"):
+            write_segy(open_segy(path) * 2, path, overwrite=overwrite)
+    with pytest.raises(MemchunkError, match="exists; pass overwrite=True"):
+        write_segy(volume, path)
+    assert path.read_bytes() == before
+    notes = tmp_path / "important.txt"
+    notes.write_text("keep me")
+    with pytest.raises(MemchunkError, match="is not a SEG-Y file"):
+        write_segy(volume, notes, overwrite=True)
+    assert notes.read_text() == "keep me"
+    write_segy(volume * 2, path, overwrite=True)  # a SEG-Y file, replaced as asked
+    np.testing.assert_allclose(open_segy(path).values, volume.values * 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["important.txt", "v.sgy"]
+
+
+def test_an_interrupted_write_segy_leaves_the_file_that_was_there(volume, tmp_path):
+    """Interrupted by SIGINT, a write over a 41.6 MB file left an 835,600-byte one that opened
+    without error as 4 inlines of 200."""
+    import dask.array as da
+
+    path = write_segy(volume, tmp_path / "v.sgy")
+    before = path.read_bytes()
+
+    def fails_late(block, block_info=None):
+        if block_info[0]["chunk-location"][0] == 3:
+            raise KeyboardInterrupt
+        return block
+
+    lazy = da.from_array(volume.values, chunks=(4, -1, -1)).map_blocks(fails_late, dtype="f4")
+    with pytest.raises(KeyboardInterrupt):
+        write_segy(lazy, path, overwrite=True)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["v.sgy"]
+
+
+def test_write_segy_computes_each_chunk_of_a_lazy_volume_once(volume, tmp_path):
+    """A 200^3 volume of one Dask chunk took 67.7 s to write, computed once per inline."""
+    import dask.array as da
+
+    calls = []
+
+    def counted(block):
+        calls.append(block.shape)
+        return block
+
+    lazy = da.from_array(volume.values, chunks=(10, -1, -1)).map_blocks(counted, dtype="f4")
+    for sorting in ("inline", "crossline"):
+        calls.clear()
+        path = write_segy(lazy, tmp_path / f"{sorting}.sgy", sorting=sorting)
+        np.testing.assert_array_equal(open_segy(path).values, volume.values)
+        assert len(calls) == lazy.numblocks[0]  # not once per line: 30 or 26 times each

@@ -1,7 +1,8 @@
 """Open Zarr / netCDF / SEG-Y inputs with their storage chunks, and write results safely.
 
-SEG-Y in and out: :func:`open_segy` (lazy, block by block) and :func:`write_segy` (a volume as
-a post-stack rev 1 file with standard headers), from :mod:`xarray_memchunk.seismic.segy`.
+SEG-Y in and out: :func:`open_segy` (lazy, block by block, from
+:mod:`xarray_memchunk.seismic.segy`) and :func:`write_segy` (a volume as a post-stack rev 1 file
+with standard headers, written as results are: below).
 
 Safe writes: the result is written next to the target under a hidden name that says what it
 is, and moved into place only once complete. With one id per write:
@@ -13,7 +14,8 @@ is, and moved into place only once complete. With one id per write:
 5. the old target is removed.
 
 An existing target is never touched without ``overwrite=True``, and ``overwrite=True`` replaces
-only a dataset (a Zarr store, a netCDF or HDF5 file), never another file or directory. A target
+only a dataset (a Zarr store, a netCDF or HDF5 file; :func:`write_segy`: a SEG-Y file), never
+another file or directory. A target
 that is an input of the write, holds one, or lies inside one is refused (paths compared with
 symlinks resolved). If the run fails (a killed worker, Ctrl-C, SIGTERM, a full disk) the partial
 write is removed and the target is untouched.
@@ -42,7 +44,7 @@ from .clusters import active_client
 from .errors import MemchunkError
 from .memory_limits import threaded_scheduler_threads
 from .operators.sources import source_files
-from .seismic.segy import SEGY_SUFFIXES, open_segy, write_segy
+from .seismic.segy import SEGY_SUFFIXES, is_segy, open_segy, write_volume
 
 __all__ = [
     "RecoveredWriteWarning",
@@ -304,6 +306,7 @@ def check_target(
     overwrite: bool,
     sources: Iterable[str | os.PathLike] = (),
     option: str = "overwrite=True",
+    replaceable: tuple[Callable[[Path], bool], str] | None = None,
 ) -> Path:
     """Fail before any computation unless writing ``target`` loses nothing the user has.
 
@@ -320,6 +323,9 @@ def check_target(
     option
         How the caller's user allows the replacement, in the messages: the argument, or the
         command line's ``--overwrite``.
+    replaceable
+        What ``overwrite`` may replace: a test of the existing target and what it names, in
+        the messages; None, a dataset (:func:`is_dataset`).
 
     Returns
     -------
@@ -348,11 +354,12 @@ def check_target(
         return target
     if not overwrite:
         raise MemchunkError(f"output {str(target)!r} exists; pass {option} to replace it")
-    if not is_dataset(target):
+    test, kind = replaceable or (is_dataset, "a dataset (a Zarr store or a netCDF/HDF5 file)")
+    if not test(target):
         raise MemchunkError(
-            f"output {str(target)!r} exists and is not a Zarr store or a netCDF/HDF5 file: "
-            f"{option} replaces only a dataset, never other files or "
-            f"directories; choose another output path, or move {str(target)!r} away yourself"
+            f"output {str(target)!r} exists and is not {kind}: {option} replaces only "
+            f"{kind}, never other files or directories; choose another output path, or move "
+            f"{str(target)!r} away yourself"
         )
     return target
 
@@ -452,9 +459,8 @@ def safe_write(
                 if n in ds.coords and n not in ds.indexes
             }
         )
-    write_id = uuid.uuid4().hex[:8]
-    tmp = _piece(target, "partial", write_id)
-    try:
+
+    def write(tmp: Path) -> None:
         if (fmt or output_format(target)) == "netcdf":
             encoding = {
                 name: {"chunksizes": tuple(chunks[name][d] for d in var.dims)}
@@ -471,6 +477,20 @@ def safe_write(
                     var.encoding.pop("chunks", None)
             delayed = ds.to_zarr(tmp, mode="w-", compute=False, consolidated=True)
         _run_write(delayed, compute)
+
+    return _written_into_place(target, write)
+
+
+def _written_into_place(target: Path, write: Callable[[Path], None]) -> Path:
+    """``write`` called with a hidden name beside ``target``, moved into place once it returns.
+
+    Steps 1-5 of the module docstring; where ``write`` fails, what it wrote is removed and
+    ``target`` is untouched.
+    """
+    write_id = uuid.uuid4().hex[:8]
+    tmp = _piece(target, "partial", write_id)
+    try:
+        write(tmp)
     except BaseException:
         _remove(tmp)
         raise
@@ -578,6 +598,56 @@ def _running_tasks(dask_worker: Any) -> set[str]:
     """The keys of the tasks ``dask_worker`` runs, cancelled ones included (as ``str``)."""
     state = dask_worker.state
     return {str(task.key) for task in (*state.executing, *state.long_running)}
+
+
+def write_segy(
+    volume: Any, path: str | os.PathLike, *, overwrite: bool = False, **options: Any
+) -> Path:
+    """Write a 3-D (inline, crossline, sample) volume as a post-stack SEG-Y rev 1 file, safely.
+
+    The file is written under a hidden name beside ``path`` and moved into place once complete,
+    as :func:`safe_write` writes (see the module docstring): an interrupted write leaves
+    nothing where ``path`` is, and what was there is kept. ``path`` may not be a file the
+    volume is read from (``write_segy(open_segy(p) * 2, p)`` is refused before anything is
+    computed), nor an existing file unless ``overwrite=True``, which replaces only a SEG-Y
+    file. The volume is computed one row of its chunks along the outer axis at a time
+    (:func:`~xarray_memchunk.seismic.segy.write_volume`).
+
+    Parameters
+    ----------
+    volume
+        Anything indexable like a 3-D array: NumPy, Dask, an xarray DataArray.
+    path
+        The file to write.
+    overwrite
+        Replace an existing SEG-Y file at ``path`` (once the new one is complete).
+    **options
+        The file's layout and headers, as :func:`~xarray_memchunk.seismic.segy.write_volume`
+        takes them: ``sample_format``, ``endian``, ``sorting``, ``sample_interval_ms``,
+        ``first_inline``, ``first_crossline``, ``trace_present``, ``origin``, ``bin_size``,
+        ``coordinate_scalar``.
+
+    Returns
+    -------
+    pathlib.Path
+        The file written.
+
+    Raises
+    ------
+    MemchunkError
+        Before anything is computed, where :func:`check_target` refuses ``path``, or an
+        option is not one SEG-Y can hold.
+    """
+    for message in recover(path):
+        warnings.warn(message, RecoveredWriteWarning, stacklevel=2)
+    sources: set[str] = set()
+    if isinstance(volume, xr.DataArray):
+        named = volume.rename(volume.name or "volume")
+        sources = _encoded_sources(named.to_dataset()) | source_files(named)
+    elif hasattr(volume, "dask"):
+        sources = source_files(xr.DataArray(volume))
+    target = check_target(path, overwrite, sources, replaceable=(is_segy, "a SEG-Y file"))
+    return _written_into_place(target, lambda tmp: write_volume(volume, tmp, **options))
 
 
 def _move_into_place(tmp: Path, target: Path, write_id: str) -> None:

@@ -124,7 +124,8 @@ def source_files(obj: xr.Dataset | xr.DataArray) -> set[str]:
     directory of a local Zarr store, a zip file's ``ZipStore``, a ``file://`` URL's
     ``FsspecStore``), and memchunk's own reads straight from a file
     (:class:`BoundedReads`, :class:`ConcatenatedReads`), which carry no ``encoding["source"]``:
-    a result of ``apply`` on a Zarr store reads it so. Paths are as the backends hold them.
+    a result of ``apply`` on a Zarr store reads it so, and a SEG-Y file's
+    :class:`~xarray_memchunk.seismic.segy.SegyArray`. Paths are as the backends hold them.
     """
     variables = obj.variables.values() if isinstance(obj, xr.Dataset) else [obj.variable]
     found: set[str] = set()
@@ -160,6 +161,9 @@ def _local_paths(value: Any, depth: int = 0) -> Iterator[str]:
     filename = getattr(value, "_filename", None)  # xarray's netCDF4 and h5netcdf data stores
     if isinstance(filename, str | os.PathLike):
         yield str(filename)
+    segy = getattr(getattr(value, "geometry", None), "path", None)  # a SEG-Y file's SegyArray
+    if isinstance(segy, str | os.PathLike):
+        yield str(segy)
     opened = getattr(getattr(value, "_manager", None), "_args", None)  # its scipy data store
     if opened and isinstance(opened[0], str | os.PathLike):
         yield str(opened[0])

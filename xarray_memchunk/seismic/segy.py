@@ -19,22 +19,26 @@ saying how many are missing, unless ``fill`` is given: then missing traces read 
 DataArray gets a ``trace_present`` (inline, crossline) coordinate. Two traces at one grid
 position are an error either way.
 
-:func:`write_segy` writes a volume as a post-stack SEG-Y rev 1 file, an inline at a time (test
+:func:`write_volume` writes a volume as a post-stack SEG-Y rev 1 file, a few inlines at a time (test
 data, the tutorials' input), with the headers other readers require: a textual header that
 names the byte positions, the revision, fixed trace length, the measurement system (metres), and
 per trace the inline and crossline numbers, CDP X and Y on a regular grid with a coordinate
 scalar (MDIO refuses a scalar of 0 in a rev 0 or rev 1 file), its ensemble number and its
-sequence numbers. Both functions are in :mod:`xarray_memchunk.io`.
+sequence numbers. Users call :func:`xarray_memchunk.io.open_segy` and
+:func:`xarray_memchunk.io.write_segy`, which writes through :func:`write_volume` under a hidden
+name and moves the file into place once complete.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import threading
 import warnings
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -52,7 +56,8 @@ __all__ = [
     "SegyGeometry",
     "open_segy",
     "read_geometry",
-    "write_segy",
+    "is_segy",
+    "write_volume",
 ]
 
 SEGY_SUFFIXES = {".sgy", ".segy", ".seg-y"}
@@ -478,13 +483,34 @@ def open_segy(
     return da.chunk(unit if chunks is None else chunks)
 
 
+def is_segy(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a file whose binary header reads as SEG-Y's.
+
+    A sample count above 0 and a sample format code SEG-Y defines, in either byte order.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(3220)
+            header = f.read(6)
+    except OSError:
+        return False
+    if len(header) < 6:
+        return False
+    for order in ("big", "little"):
+        samples = int.from_bytes(header[0:2], order)
+        code = int.from_bytes(header[4:6], order)
+        if samples > 0 and code in {1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 15, 16}:
+            return True
+    return False
+
+
 def _read_unit(geometry: SegyGeometry) -> tuple[int, int, int]:
     """One inline (crossline-sorted file: one crossline) of whole traces, read in one run."""
     n_il, n_xl, n_s = geometry.shape
     return (1, n_xl, n_s) if geometry.fast == "crossline" else (n_il, 1, n_s)
 
 
-def write_segy(
+def write_volume(
     volume: Any,
     path: str | os.PathLike,
     *,
@@ -501,9 +527,14 @@ def write_segy(
 ) -> Path:
     """Write a 3-D (inline, crossline, sample) volume as a post-stack SEG-Y rev 1 file.
 
-    Written one inline (or crossline) at a time, so a lazy volume (a Dask-backed DataArray)
-    never needs to fit in memory. Used to make test files and the tutorials' input. The
-    headers are those other readers (segyio, MDIO) require: see the module docstring.
+    :func:`xarray_memchunk.io.write_segy` calls it with a hidden name beside its target, which
+    it moves into place once written. The volume is computed a few inlines (or crosslines) at
+    a time (:func:`_outer_slabs`): a row of its chunks along that axis, or fewer lines where a
+    row is over :data:`SLAB_BYTES`, so a lazy volume (a Dask-backed DataArray) never needs to
+    fit in memory, and each chunk is computed once where its row fits (an inline at a time,
+    the 200^3 volume of one chunk took 67.7 s to write, computed 200 times, against 1.07 s
+    for its values). The headers are those other readers (segyio, MDIO) require: see the
+    module docstring.
 
     Parameters
     ----------
@@ -567,7 +598,7 @@ def write_segy(
     spec.tracecount = int(present.sum())
     interval_us = round(sample_interval_ms * 1000)
     stored = _stored_coordinates(origin, bin_size, coordinate_scalar, n_il, n_xl)
-    outer = range(n_il) if sorting == "inline" else range(n_xl)
+    axis = 0 if sorting == "inline" else 1
     path = Path(path)
     path.unlink(missing_ok=True)
     field = segyio.TraceField
@@ -575,8 +606,7 @@ def write_segy(
         f.text[0] = _textual_header(segyio, (n_il, n_xl, n_s), sample_interval_ms, sorting)
         f.bin.update(_binary_header(segyio, interval_us, n_s, sample_format))
         trace = 0
-        for o in outer:
-            block = _samples(volume, o, sorting, dtype, sample_format)
+        for o, block in _outer_slabs(volume, axis, dtype, sample_format):
             for inner in range(block.shape[0]):
                 il, xl = (o, inner) if sorting == "inline" else (inner, o)
                 if not present[il, xl]:
@@ -664,9 +694,40 @@ def _binary_header(segyio: Any, interval_us: int, n_s: int, sample_format: int) 
     }
 
 
-def _samples(volume: Any, o: int, sorting: str, dtype: np.dtype, sample_format: int) -> np.ndarray:
-    """One inline (or crossline) of ``volume`` in the file's sample dtype."""
-    block = np.asarray(volume[o] if sorting == "inline" else volume[:, o])
+#: Most bytes of the volume :func:`write_volume` computes at once: a row of its chunks along the
+#: outer axis where that fits, else as many whole lines as fit (at least one).
+SLAB_BYTES = 64 * 2**20
+
+
+def _outer_slabs(
+    volume: Any, axis: int, dtype: np.dtype, sample_format: int
+) -> Iterator[tuple[int, np.ndarray]]:
+    """Each line along ``axis`` (0: inlines, 1: crosslines), as (its index, its samples).
+
+    Computed a slab of lines at a time: a row of the volume's chunks along ``axis`` (each
+    chunk computed once), or fewer lines where the row is over :data:`SLAB_BYTES`.
+    """
+    n = int(volume.shape[axis])
+    line_bytes = np.dtype(volume.dtype).itemsize * math.prod(volume.shape) // max(n, 1)
+    most = max(1, SLAB_BYTES // max(line_bytes, 1))
+    chunks = getattr(volume, "chunks", None)
+    if chunks and isinstance(chunks[axis], tuple):  # Dask (or a DataArray of it)
+        rows = chunks[axis]
+    else:
+        rows = (n,)
+    start = 0
+    for row in rows:
+        for first in range(start, start + row, most):
+            last = min(first + most, start + row)
+            index = (slice(first, last),) if axis == 0 else (slice(None), slice(first, last))
+            slab = _in_file_dtype(np.asarray(volume[index]), dtype, sample_format)
+            for offset in range(last - first):
+                yield first + offset, slab[offset] if axis == 0 else slab[:, offset]
+        start += row
+
+
+def _in_file_dtype(block: np.ndarray, dtype: np.dtype, sample_format: int) -> np.ndarray:
+    """``block`` in the file's sample dtype (rounded, and checked, for integers)."""
     if dtype.kind in "iu":
         block = np.rint(block)
         info = np.iinfo(dtype)
