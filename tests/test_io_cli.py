@@ -253,6 +253,24 @@ def test_cli_plan_prints_the_plan(files):
     assert "whole " in result.stdout and "time" in result.stdout
 
 
+def test_cli_no_room_for_a_task_states_the_minimum_the_operator_runs_at(files):
+    """A new user's `memchunk run gst3d ... --memory-limit 250MB --nthreads 2` was told "at
+    least 238.42 MiB", the limit just refused, and then "at least 429.87 MiB" there."""
+    import re
+
+    def plan(limit):
+        args = ["--memory-limit", limit, "--nthreads", "2"]
+        return memchunk("plan", "gst3d", files / "volume.zarr", *args)
+
+    refused = plan("250MB")
+    assert refused.returncode == 2, refused.stdout
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", refused.stderr))
+    assert len(figures) == 1 and figures != {"238.42 MiB"}, refused.stderr
+    planned = plan(figures.pop().replace(" ", ""))
+    assert planned.returncode == 0, planned.stderr
+    assert "predicted per task" in planned.stdout
+
+
 def test_cli_run_writes_netcdf_and_refuses_to_overwrite(files, tmp_path):
     target = tmp_path / "median.nc"
     args = [

@@ -689,8 +689,7 @@ def _prepare(
     try:
         resolved = _budget(memory_limit, budget, device)
     except BudgetError as no_room:
-        needs = with_operators_minimum(no_room, operator, replan, measure)
-        raise no_room_refusal(minimum_first(needs, no_room.budget_at_minimum, operator)) from None
+        raise _stating_the_operators_minimum(no_room, operator, replan, measure) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     try:
         chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
@@ -713,6 +712,38 @@ def _prepare(
     budget = prepared.plan.budget
     notes = (*notes, *(k.note(budget) for k in kept.values() if k.worth_noting(budget)))
     return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
+
+
+def _stating_the_operators_minimum(
+    no_room: BudgetError, operator: Operator, replan: Any, measure: str
+) -> BudgetError:
+    """``no_room`` as :func:`plan` raises it: the least memory the operator's plan runs at."""
+    needs = with_operators_minimum(no_room, operator, replan, measure)
+    return no_room_refusal(minimum_first(needs, no_room.budget_at_minimum, operator))
+
+
+def no_room_refusal_for(
+    obj: xr.DataArray | xr.Dataset,
+    op: str | Operator,
+    no_room: BudgetError,
+    *,
+    measure: str = "auto",
+    **op_kwargs: Any,
+) -> BudgetError:
+    """The refusal :func:`plan` gives where a worker's memory has no room for one task.
+
+    ``no_room``: what building the budget raised (a budget made by hand, as ``memchunk run``
+    makes the one of the cluster it will start). Its minimum is only room for a task; the
+    refusal states the least memory the operator's plan runs at, as :func:`plan` does with a
+    ``memory_limit``: a new user's ``memchunk run gst3d ... --memory-limit 250MB`` was told
+    "at least 238.42 MiB", the limit it had just refused, and then 429.87 MiB there.
+    """
+    operator = get_operator(op)
+
+    def replan(at: Budget, measuring: str) -> _Prepared:
+        return _prepare(obj, operator, None, at, None, op_kwargs, measuring)
+
+    return _stating_the_operators_minimum(no_room, operator, replan, measure)
 
 
 def _tasks_in_all(plan: ChunkPlan, costs: Mapping[str, TaskCost]) -> str:

@@ -276,7 +276,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     obj = open_input(args.input, args.var, fill=args.fill)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
-    budget = _local_budget(args)
+    budget = _budget_for(args, obj, kwargs)
     if budget is None:  # --scheduler: the budget of its workers, as `memchunk run` takes it
         with _scheduler_client(args.scheduler):
             plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
@@ -415,7 +415,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     obj = open_input(args.input, args.var, fill=args.fill)
     kwargs = _op_kwargs(args.op, args.option, args.dim)
     _prepare_output(args)
-    budget = _local_budget(args)
+    budget = _budget_for(args, obj, kwargs)
     planned = None
     if budget is not None:  # plan for the cluster about to start, before starting it
         with _as_on_a_cluster():
@@ -529,6 +529,24 @@ def _same_budget(planned, found) -> bool:
         "device",
     )
     return all(getattr(planned, t) == getattr(found, t) for t in terms)
+
+
+def _budget_for(args: argparse.Namespace, obj: Any, kwargs: dict[str, Any]):
+    """:func:`_local_budget`; where it has no room for a task, the refusal ``plan`` gives.
+
+    That refusal states the least memory the operator's plan runs at, not the room for a task.
+    """
+    from .api import no_room_refusal_for
+    from .errors import BudgetError
+
+    try:
+        return _local_budget(args)
+    except BudgetError as no_room:
+        if no_room.budget_at_minimum is None:
+            raise
+        with _as_on_a_cluster():
+            refusal = no_room_refusal_for(obj, args.op, no_room, measure=args.measure, **kwargs)
+        raise refusal from None
 
 
 def _local_budget(args: argparse.Namespace):
