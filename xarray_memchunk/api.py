@@ -65,7 +65,7 @@ from .planning.plan import ChunkPlan
 from .planning.problem import DEFAULT_MAX_TASKS, PlanProblem
 from .planning.roles import merge_dims
 from .planning.search import plan_chunks, plan_for_chunks
-from .refusals import checked_minimum, minimum_first, no_room_refusal, with_operators_minimum
+from .refusals import checked_minimum, minimum_first, refusal_for_no_room
 from .units import format_seconds
 
 __all__ = ["MEASURE_CHOICES", "Plan", "apply", "plan", "report", "storage_chunks"]
@@ -689,7 +689,7 @@ def _prepare(
     try:
         resolved = _budget(memory_limit, budget, device)
     except BudgetError as no_room:
-        raise _stating_the_operators_minimum(no_room, operator, replan, measure) from None
+        raise refusal_for_no_room(no_room, operator, replan, measure) from None
     alternatives = operator.alternatives(operator.check_arguments(op_kwargs))
     try:
         chosen, failures = _choose(obj, operator, resolved, device, alternatives, chunks, measure)
@@ -714,14 +714,6 @@ def _prepare(
     return replace(prepared, plan=replace(prepared.plan, notes=notes), kept=kept)
 
 
-def _stating_the_operators_minimum(
-    no_room: BudgetError, operator: Operator, replan: Any, measure: str
-) -> BudgetError:
-    """``no_room`` as :func:`plan` raises it: the least memory the operator's plan runs at."""
-    needs = with_operators_minimum(no_room, operator, replan, measure)
-    return no_room_refusal(minimum_first(needs, no_room.budget_at_minimum, operator))
-
-
 def no_room_refusal_for(
     obj: xr.DataArray | xr.Dataset,
     op: str | Operator,
@@ -743,7 +735,7 @@ def no_room_refusal_for(
     def replan(at: Budget, measuring: str) -> _Prepared:
         return _prepare(obj, operator, None, at, None, op_kwargs, measuring)
 
-    return _stating_the_operators_minimum(no_room, operator, replan, measure)
+    return refusal_for_no_room(no_room, operator, replan, measure)
 
 
 def _tasks_in_all(plan: ChunkPlan, costs: Mapping[str, TaskCost]) -> str:

@@ -364,10 +364,14 @@ def check_target(
     return target
 
 
-def _encoded_sources(ds: xr.Dataset) -> set[str]:
-    """The files ``ds`` and its variables say they were opened from (``encoding["source"]``)."""
+def _files_read_by(ds: xr.Dataset) -> set[str]:
+    """The files a write of ``ds`` may not replace: those it reads.
+
+    Those ``ds`` and its variables say they were opened from (``encoding["source"]``), and
+    those its Dask graphs read (:func:`~xarray_memchunk.operators.sources.source_files`).
+    """
     encodings = [ds.encoding, *(v.encoding for v in ds.variables.values())]
-    return {str(e["source"]) for e in encodings if e.get("source")}
+    return {str(e["source"]) for e in encodings if e.get("source")} | source_files(ds)
 
 
 def uniform_chunks(var: xr.Variable | xr.DataArray) -> dict[str, int]:
@@ -447,7 +451,7 @@ def safe_write(
             "e.g. result.rename('dip')"
         )
     ds = obj.to_dataset() if isinstance(obj, xr.DataArray) else obj
-    read = {*map(str, sources), *_encoded_sources(ds), *source_files(ds)}
+    read = {*map(str, sources), *_files_read_by(ds)}
     target = check_target(target, overwrite, read, option)
     chunks = _storage_chunks(ds, storage_chunks)
     if storage_chunks is None:  # each variable's chunks made uniform, on its own
@@ -641,11 +645,9 @@ def write_segy(
     for message in recover(path):
         warnings.warn(message, RecoveredWriteWarning, stacklevel=2)
     sources: set[str] = set()
-    if isinstance(volume, xr.DataArray):
-        named = volume.rename(volume.name or "volume")
-        sources = _encoded_sources(named.to_dataset()) | source_files(named)
-    elif hasattr(volume, "dask"):
-        sources = source_files(xr.DataArray(volume))
+    if isinstance(volume, xr.DataArray) or hasattr(volume, "dask"):
+        array = xr.DataArray(volume) if not isinstance(volume, xr.DataArray) else volume
+        sources = _files_read_by(array.rename(array.name or "volume").to_dataset())
     target = check_target(path, overwrite, sources, replaceable=(is_segy, "a SEG-Y file"))
     return _written_into_place(target, lambda tmp: write_volume(volume, tmp, **options))
 

@@ -27,8 +27,7 @@ __all__ = [
     "checked_minimum",
     "least_memory_that_plans",
     "minimum_first",
-    "no_room_refusal",
-    "with_operators_minimum",
+    "refusal_for_no_room",
 ]
 
 #: Plans the operator again at a budget, with ``measure=`` as given; raises where refused.
@@ -96,7 +95,7 @@ def least_memory_that_plans(
 _Refusal = TypeVar("_Refusal", BudgetError, InfeasiblePlanError)
 
 
-def with_operators_minimum(
+def _with_operators_minimum(
     no_room: BudgetError, operator: Operator, replan: Replan, measure: str
 ) -> BudgetError:
     """``no_room``, or the same refusal with what the operator needs beyond a task's room.
@@ -122,7 +121,7 @@ def with_operators_minimum(
     )
 
 
-def no_room_refusal(error: BudgetError) -> BudgetError:
+def _no_room_refusal(error: BudgetError) -> BudgetError:
     """``error`` as a :class:`~xarray_memchunk.NoRoomForTaskError` where it states a minimum.
 
     Also an ``InfeasiblePlanError``: a new user's script caught a plan refused on workers of
@@ -135,6 +134,18 @@ def no_room_refusal(error: BudgetError) -> BudgetError:
     )
     refusal.budget_at_minimum = error.budget_at_minimum
     return refusal
+
+
+def refusal_for_no_room(
+    no_room: BudgetError, operator: Operator, replan: Replan, measure: str
+) -> BudgetError:
+    """``no_room`` as :func:`~xarray_memchunk.api.plan` raises it, where a task has no room.
+
+    Led by the least memory the operator's plan runs at (searched from the room for a task),
+    and a :class:`~xarray_memchunk.NoRoomForTaskError`.
+    """
+    needs = _with_operators_minimum(no_room, operator, replan, measure)
+    return _no_room_refusal(minimum_first(needs, no_room.budget_at_minimum, operator))
 
 
 def minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator) -> _Refusal:

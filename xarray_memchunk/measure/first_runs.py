@@ -95,12 +95,12 @@ def run_first_time(
         so when they run), where other tasks ran in the worker meanwhile (their memory would
         be counted as the function's), or where the worker has no room for the block.
     """
-    if key not in _RUN_HERE and needs > _room_here():
-        return None
+    before = resident_bytes()
     with _RUN_HERE_LOCK:
         ran = key in _RUN_HERE
+        if not ran and needs > _room_here(before):
+            return None
         _RUN_HERE.add(key)
-    before = resident_bytes()
     if ran:
         return before, before, True
     if _others_running():
@@ -113,8 +113,11 @@ def run_first_time(
     return None if _others_running() else (before, after, False)
 
 
-def _room_here() -> float:
-    """Bytes below the pause threshold of the worker this runs in (inf: none, or no worker)."""
+def _room_here(held: int) -> float:
+    """Bytes below the pause threshold of the worker this runs in, holding ``held`` bytes.
+
+    Inf where it has no threshold, or this is not a worker.
+    """
     try:
         from distributed import get_worker
 
@@ -124,7 +127,7 @@ def _room_here() -> float:
     limit, pause = manager.memory_limit, manager.memory_pause_fraction
     if not limit or not pause:
         return math.inf
-    return pause * limit - resident_bytes()
+    return pause * limit - held
 
 
 def _others_running() -> bool:
