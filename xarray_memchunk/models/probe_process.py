@@ -295,7 +295,9 @@ def _serve() -> None:
             func, args = cloudpickle.loads(frame)
             answer = (True, func(*args))
         except Exception as exc:  # the caller raises it as a CalibrationError
-            answer = (False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}")
+            notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
+            headline = f"{type(exc).__name__}: {exc}{notes}"
+            answer = (False, f"{headline}\n{traceback.format_exc(limit=3)}")
         _send(protocol, cloudpickle.dumps(answer))
 
 

@@ -118,8 +118,25 @@ class CheckedBlockFunction:
         self.__name__ = dask.utils.funcname(func)  # the graph's layers are named as before
 
     def __call__(self, block: Any, **kwargs: Any) -> Any:
-        """``func(block, **kwargs)``, checked (and cast to a declared dtype)."""
-        out = self.check(block, self.func(block, **kwargs))
+        """``func(block, **kwargs)``, checked (and cast to a declared dtype).
+
+        Where the function raises a ``TypeError`` or ``AttributeError`` (as xarray code does
+        on a NumPy array: ``x.mean("time")``, ``x.groupby``), the error keeps its type and
+        gains a note saying that the function is given NumPy blocks, and how to give it
+        DataArrays.
+        """
+        try:
+            out = self.check(block, self.func(block, **kwargs))
+        except (TypeError, AttributeError) as exc:
+            note = (
+                f"operator {self.operator!r}: {self._function} is given NumPy blocks (its "
+                f"first parameter is not annotated xr.DataArray). For a function of xarray "
+                f"objects, annotate it (def f(x: xr.DataArray)) or declare "
+                f"@xm.operator(xarray=True, whole=[...])"
+            )
+            if note not in getattr(exc, "__notes__", ()):
+                exc.add_note(note)
+            raise
         if self.dtype is None or out.dtype == self.dtype:
             return out
         if not self.declared:
