@@ -264,3 +264,30 @@ def test_a_closure_over_more_copies_is_measured_again(user_dir, quiet_distribute
     assert outcome.completed, outcome.error
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
     assert outcome.peak_bytes < 0.8 * to_bytes("800MB")
+
+
+def scaled(block, table=None):
+    return block * table[0]
+
+
+@pytest.mark.parametrize("halo", [{}, {"x": 2}])
+def test_a_large_argument_is_in_the_graph_once_and_a_small_one_keeps_tasks_fused(halo, threaded):
+    """A 400 kB argument, copied into each of the operator's tasks, was received and unpickled
+    by the workers once per task; a small one stays in the tasks, which Dask then fuses with
+    the task that made their block (a key among a task's dependencies stops that)."""
+    import cloudpickle
+
+    op = xm.operator(name="scaled", depth=halo, memory_model=MODEL, register=False)(scaled)
+    data = xr.DataArray(da.ones((40, 400), chunks=(10, 400)), dims=("x", "y")) * 2
+    large = np.full(50_000, 3.0)
+    result = data.memchunk.apply(op, memory_limit="1GB", chunks={"x": 10}, table=large)
+    sizes = [len(cloudpickle.dumps(t)) for t in dict(result.data.dask).values()]
+    assert sum(size > large.nbytes / 2 for size in sizes) == 1  # the argument's key
+    np.testing.assert_array_equal(result.values, 6.0)
+
+    small = data.memchunk.apply(op, memory_limit="1GB", chunks={"x": 10}, table=large[:10])
+    if not halo:  # made, doubled and scaled in one task per block
+        (optimized,) = dask.optimize(small.data)
+        keys = list(dict(optimized.dask))
+        assert len(keys) == 4 and all("scaled" in str(key[0]) for key in keys)
+    np.testing.assert_array_equal(small.values, 6.0)

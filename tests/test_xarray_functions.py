@@ -350,7 +350,13 @@ def test_each_task_reads_its_own_block_from_the_file(tmp_path):
         arrays = [result] if isinstance(result, xr.DataArray) else list(result.data_vars.values())
         optimized = dask.optimize(*[a.data.sum() for a in arrays])
         keys = {k for o in optimized for k in dict(o.__dask_graph__())}  # shared once
-        names = [str(k[0]) for k in keys]
+        names = [str(k[0]) for k in keys if isinstance(k, tuple)]  # a block's task
+        # beside them, the function, its arguments and the coordinates, once
+        assert {str(k).rsplit("-", 1)[1] for k in keys if not isinstance(k, tuple)} <= {
+            "function",
+            "arguments",
+            "coords",
+        }
         assert not any(name.startswith("memchunk-read") for name in names)
         n_blocks = int(np.prod(arrays[0].data.numblocks))
         per_block = [name for name in names if "aggregate" not in name]
@@ -402,6 +408,7 @@ def test_the_coordinates_are_in_the_graph_once_not_in_every_task():
     small objects that left Python's allocator holding ~0.15 MiB a task after the run, and
     workers at a refusal's stated minimum paused for good."""
     import cloudpickle
+    import dask.array
 
     time = xr.date_range("2001-01-01", periods=365 * 4, freq="D", calendar="noleap")
     values = np.random.default_rng(0).standard_normal((time.size, 4, 8)).astype("float32")
@@ -419,6 +426,17 @@ def test_the_coordinates_are_in_the_graph_once_not_in_every_task():
     assert whole_coordinate > 50_000
     assert sum(size > whole_coordinate / 2 for size in sizes) == 1  # the coordinates' key
     xr.testing.assert_allclose(result.compute(), climatology(data.load()))
+
+    @xm.operator(whole=["time"], memory_model=MODEL, register=False)
+    def scaled(tas: xr.DataArray, weights=None) -> xr.DataArray:
+        return (tas * weights.sum()).groupby("time.month").mean()
+
+    weights = np.ones(50_000, dtype="float32")  # 200 kB, an argument of the function
+    for given in (weights, dask.array.from_array(weights, chunks=10_000)):  # Dask's: computed
+        result = data.memchunk.apply(scaled, memory_limit="1GB", chunks={"lon": 1}, weights=given)
+        sizes = [len(cloudpickle.dumps(task)) for task in dict(result.data.dask).values()]
+        assert sum(size > weights.nbytes / 2 for size in sizes) <= 2  # coordinates, weights
+        xr.testing.assert_allclose(result.compute(), scaled(data.load(), weights=weights))
 
 
 def test_a_numpy_function_written_for_xarray_is_told_how_to_get_dataarrays():

@@ -31,6 +31,7 @@ from ..errors import DimensionError, MemchunkError
 from ..models import LinearMemoryModel
 from ..planning.problem import DimRole, Halo, halo_sides, widest_halo
 from .base import Cost, DimUse, Operator, padded_elements
+from .graph_values import call_with, once_in_graph
 from .halo_reach import check_reach, checking
 from .identity import Identity, arguments_identity, calibration_key, identify
 from .sources import map_blocks_with_halo
@@ -460,13 +461,15 @@ class BlockwiseOperator(Operator):
             return xr.DataArray(data, dims=dims, coords=coords, name=da.name)
         chunks = [c for d, c in zip(da.dims, da.data.chunks, strict=True) if d in kept]
         chunks += [(n,) for n in self.new_dims.values()]
+        token = dask.base.tokenize(da.data.name, checked, kwargs)
         data = da.data.map_blocks(
-            checked,
+            call_with,
+            **once_in_graph({"function": checked, "arguments": kwargs}, f"memchunk-call-{token}"),
             dtype=checked.dtype,
             drop_axis=list(checked.drop_axes),
             new_axis=list(range(len(kept), len(dims))) if self.new_dims else None,
             chunks=tuple(chunks),
             meta=np.empty((0,) * len(dims), dtype=checked.dtype),
-            **kwargs,
+            name=f"{checked.__name__}-{token}",
         )
         return xr.DataArray(data, dims=dims, coords=coords, name=da.name)

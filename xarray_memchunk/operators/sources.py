@@ -49,6 +49,7 @@ from .._dask_compat import (
 from ..planning.footprint import READ_GROUP_BYTES, InputKind
 from ..planning.problem import Halo, halo_sides, widest_halo
 from .arrays import is_cupy
+from .graph_values import call_with, once_in_graph
 from .zarr_reads import direct_reader, with_direct_zarr_reads
 
 __all__ = [
@@ -703,12 +704,13 @@ def in_memory_data(da: xr.DataArray) -> bool:
 
 def _apply_padded(
     backend: Any,
-    func: Callable[..., np.ndarray],
+    *,
+    function: Callable[..., np.ndarray],
+    arguments: Mapping[str, Any],
     depth: Mapping[int, Halo],
-    kwargs: Mapping[str, Any],
     block_info: Mapping[Any, Any] | None = None,
 ) -> np.ndarray:
-    """Read one block and its halo from ``backend``, apply ``func``, and cut the halo off."""
+    """Read one block and its halo from ``backend``, apply ``function``, cut the halo off."""
     info = block_info[None]
     region, keep = [], []
     for axis, ((start, stop), size) in enumerate(
@@ -720,7 +722,7 @@ def _apply_padded(
         region.append(slice(lo, hi))
         keep.append(slice(start - lo, start - lo + stop - start))
     block = np.asarray(backend[tuple(region)])
-    return func(block, **kwargs)[tuple(keep)]
+    return function(block, **arguments)[tuple(keep)]
 
 
 def map_blocks_with_halo(
@@ -756,19 +758,22 @@ def map_blocks_with_halo(
     }
     backend = file_backend(data)
     meta = meta_from_array(array_meta(data), ndim=data.ndim, dtype=dtype)
+    token = tokenize(data.name, func, depth, kwargs)
+    # the function and its arguments: one key each, not a copy in every task
+    shared = once_in_graph({"function": func, "arguments": kwargs}, f"memchunk-call-{token}")
     if backend is not None:
         backend = with_direct_zarr_reads(backend)
         return dask.array.map_blocks(
             _apply_padded,
             backend,
-            func,
-            depth,
-            kwargs,
+            depth=depth,
+            **shared,
             chunks=data.chunks,
             dtype=dtype,
             meta=meta,
-            name=f"memchunk-halo-read-{tokenize(data.name, func, depth, kwargs)}",
+            name=f"memchunk-halo-read-{token}",
         )
+    named = {"dtype": dtype, "meta": meta, "name": f"{dask.utils.funcname(func)}-{token}"}
     if not depth:
-        return data.map_blocks(func, dtype=dtype, meta=meta, **kwargs)
-    return data.map_overlap(func, depth=depth, boundary="none", dtype=dtype, meta=meta, **kwargs)
+        return data.map_blocks(call_with, **shared, **named)
+    return data.map_overlap(call_with, depth=depth, boundary="none", **shared, **named)

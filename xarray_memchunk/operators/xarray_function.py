@@ -37,6 +37,7 @@ from ..models import LinearMemoryModel
 from ..planning.problem import DimRole
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import resolve_dim
+from .graph_values import once_in_graph
 from .halo_reach import check_free_dims, checking, piece_of
 from .identity import arguments_identity, calibration_key, identify
 from .sources import file_backend
@@ -414,14 +415,11 @@ class XarrayFunctionOperator(Operator):
         }
         token = dask.base.tokenize(da.data.name, da.name, self.func, kwargs, coords)
         common = {
-            "function": self.func,
-            "arguments": dict(kwargs),
+            **once_in_graph(
+                {"function": self.func, "arguments": dict(kwargs), "coords": coords},
+                f"{self.name}-{token}",
+            ),
             "dims": tuple(map(str, da.dims)),
-            # one key in the graph, not a copy in each task: a calendar's time coordinate
-            # pickles to about 60 B a step, and every task's copy, unpickled into small
-            # objects as the worker receives it, left Python's allocator holding hundreds
-            # of MiB after the run (0.15 MiB a task; workers paused for good)
-            "coords": dask.delayed(coords, name=f"{self.name}-coords-{token}", traverse=False),
             "name_": da.name,
             "orders": orders,
             "free": tuple(free),
