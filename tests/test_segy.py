@@ -287,6 +287,24 @@ def test_write_chunks_are_whole_storage_chunks_within_the_budget():
     assert 128 * 128 * 128 * 4 * 4 <= 40 * 2**20
 
 
+def test_cli_ingest_for_an_operator_states_its_minimum_where_no_task_fits(volume_file, tmp_path):
+    """A new user's `memchunk ingest v.sgy v.zarr --for gst3d --memory-limit 50MB` was told "at
+    least 238.42 MiB", room for a task, and then "at least 419.30 MiB" there."""
+    import re
+
+    def ingest_at(limit):
+        args = ["--for", "gst3d", "--nworkers", "1", "--memory-limit", limit]
+        return memchunk("ingest", volume_file, tmp_path / f"{limit}.zarr", *args)
+
+    refused = ingest_at("50MB")
+    assert refused.returncode == 2, refused.stdout
+    figures = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", refused.stderr))
+    assert len(figures) == 1, refused.stderr
+    written = ingest_at(figures.pop().replace(" ", ""))
+    assert written.returncode == 0, written.stderr
+    assert "gst3d's planned chunks" in written.stdout
+
+
 def test_cli_ingest_and_run_on_segy(volume_file, tmp_path):
     out = tmp_path / "v.zarr"
     args = ["--nworkers", "1", "--memory-limit", "1GB"]

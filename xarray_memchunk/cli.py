@@ -458,7 +458,8 @@ def _cmd_ingest(args: argparse.Namespace) -> int:
     check_source(args.input)
     volume = open_segy(args.input, **segy)
     _prepare_output(args)
-    budget = _local_budget(args)
+    # with --for OP, where a worker has no room for a task: OP's minimum, as plan states it
+    budget = _local_budget(args) if args.op is None else _budget_for(args, volume, kwargs)
     if budget is not None:  # check the plan before starting the cluster
         storage_chunks_for(volume, args.op, memory_limit=budget, **kwargs)
 
@@ -545,7 +546,8 @@ def _budget_for(args: argparse.Namespace, obj: Any, kwargs: dict[str, Any]):
         if no_room.budget_at_minimum is None:
             raise
         with _as_on_a_cluster():
-            refusal = no_room_refusal_for(obj, args.op, no_room, measure=args.measure, **kwargs)
+            measure = getattr(args, "measure", "auto")  # memchunk ingest has no --measure
+            refusal = no_room_refusal_for(obj, args.op, no_room, measure=measure, **kwargs)
         raise refusal from None
 
 
