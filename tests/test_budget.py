@@ -781,7 +781,7 @@ def test_a_clusters_stated_minimum_allows_for_the_workers_memory_moving():
     led = minimum_first(refused, cluster, operator)
     allowance = led.minimum_memory_limit - 400 * 2**20
     assert allowance == pytest.approx(PLANNING_GROWTH_BYTES / cluster.pause_fraction, abs=1)
-    assert "may move by on a new cluster" in str(led)
+    assert "a new cluster's workers may hold up to 8.00 MiB more" in str(led)
     # a budget made by hand, or the threaded scheduler's configured baseline, does not move
     by_hand = make_budget(350 * 10**6, 2, 2, "by hand", worker_baseline=190 * 2**20)
     threaded = make_budget(
@@ -815,3 +815,31 @@ def test_a_refusal_states_one_minimum_where_room_for_a_task_was_not_enough():
     assert "366.73" not in led and "twice that leaves" not in led
     assert set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", led)) == {"400.00 MiB"}
     assert "has no room for a task" in led and "Planned with room for a task, 'anom'" in led
+
+
+def test_a_no_room_refusal_names_the_baseline_beside_its_figure():
+    """A new user's refusal ended "... twice that leaves a task about 97.76 MiB per thread (its
+    baseline: a worker's memory once it has run 'fc', ...)", the source left hanging after the
+    advice; and a configured baseline read "the worker already holds 190.73 MiB" where the
+    workers held 128.8 MiB."""
+    from xarray_memchunk.errors import BudgetError
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.planning.budget import with_baseline
+
+    budget = make_budget(
+        350 * 10**6,
+        2,
+        2,
+        "client",
+        worker_baseline=150 * 2**20,
+        baseline_source="the largest worker's process memory now",
+        in_this_process=True,
+    )
+    with pytest.raises(BudgetError) as raised:
+        with_baseline(budget, 292 * 2**20, "a worker's memory once it has run 'fc'")
+    said = str(raised.value)
+    assert "292.00 MiB (its baseline: a worker's memory once it has run 'fc')" in said
+    assert said.endswith("per thread")
+    with pytest.raises(BudgetError) as configured:
+        make_budget(250 * 10**6, 2, 2, "the LocalCluster to start")
+    assert "is counted as holding 190.73 MiB (memchunk.worker-baseline" in str(configured.value)

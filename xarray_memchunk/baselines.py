@@ -107,8 +107,7 @@ def _raised_baseline(
         return with_baseline(budget, baseline, source, remedy, filled=filled)
     except BudgetError as exc:
         raise InfeasiblePlanError(
-            f"{operator.name!r}: {exc} (its baseline: {source})"
-            + (f"; or {remedy}" if remedy else ""),
+            f"{operator.name!r}: {exc}" + (f"; or {remedy}" if remedy else ""),
             minimum_memory_limit=exc.minimum_memory_limit,
         ) from None
 

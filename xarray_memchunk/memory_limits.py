@@ -128,6 +128,8 @@ def make_budget(
     ``in_this_process``, ``threaded_scheduler``: :attr:`Budget.in_this_process`,
     :attr:`Budget.threaded_scheduler`.
     """
+    # the configured baseline, where the process holds less (or is not started): not measured
+    configured = not baseline_source and "worker_baseline" not in terms
     terms = _formula_terms() | terms
     decimal = is_decimal(worker_memory) if decimal is None else decimal
     holder = _baseline_holder(baseline_source, threaded_scheduler)
@@ -136,8 +138,13 @@ def make_budget(
             worker_memory,
             threads_per_worker,
             holder=holder,
-            # the configured baseline, where this process holds less: not a measurement
-            holds="is counted as holding" if holder == "an idle process" else "already holds",
+            holds="is counted as holding"
+            if holder == "an idle process" or configured
+            else "already holds",
+            baseline_note=" (memchunk.worker-baseline: what a process holds with the "
+            "libraries loaded, counted until it holds more)"
+            if configured
+            else "",
             in_this_process=in_this_process,
             threaded_scheduler=threaded_scheduler,
             **terms,

@@ -171,13 +171,13 @@ def minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator) 
     why = said
     if growth:
         moves = (
-            "this process may grow by while it plans again"
+            "this process may grow by up to {} while it plans again"
             if budget.baseline_is_this_process
-            else "a worker's memory, read when a plan is made, may move by on a new cluster"
+            else "a new cluster's workers may hold up to {} more when the plan is made"
         )
         advice += (
-            f" (with {format_size(growth)} of memory_limit for the "
-            f"{format_size(memory_limits.PLANNING_GROWTH_BYTES)} {moves})"
+            f" ({format_size(growth)} of it a margin: "
+            f"{moves.format(format_size(memory_limits.PLANNING_GROWTH_BYTES))})"
         )
     message = f"{operator.name!r} needs more memory: {advice}. Why: {why}"
     if isinstance(refused, BudgetError):

@@ -377,6 +377,7 @@ def with_baseline(
         threaded_scheduler=budget.threaded_scheduler,
         holder="this process" if budget.threaded_scheduler else "the worker",
         holds="would hold between tasks",
+        baseline_note=f" (its baseline: {source})",
     )
     if budget.baseline_source:
         source = f"{budget.baseline_source}, and {source}"
@@ -409,6 +410,7 @@ def per_task_bytes(
     pause_fraction: float,
     holder: str = "the worker",
     holds: str = "already holds",
+    baseline_note: str = "",
     in_this_process: bool = False,
     threaded_scheduler: bool = False,
 ) -> int:
@@ -417,7 +419,8 @@ def per_task_bytes(
     ``holder`` names what holds the baseline, in the error: a worker, or the process its
     workers run in. Workers in this process (``in_this_process``) need at least
     :data:`MIN_TASK_BYTES` per task. ``holds`` says how it holds it: already, or (a baseline
-    a plan raised) would. ``threaded_scheduler``: the memory is a process's with no cluster
+    a plan raised) would; ``baseline_note`` follows its figure (where it comes from).
+    ``threaded_scheduler``: the memory is a process's with no cluster
     (:attr:`Budget.threaded_scheduler`), which the message names.
 
     Raises
@@ -455,7 +458,7 @@ def per_task_bytes(
             )
         reason = (
             f"{pause} ({size(pause_fraction * worker_memory)}), "
-            f"and {holder} {holds} {size(worker_baseline)}{short}"
+            f"and {holder} {holds} {size(worker_baseline)}{baseline_note}{short}"
             + (
                 " (a number without a unit is bytes: write e.g. '1.5GB')"
                 if worker_memory < UNIT_SLIP_BYTES
