@@ -174,6 +174,21 @@ def test_a_refusal_with_no_cluster_states_a_minimum_that_plans_after_planning_gr
     assert plan.fits and plan.budget.worker_baseline == now[0]
 
 
+def test_with_no_cluster_a_plan_counts_what_planning_left_in_this_process(monkeypatch):
+    """A user's groupby function over open_mfdataset files, planned with no cluster at
+    411.54 MiB, counted the configured 190.73 MiB (the process held 155.5 MiB), and its sample
+    run left the process holding 219.3 MiB: the run peaked at 360.4 MiB against a 329.23 MiB
+    line. Here planning raises this process's memory from 150 MB to 250 MB."""
+    from xarray_memchunk import memory_limits
+
+    held = iter([150_000_000, 150_000_000])  # read before planning, and by its budget
+    monkeypatch.setattr(memory_limits, "this_process_memory", lambda: next(held, 250_000_000))
+    tas = synthetic_climate(365, 30, 40, chunks={"time": 30}).tas
+    plan = tas.memchunk.plan("median", dim="time", memory_limit="600MB")
+    assert plan.budget.worker_baseline == 250_000_000
+    assert plan.budget.baseline_source.startswith("this Python process's memory now")
+
+
 @pytest.mark.parametrize(
     ("held", "loaded", "counted"), [(300, True, False), (300, False, True), (100, True, True)]
 )
