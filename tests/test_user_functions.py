@@ -291,3 +291,23 @@ def test_a_large_argument_is_in_the_graph_once_and_a_small_one_keeps_tasks_fused
         keys = list(dict(optimized.dask))
         assert len(keys) == 4 and all("scaled" in str(key[0]) for key in keys)
     np.testing.assert_array_equal(small.values, 6.0)
+
+
+def add_table(block, table=None):
+    return block + table[0]
+
+
+@pytest.mark.parametrize("table", [np.arange(10.0), da.arange(10.0, chunks=5)])
+def test_a_function_measured_with_an_array_argument_saves_its_calibration(user_dir, table):
+    """A new user's first plan of a function given a lookup table failed with "Object of type
+    ndarray is not JSON serializable" (the calibration file names the arguments)."""
+    import json
+
+    op = xm.operator(name="add_table", depth={"x": 1}, register=False)(add_table)
+    data = xr.DataArray(da.ones((200, 200), chunks=100, dtype="float32"), dims=("x", "y"))
+    with dask.config.set({"memchunk.self-calibration-seconds": 1}):
+        plan = data.memchunk.plan(op, memory_limit="1GB", table=table)
+    (saved,) = user_dir.glob("add_table-*-cpu.json")
+    described = json.loads(saved.read_text())["operator_kwargs"]["table"]
+    assert described == f"{type(table).__name__} of float64, shape (10,)"
+    np.testing.assert_array_equal(plan.apply().values, 1.0)

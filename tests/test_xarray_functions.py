@@ -449,3 +449,12 @@ def test_a_numpy_function_written_for_xarray_is_told_how_to_get_dataarrays():
         result.compute(scheduler="sync")
     assert "is given NumPy blocks" in str(raised.value.__notes__)
     assert "annotate it (def f(x: xr.DataArray))" in str(raised.value.__notes__)
+
+    @xm.operator(memory_model=MODEL, register=False)
+    def sized(block, table=None):
+        return block + table.size  # another argument's error: no word of DataArrays
+
+    result = daily(years=1).memchunk.apply(sized, memory_limit="1GB", table=[1.0])
+    with pytest.raises(AttributeError) as unrelated:
+        result.compute(scheduler="sync")
+    assert not getattr(unrelated.value, "__notes__", None)

@@ -581,9 +581,28 @@ def calibration_metadata(method: str, kwargs: Mapping[str, Any], **extra: Any) -
         "versions": _versions(),
         "machine": _machine(),
         "method": method,
-        "operator_kwargs": {k: v for k, v in kwargs.items() if v is not None},
+        "operator_kwargs": {k: _as_json(v) for k, v in kwargs.items() if v is not None},
         **extra,
     }
+
+
+def _as_json(value: Any) -> Any:
+    """``value`` as a calibration file holds an argument: itself where JSON has it, else said.
+
+    A user's function given a lookup table (a NumPy or Dask array) failed its first plan with
+    "Object of type ndarray is not JSON serializable": an array is described by its type,
+    dtype and shape, anything else by its ``repr`` (at most 200 characters).
+    """
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+        if shape is not None and dtype is not None:
+            return f"{type(value).__name__} of {dtype}, shape {tuple(shape)}"
+        return repr(value)[:200]
+    return value
 
 
 #: Peak growth over element growth, between the two largest blocks measured, up to which a

@@ -297,7 +297,8 @@ def _serve() -> None:
         except Exception as exc:  # the caller raises it as a CalibrationError
             notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
             headline = f"{type(exc).__name__}: {exc}{notes}"
-            answer = (False, f"{headline}\n{traceback.format_exc(limit=3)}")
+            trace = traceback.format_exc(limit=3).replace(notes.lstrip("\n"), "").rstrip()
+            answer = (False, f"{headline}\n{trace}")
         _send(protocol, cloudpickle.dumps(answer))
 
 

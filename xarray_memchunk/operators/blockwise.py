@@ -121,14 +121,16 @@ class CheckedBlockFunction:
     def __call__(self, block: Any, **kwargs: Any) -> Any:
         """``func(block, **kwargs)``, checked (and cast to a declared dtype).
 
-        Where the function raises a ``TypeError`` or ``AttributeError`` (as xarray code does
-        on a NumPy array: ``x.mean("time")``, ``x.groupby``), the error keeps its type and
-        gains a note saying that the function is given NumPy blocks, and how to give it
-        DataArrays.
+        Where the function raises as xarray code does on a NumPy array (``x.mean("time")``:
+        a dim's name where an axis goes; ``x.groupby``: an attribute the array lacks), the
+        error keeps its type and gains a note saying that the function is given NumPy blocks,
+        and how to give it DataArrays.
         """
         try:
             out = self.check(block, self.func(block, **kwargs))
         except (TypeError, AttributeError) as exc:
+            if not _as_if_given_xarray(exc, block):
+                raise
             note = (
                 f"operator {self.operator!r}: {self._function} is given NumPy blocks (its "
                 f"first parameter is not annotated xr.DataArray). For a function of xarray "
@@ -176,6 +178,19 @@ class CheckedBlockFunction:
         dtype = self.dtype.str if self.dtype is not None else None
         func = dask.base.tokenize(self.func)
         return (type(self).__name__, func, dtype, self.declared, self.drop_axes, self.new_lengths)
+
+
+def _as_if_given_xarray(exc: Exception, block: Any) -> bool:
+    """Whether ``exc`` is what xarray code raises on ``block``, a NumPy (or CuPy) array.
+
+    A method the array lacks (``'numpy.ndarray' object has no attribute 'groupby'``), or a
+    dim's name where NumPy takes an axis (``'str' object cannot be interpreted as an
+    integer``); not another argument's error (``'list' object has no attribute 'size'``).
+    """
+    said = str(exc)
+    if isinstance(exc, AttributeError):
+        return f"{type(block).__name__}' object has no attribute" in said
+    return "'str' object cannot be interpreted as an integer" in said
 
 
 def probe_dtype(
