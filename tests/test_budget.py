@@ -752,9 +752,11 @@ def test_with_no_cluster_the_pieces_of_a_result_wait_beside_the_running_tasks():
 
 
 @pytest.mark.cluster
-def test_apply_warns_of_a_result_too_large_to_gather_and_the_report_says_so(
+def test_computing_a_result_too_large_to_gather_warns_and_the_report_says_so(
     cluster_client, monkeypatch, tmp_path
 ):
+    """Warned at apply, every write of a large result came after a warning that said it did
+    not apply then: it is given where the result is computed in one piece, once."""
     from xarray_memchunk.measure.runs import RunReport
 
     monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
@@ -762,10 +764,16 @@ def test_apply_warns_of_a_result_too_large_to_gather_and_the_report_says_so(
     cube = synthetic_climate(1460, 90, 180, chunks={"time": 73})  # 95 MB float32: x2 too much
     with make("400MB") as cluster, Client(cluster):
         gathered = r"variables into one worker in turn, the largest \('tas'\) 90\.2\d MiB"
-        with pytest.warns(xm.ResultGatherWarning, match=gathered) as caught:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", xm.ResultGatherWarning)
             plan = cube.memchunk.plan("rolling", dim="time", window=5)
-            result = plan.apply()
-        assert caught[0].filename == __file__  # the caller's line, not memchunk's
+            result = plan.apply()  # it may be written
+            result.memchunk.to_zarr(tmp_path / "rolled.zarr")  # nothing gathered
+        with pytest.warns(xm.ResultGatherWarning, match=gathered) as caught:
+            dask.optimize(result)  # as computing it does, without gathering it here
+            dask.optimize(result.tas.data)
+        assert len(caught) == 1  # once for the result
+        assert caught[0].filename == __file__  # the caller's line, not Dask's or memchunk's
         assert not issubclass(xm.ResultGatherWarning, xm.MemoryBudgetWarning)
         assert plan.runs[-1].gather.startswith("computing the result in one piece")
         with warnings.catch_warnings():

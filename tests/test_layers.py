@@ -42,7 +42,7 @@ LAYERS = (
     ("operators",),
     ("measure",),
     ("memory_limits", "io", "seismic"),
-    ("baselines", "refusals"),
+    ("baselines", "refusals", "gathering"),
     ("api",),
     ("accessor", "datasets", "demo", "interrupts", "testing"),
     ("__init__",),

@@ -30,9 +30,8 @@ from .errors import (
     InfeasiblePlanError,
     MemchunkError,
     MemoryBudgetWarning,
-    ResultGatherWarning,
-    warn_at_caller,
 )
+from .gathering import warn_when_gathered
 from .measure.first_runs import FirstRuns
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
@@ -200,10 +199,11 @@ class Plan:
         """Rechunk the object per this plan and return the operator's lazy result.
 
         Nothing is planned again, and nothing is computed. On a ``distributed`` cluster the run
-        is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`; a
-        :class:`~xarray_memchunk.ResultGatherWarning` says where the result is too large to
-        gather into one worker (or, with no cluster, into this process, whose finished pieces
-        wait beside the tasks still running), as ``.compute()`` does (write it instead).
+        is kept in :attr:`runs` (and its tasks are measured) for :meth:`report`. Where the
+        result is too large to gather into one worker (or, with no cluster, into this process,
+        whose finished pieces wait beside the tasks still running), as ``.compute()`` does,
+        computing it so gives a :class:`~xarray_memchunk.ResultGatherWarning` (write it
+        instead: ``result.memchunk.to_zarr`` gives none).
 
         Parameters
         ----------
@@ -246,7 +246,7 @@ class Plan:
             _RESULTS.remember(result, prepared, run)  # what reporting needs: not the data
             run.gather = gather
         if gather:  # with no cluster too: this process gathers the pieces as they finish
-            warn_at_caller(gather, ResultGatherWarning)
+            warn_when_gathered(result, gather)
         return result
 
     def report(self, learn: bool = True) -> RunReport:

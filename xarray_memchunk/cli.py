@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from . import interrupts
-from .errors import MemchunkError, ResultGatherWarning
+from .errors import MemchunkError
 
 DEMO_SIZE = 200
 DEMO_MIN_SIZE = 20
@@ -430,9 +430,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if plan is None or not _same_budget(budget, _cluster_budget(obj)):
             plan = obj.memchunk.plan(args.op, measure=args.measure, **kwargs)
         print(plan.explain(), flush=True)
-        with warnings.catch_warnings():  # written, never gathered into one worker
-            warnings.simplefilter("ignore", ResultGatherWarning)
-            result = plan.apply(record_plan=True)
+        result = plan.apply(record_plan=True)  # written: never gathered into one worker
         safe_write(
             result,
             args.output,

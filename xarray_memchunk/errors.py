@@ -110,10 +110,10 @@ class ResultGatherWarning(UserWarning):
 
     The plan bounds the operator's tasks; Dask's last task of ``.compute()`` concatenates the
     whole result on one worker, and before it the finished pieces wait beside the tasks still
-    running (all of them in this process, with no cluster). Write such a result
-    (``result.memchunk.to_zarr``) instead: then nothing is gathered, and the warning, given
-    before anyone knows, does not apply. Not a :class:`MemoryBudgetWarning`: the plan is as
-    asked.
+    running (all of them in this process, with no cluster). Given when such a result is
+    computed (``.compute()``, ``.values``, ``.load()``, ``dask.compute``), once; written
+    (``result.memchunk.to_zarr``), nothing is gathered and it gives none. Not a
+    :class:`MemoryBudgetWarning`: the plan is as asked.
     """
 
 

@@ -269,7 +269,7 @@ class Budget:
             f"computing the result in one piece (.compute(), .values, .load()) gathers "
             f"{what}, {holds}: {over}; write it instead with "
             f"result.memchunk.to_zarr(path) (or to_netcdf), where each task writes its own "
-            f"chunk and nothing is gathered (this does not apply then), or reduce it first"
+            f"chunk and nothing is gathered, or reduce it first"
         )
 
     def minimum_memory_limit(self, per_task: float) -> int | None:
