@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
+import numpy as np
 import xarray as xr
 
 from ..errors import DimensionError
 
-__all__ = ["has_dim", "is_dates", "resolve_dim", "resolve_dims"]
+__all__ = ["DATES_PROBE_BYTES", "has_dim", "is_dates", "resolve_dim", "resolve_dims"]
 
 
 def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
@@ -24,10 +25,27 @@ def _cf_candidates(obj: xr.DataArray | xr.Dataset, key: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+#: Bytes of its first chunk up to which a Dask-backed array of objects is computed to tell
+#: whether it holds dates.
+DATES_PROBE_BYTES = 2**20
+
+
 def is_dates(da: xr.DataArray) -> bool:
-    """Whether ``da`` holds dates: NumPy datetimes (or durations), or cftime objects."""
+    """Whether ``da`` holds dates: NumPy datetimes (or durations), or cftime objects.
+
+    Objects are looked at in their first element, which xarray computes with the chunk that
+    holds it: a Dask-backed array of objects is looked at so only where its first chunk is
+    small (:data:`DATES_PROBE_BYTES`), else by its encoding's ``calendar``. A new user's
+    ``ds.where(ds.pr >= 0)`` broadcast ``time_bnds`` to a 2 GB array of cftime dates, whose
+    first chunk a plan computed on the cluster to ask: it killed 4 workers before refusing.
+    """
     from xarray.core.common import _contains_datetime_like_objects
 
+    data = da.variable._data
+    if da.dtype.kind == "O" and hasattr(data, "chunks") and hasattr(data, "dask"):
+        first = [c[0] if c else 0 for c in data.chunks]
+        if int(np.prod(first)) * data.dtype.itemsize > DATES_PROBE_BYTES:
+            return "calendar" in da.encoding or "calendar" in da.attrs
     return bool(_contains_datetime_like_objects(da.variable))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import xarray as xr
 
 from ..errors import MemchunkError
+from ..units import format_size
 from .dims import has_dim, is_dates
 
 __all__ = [
@@ -47,6 +48,10 @@ def note_without_dim(da: xr.DataArray, dim: str, along: str, reduction: str) -> 
 #: datetime64 wraps round to 1732, a std reads as 1970-01-09): a Dataset's dates are then
 #: left out, with a note, rather than fail the whole result or be written as its bounds.
 DATE_REDUCTIONS = ("mean", "min", "max")
+#: Bytes of dates along the dim (time bounds) up to which xarray reduces them beside the plan:
+#: a ``ds.where(...)`` broadcast a trial's ``time_bnds`` along lat and lon, 1.5 GB of objects
+#: no plan bounds; larger ones are left out, with a note.
+SMALL_DATES_BYTES = 16 * 2**20
 
 
 def grouped_variables(
@@ -64,7 +69,11 @@ def grouped_variables(
     dates = [
         str(name)
         for name, v in ds.data_vars.items()
-        if name not in uses and dim in v.dims and is_dates(v) and reduction in DATE_REDUCTIONS
+        if name not in uses
+        and dim in v.dims
+        and reduction in DATE_REDUCTIONS
+        and v.nbytes <= SMALL_DATES_BYTES
+        and is_dates(v)
     ]
     keep = [n for n, v in ds.data_vars.items() if n in uses or dim not in v.dims]
     return ds[keep], dates
@@ -90,6 +99,12 @@ def note_unplanned(da: xr.DataArray, dim: str, along: str, reduction: str) -> st
     """
     if not has_dim(da, dim):  # a name, or a CF key (dim="T")
         return note_without_dim(da, dim, along, reduction)
+    if da.dtype.kind == "O" and da.nbytes > SMALL_DATES_BYTES:  # not asked: not computed
+        return (
+            f"{da.name!r} along {dim!r}: left out of the result, {format_size(da.nbytes)} of "
+            f"objects (dates, broadcast by a where?) that no plan bounds: select or drop them "
+            f"first, or compute them with xarray"
+        )
     return note_of_dates(dim, along, reduction) if is_dates(da) else None
 
 
