@@ -117,10 +117,18 @@ class ResultGatherWarning(UserWarning):
     """
 
 
-def warn_at_caller(message: str, category: type[Warning]) -> None:
-    """Warn with ``message``, pointing at the first caller outside this package."""
-    package = os.path.dirname(os.path.abspath(__file__))
+def warn_at_caller(message: str, category: type[Warning], *, past: tuple[str, ...] = ()) -> None:
+    """Warn with ``message``, pointing at the first caller outside this package.
+
+    ``past``: the names of other packages whose frames are passed over too (``"dask"``, for a
+    warning given while Dask computes), where they are imported.
+    """
+    roots = [os.path.dirname(os.path.abspath(__file__))]
+    for name in past:
+        module = sys.modules.get(name)
+        if getattr(module, "__file__", None):
+            roots.append(os.path.dirname(os.path.abspath(module.__file__)))
     frame, level = sys._getframe(1), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(tuple(roots)):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)

@@ -12,20 +12,17 @@ warn there, once per result.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import xarray as xr
 
-from .errors import ResultGatherWarning
+from .errors import ResultGatherWarning, warn_at_caller
 
 __all__ = ["warn_when_gathered"]
 
-#: Packages whose frames a warning given while Dask computes skips, to point at the caller.
-_LIBRARIES = ("xarray_memchunk", "xarray", "dask", "distributed")
+#: Packages whose frames a warning given while Dask computes passes over, beside this one.
+_LIBRARIES = ("xarray", "dask", "distributed")
 
 
 def warn_when_gathered(result: xr.DataArray | xr.Dataset, message: str) -> None:
@@ -49,20 +46,7 @@ def _warning_first(
     def warned_postcompute() -> Any:
         if not warned:
             warned.append(True)
-            warnings.warn(message, ResultGatherWarning, stacklevel=_caller_level())
+            warn_at_caller(message, ResultGatherWarning, past=_LIBRARIES)
         return postcompute()
 
     return warned_postcompute
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first caller outside this package, xarray, Dask and distributed."""
-    roots = []
-    for name in _LIBRARIES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.append(os.path.dirname(os.path.abspath(module.__file__)))
-    frame, level = sys._getframe(2), 2  # the caller of warned_postcompute
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(tuple(roots)):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -41,10 +41,9 @@ def is_dates(da: xr.DataArray) -> bool:
     """
     from xarray.core.common import _contains_datetime_like_objects
 
-    data = da.variable._data
-    if da.dtype.kind == "O" and hasattr(data, "chunks") and hasattr(data, "dask"):
-        first = [c[0] if c else 0 for c in data.chunks]
-        if int(np.prod(first)) * data.dtype.itemsize > DATES_PROBE_BYTES:
+    if da.dtype.kind == "O" and da.chunks is not None:  # Dask-backed
+        first = [c[0] if c else 0 for c in da.chunks]
+        if int(np.prod(first)) * da.dtype.itemsize > DATES_PROBE_BYTES:
             return "calendar" in da.encoding or "calendar" in da.attrs
     return bool(_contains_datetime_like_objects(da.variable))
 
