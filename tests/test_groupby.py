@@ -143,7 +143,8 @@ def test_with_flox_off_the_notes_say_the_method_is_only_a_chunk_layout(threaded)
     xr.testing.assert_allclose(result, tas.groupby("time.month").mean().compute(), atol=1e-6)
 
 
-def test_dates_broadcast_by_a_where_are_left_out_without_being_computed():
+@pytest.mark.parametrize("dtype", [object, "M8[ns]"])
+def test_dates_broadcast_by_a_where_are_left_out_without_being_computed(dtype):
     """A new user's ``ds.where(ds.pr >= 0)`` broadcast ``time_bnds`` to a 2 GB array of
     cftime dates; planning computed its first chunk on the cluster to ask whether it held
     dates, and killed 4 workers before it could refuse. Here computing it fails."""
@@ -152,8 +153,8 @@ def test_dates_broadcast_by_a_where_are_left_out_without_being_computed():
         raise AssertionError("the broadcast dates were computed")
 
     tas = daily(days=365, lat=60, lon=100, chunks={"time": 365})
-    broadcast = dask.array.empty((365, 2, *tas.shape[1:]), dtype=object, chunks=-1)
-    bounds = (("time", "bnds", "lat", "lon"), broadcast.map_blocks(never, dtype=object))
+    broadcast = dask.array.empty((365, 2, *tas.shape[1:]), dtype=dtype, chunks=-1)
+    bounds = (("time", "bnds", "lat", "lon"), broadcast.map_blocks(never, dtype=dtype))
     ds = tas.to_dataset().assign(time_bnds=bounds)
     assert ds.time_bnds.nbytes > 16 * 2**20 and broadcast.chunksize[0] == 365
     plan = ds.memchunk.plan("groupby", by="time.month", reduction="mean", memory_limit="2GB")

@@ -99,11 +99,12 @@ def note_unplanned(da: xr.DataArray, dim: str, along: str, reduction: str) -> st
     """
     if not has_dim(da, dim):  # a name, or a CF key (dim="T")
         return note_without_dim(da, dim, along, reduction)
-    if da.dtype.kind == "O" and da.nbytes > SMALL_DATES_BYTES:  # not asked: not computed
+    # left out by grouped_variables (objects: not asked whether dates, not computed)
+    if da.dtype.kind in "OMm" and da.nbytes > SMALL_DATES_BYTES:
         return (
             f"{da.name!r} along {dim!r}: left out of the result, {format_size(da.nbytes)} of "
-            f"objects (dates, broadcast by a where?) that no plan bounds: select or drop them "
-            f"first, or compute them with xarray"
+            f"dates or objects (broadcast by a where?) that no plan bounds: select or drop "
+            f"them first, or compute them with xarray"
         )
     return note_of_dates(dim, along, reduction) if is_dates(da) else None
 
