@@ -55,7 +55,7 @@ from harness.fresh import fresh_client
 from peers import GST3D_HALO, make_cube
 
 import xarray_memchunk  # the accessor, and remove_staged_stores
-from xarray_memchunk.cli import WORKER_SATURATION_KEY
+from xarray_memchunk.clusters import WORKER_SATURATION_KEY
 from xarray_memchunk.operators.gst3d.kernels import gst3d_block
 
 CASES = ("sleeps", "memchunk gst3d", "dask map_overlap", "memchunk median", "median gathered")

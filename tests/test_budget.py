@@ -189,6 +189,55 @@ def test_with_no_cluster_a_plan_counts_what_planning_left_in_this_process(monkey
     assert plan.budget.baseline_source.startswith("this Python process's memory now")
 
 
+@pytest.mark.cluster
+def test_on_a_cluster_a_plan_counts_what_planning_left_in_the_workers(
+    monkeypatch, quiet_distributed
+):
+    """A trial's groupby over a preprocessing graph on fresh workers tried map-reduce first,
+    whose first run imported flox's kernels in each worker (94 MiB); the blockwise plan it
+    chose counted the workers' memory from before (198.55 MiB where they held 240 MiB), and
+    its run at the stated minimum peaked at 633 MiB against a 562 MiB pause line. Here
+    planning leaves 120 MiB in every worker."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk import api
+
+    original = api._prepare
+    grown = []
+
+    def grows_the_workers(*args, **kwargs):
+        prepared = original(*args, **kwargs)
+        if not grown:
+            client.run(_hold, 120 * 2**20)
+            grown.append(max(client.run(_rss).values()))
+        return prepared
+
+    monkeypatch.setattr(api, "_prepare", grows_the_workers)
+    tas = synthetic_climate(365, 30, 40, chunks={"time": 30}).tas
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="1.5GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = tas.memchunk.plan("median", dim="time")
+    assert grown
+    assert plan.budget.worker_baseline >= grown[0] - 8 * 2**20
+    assert plan.budget.baseline_source.startswith("the largest worker's process memory now")
+
+
+def _hold(nbytes, dask_worker=None):
+    import numpy as np
+
+    dask_worker.memchunk_test_held = np.ones(nbytes, dtype=np.uint8)  # touched
+
+
+def _rss():
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 @pytest.mark.parametrize(
     ("held", "loaded", "counted"), [(300, True, False), (300, False, True), (100, True, True)]
 )

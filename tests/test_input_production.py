@@ -214,3 +214,49 @@ def test_a_datasets_variables_made_by_graphs_get_one_note_of_their_production():
     (note,) = [n for n in plan.notes if n.startswith("producing one block")]
     assert note.startswith("producing one block of each variable of the input (pr ")
     assert ", tas " in note and "each holds up to" in note
+
+
+def split_years(seed=5):
+    """Two-'year' chunks of a produced graph, cut in 30-step blocks: the blocks share them."""
+    data = da.random.default_rng(seed).standard_normal((240, 60, 80), chunks=(120, 60, 80))
+    array = xr.DataArray((data + 1).astype("float32"), dims=("time", "y", "x"), name="tas")
+    return array, array.chunk(time=30)
+
+
+def test_blocks_cut_from_larger_chunks_share_their_production():
+    """A ``.chunk(time=30)`` of one-year chunks: every block's year is made once for 4 blocks."""
+    as_read, split = split_years()
+    index = (0, 0, 0)
+    assert production.shares_production(split.data, index)
+    assert not production.shares_production(as_read.data, index)
+    # cut along a second dim: the neighbours along it share the year too
+    across = as_read.chunk(y=30)
+    assert across.data.numblocks == (2, 2, 1)
+    assert production.shares_production(across.data, index)
+    assert input_production(split).shared and not input_production(as_read).shared
+
+
+@pytest.mark.parametrize(("saturation", "threads", "ahead"), [(1.1, 2, 1.5), (1.0, 2, 1.0)])
+def test_shared_production_held_ahead_follows_the_queue_depth(saturation, threads, ahead):
+    with dask.config.set({"distributed.scheduler.worker-saturation": saturation}):
+        assert production.production_ahead(threads) == ahead
+    with dask.config.set({"distributed.scheduler.worker-saturation": float("inf")}):
+        assert production.production_ahead(threads) == 2.0
+
+
+def test_a_plan_counts_shared_production_held_ahead_per_task_slot():
+    """The trial's groupby of split years peaked 391 MiB above a worker where 320 were counted."""
+    from xarray_memchunk.memory_limits import make_budget
+
+    _, split = split_years(seed=6)
+    made = input_production(split)
+    assert made.shared
+    budget = make_budget(2 * 2**30, threads_per_worker=2, n_workers=2, source="test")
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.1}):
+        plan = split.memchunk.plan("mean", dim="time", budget=budget)
+    assert plan.produce_bytes >= 1.5 * made.extra_bytes - plan.predicted_task_bytes
+    assert any("share their production" in n and "x1.5" in n for n in plan.notes)
+    with dask.config.set({"distributed.scheduler.worker-saturation": 1.0}):
+        again = split.memchunk.plan("mean", dim="time", budget=budget)
+    assert not any("share their production" in n for n in again.notes)
+    assert again.produce_bytes < plan.produce_bytes

@@ -20,9 +20,10 @@ from .baselines import (
     first_run_rises,
     held_after_running,
     held_in_chunk_caches,
+    held_in_shared_production,
     without_loaded_runtime,
 )
-from .clusters import active_client, scheduler_queueing, task_overhead_seconds
+from .clusters import active_client, cluster_facts, scheduler_queueing, task_overhead_seconds
 from .errors import (
     BudgetError,
     CalibrationError,
@@ -1004,6 +1005,7 @@ def _prepare_one(
         resolved, operator, alternative.targets, costs, alternative.problem
     )
     problem = without_loaded_runtime(resolved, operator, problem)
+    costs, problem = held_in_shared_production(resolved, costs, problem)
     problem = replace(problem, max_tasks=_max_tasks())
     if chunks is None:
         try:
@@ -1177,20 +1179,60 @@ def plan(
     through_dask = read_through_dask(obj)  # a variable opened without chunks is not read whole
     here = _plans_this_process(memory_limit, budget)
     held = memory_limits.held_by_this_process() if here else 0
+    held_by_workers = _largest_worker_memory() if budget is None and not here else None
     try:
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     except (BudgetError, InfeasiblePlanError):
         grown = memory_limits.held_by_this_process() - held if here else 0
+        if held_by_workers is not None:
+            grown = (_largest_worker_memory() or 0) - held_by_workers
         if grown <= memory_limits.PLANNING_GROWTH_BYTES:
             raise
-        # once more, from what this process holds now: the minimum it states then counts it
+        # once more, from what this process (or the workers) hold now: the minimum it states
+        # then counts it
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     else:
-        if here and _grew_past_its_baseline(held, prepared.plan.budget):
-            # planned from what this process held before planning grew it (a function's
-            # sample run imports flox's kernels): once more, from what it holds now
+        planned = prepared.plan.budget
+        if (here and _grew_past_its_baseline(held, planned)) or (
+            held_by_workers is not None and _workers_grew_past_their_baseline(planned)
+        ):
+            # planned from what this process (or the workers) held before planning grew it
+            # (a function's sample run imports flox's kernels): once more, from what it holds now
             prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     return Plan(_planned_through_dask(obj, through_dask, prepared), prepared, measure)
+
+
+def _largest_worker_memory() -> int | None:
+    """The largest memory of the active client's workers now, asked; None without workers.
+
+    None too for an asynchronous client, or workers in this process (their memory is this
+    process's, which :func:`_grew_past_its_baseline` reads where it is the budget).
+    """
+    client = active_client()
+    if client is None or getattr(client, "asynchronous", False):
+        return None
+    try:
+        facts = cluster_facts(client, ask_above=0)
+    except MemchunkError:  # no workers yet (an adaptive cluster at zero): nothing grew
+        return None
+    if facts.in_this_process or not facts.largest_process_memory:
+        return None
+    return facts.largest_process_memory
+
+
+def _workers_grew_past_their_baseline(planned: Budget) -> bool:
+    """Whether planning grew the cluster's largest worker past the baseline its plan counts.
+
+    By more than :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`. A groupby plan
+    over a preprocessing graph on fresh workers tried ``method="map-reduce"`` first, whose
+    first run in each worker imported flox's numba kernels (94 MiB); the ``"blockwise"`` plan it
+    chose still counted the workers' memory before that (198.55 MiB, where they held 240 MiB),
+    and its run at the refusal's stated minimum peaked at 633 MiB against a 562 MiB pause line.
+    """
+    if not planned.read_from_cluster or planned.device != "cpu":
+        return False
+    now = _largest_worker_memory()
+    return now is not None and now > planned.worker_baseline + memory_limits.PLANNING_GROWTH_BYTES
 
 
 def _grew_past_its_baseline(held_before: int, planned: Budget) -> bool:

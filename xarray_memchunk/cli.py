@@ -34,8 +34,6 @@ PROGRESS_PERIOD_S = 10.0
 MAX_WORKERS_PER_CPU = 4
 #: Seconds to wait for a ``--scheduler`` to answer, when connecting and when reconnecting.
 SCHEDULER_TIMEOUT_S = 10
-#: The dask config key of the scheduler's queue depth: root tasks sent per worker thread.
-WORKER_SATURATION_KEY = "distributed.scheduler.worker-saturation"
 #: The queue depth of the LocalCluster ``run`` starts, where the user did not choose one: a
 #: worker is sent its next root task when it reports one finished. At the default
 #: of 1.1 a 1-thread worker holds a second task behind the running one, committed a task's
@@ -345,6 +343,8 @@ def _own_cluster_config() -> dict[str, Any]:
     """
     import dask
     import distributed  # noqa: F401  (registers distributed's defaults)
+
+    from .clusters import WORKER_SATURATION_KEY
 
     default = dask.config.get(
         WORKER_SATURATION_KEY, None, config=dask.config.merge(*dask.config.defaults)

@@ -22,7 +22,9 @@ from .planning.budget import CLIENT_SOURCE
 
 __all__ = [
     "ASK_TIMEOUT",
+    "DEFAULT_SATURATION",
     "DISTRIBUTED_MEMORY_DEFAULTS",
+    "WORKER_SATURATION_KEY",
     "ClusterFacts",
     "DeviceFacts",
     "WorkerLayout",
@@ -45,6 +47,10 @@ _logger = logging.getLogger(__name__)
 #: connection and never answers (:func:`~._dask_compat.bounded_run`). Answers take 5-10 ms on
 #: a LocalCluster.
 ASK_TIMEOUT = 5.0
+#: The dask config key of the scheduler's queue depth: root tasks sent per worker thread.
+WORKER_SATURATION_KEY = "distributed.scheduler.worker-saturation"
+#: distributed's default ``worker-saturation``, where neither a scheduler nor the config says.
+DEFAULT_SATURATION = 1.1
 
 #: ``distributed.worker.memory`` thresholds (fractions of a worker's memory limit) where
 #: distributed's own configuration is not loaded (it is not imported).

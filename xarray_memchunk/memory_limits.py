@@ -369,8 +369,13 @@ def machine_cores() -> int:
 
 
 def _cpu_budget(memory_limit: int | float | str | None, client: Any) -> Budget:
-    """The CPU budget :func:`resolve_budget` finds, before the cores its workers share."""
-    facts = cluster_facts(client, configured_baseline()) if client is not None else None
+    """The CPU budget :func:`resolve_budget` finds, before the cores its workers share.
+
+    The workers are asked what they hold now (:func:`~.clusters.cluster_facts`, one broadcast
+    of a few milliseconds): a heartbeat's figure may be a second old, above what they hold
+    after a computation, or below what a plan's first runs just left in them.
+    """
+    facts = cluster_facts(client, ask_above=0) if client is not None else None
     if memory_limit is not None:
         return _given_budget(memory_limit, facts)
     if facts is not None and facts.memory_limit:

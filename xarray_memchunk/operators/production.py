@@ -45,6 +45,8 @@ __all__ = [
     "InputProduction",
     "explain_productions",
     "input_production",
+    "production_ahead",
+    "shares_production",
 ]
 
 #: Largest block measured in this process; above it, a smaller block is measured and scaled.
@@ -77,6 +79,10 @@ class InputProduction:
     measured_bytes
         Bytes of the block measured; where smaller than ``block_bytes``, ``extra_bytes`` and
         ``held_bytes`` are its measurements scaled by ``block_bytes / measured_bytes``.
+    shared
+        Whether producing the block shares tasks with a neighbouring block
+        (:func:`shares_production`): their results stay in a worker until every block that
+        needs them is made.
     """
 
     block_bytes: int
@@ -84,6 +90,7 @@ class InputProduction:
     held_bytes: int
     seconds: float
     measured_bytes: int = 0
+    shared: bool = False
 
     def explain(self, size: Any = str) -> str:
         """One line for the plan's notes."""
@@ -173,6 +180,77 @@ def _blocks_to_measure(data: Any) -> tuple[tuple[int, ...], int]:
     return tuple(n // 2 for n in data.numblocks), largest_bytes
 
 
+def shares_production(data: Any, index: tuple[int, ...]) -> bool:
+    """Whether producing block ``index`` of ``data`` shares a chunk's task with a neighbour's.
+
+    A graph that splits larger chunks (``.chunk(time=30)`` of one-year file chunks) makes
+    each year once, for all the blocks cut from it: a worker keeps it until the last of them
+    is made, and may be sent another year's first task meanwhile. Compared along every dim
+    with more than one block, the neighbour after ``index`` (or before it, at the end); only
+    chunk tasks count (keys of a name and a block index), not the file objects every read
+    names.
+    """
+    graph = dict(data.__dask_graph__())
+    own = _chunk_ancestry(graph, (data.name, *index))
+    for axis, n in enumerate(data.numblocks):
+        if n < 2:
+            continue
+        other = list(index)
+        other[axis] += 1 if index[axis] + 1 < n else -1
+        if own & _chunk_ancestry(graph, (data.name, *other)):
+            return True
+    return False
+
+
+def _chunk_ancestry(graph: Mapping[Any, Any], key: Any) -> set[tuple]:
+    """The chunk tasks (tuple keys) that ``key`` needs, ``key`` itself excepted."""
+    from dask.core import get_dependencies
+
+    seen: set[Any] = set()
+    stack = [key]
+    while stack:
+        current = stack.pop()
+        if current in seen or current not in graph:
+            continue
+        seen.add(current)
+        task = graph[current]
+        needs = getattr(task, "dependencies", None)
+        stack.extend(get_dependencies(graph, current) if needs is None else needs)
+    seen.discard(key)
+    return {k for k in seen if isinstance(k, tuple)}
+
+
+def production_ahead(threads_per_worker: int) -> float:
+    """Blocks' shared production a worker's task slot holds, in one block's: 1 or more.
+
+    Where blocks share their production (:attr:`InputProduction.shared`), a worker keeps what
+    they share until the last of them is made, and the scheduler sends it its next root task
+    (another year's read) while its threads run: up to ``ceil(threads x worker-saturation)``
+    at once (distributed's default 1.1; all of them at ``inf``, counted as two per thread).
+    The scheduler's figure where a client is active, else dask's config.
+    """
+    import math
+
+    import dask
+
+    from ..clusters import (
+        DEFAULT_SATURATION,
+        WORKER_SATURATION_KEY,
+        active_client,
+        scheduler_queueing,
+    )
+
+    client = active_client()
+    asked = scheduler_queueing(client) if client is not None else None
+    if asked is not None:
+        saturation = asked[0]
+    else:
+        saturation = float(dask.config.get(WORKER_SATURATION_KEY, None) or DEFAULT_SATURATION)
+    threads = max(1, threads_per_worker)
+    roots = 2 * threads if math.isinf(saturation) else math.ceil(threads * saturation)
+    return max(1.0, roots / threads)
+
+
 def _compute(block: Any) -> None:
     block.compute(scheduler="synchronous")
 
@@ -233,5 +311,6 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
             round(held * scale),
             seconds,
             block_bytes,
+            shares_production(data, index),
         )
     return _CACHE[name]
