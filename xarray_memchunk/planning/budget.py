@@ -511,9 +511,11 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
     worker_baseline
         Bytes a worker process holds before the computation.
     baseline_source
-        Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` names memory the
-        workers hold now, which a restart frees; :data:`IN_PROCESS_BASELINE`, memory of this
-        process, which its workers share; a configured baseline has no such remedy.
+        Where ``worker_baseline`` came from: :data:`MEASURED_BASELINE` alone names memory
+        the workers hold now, which a restart frees (not where a figure of the operator's
+        raised it: what its first run leaves, it leaves again); :data:`IN_PROCESS_BASELINE`,
+        memory of this process, which its workers share; a configured baseline has no such
+        remedy.
     """
     if baseline_source.startswith(IN_PROCESS_BASELINE):
         return (
@@ -528,7 +530,10 @@ def held_memory_remedy(worker_baseline: int, baseline_source: str) -> str:
             f"and holds {format_size(worker_baseline)} now, your own arrays included; or start "
             f"a distributed cluster, whose workers hold their tasks apart"
         )
-    if not baseline_source.startswith(MEASURED_BASELINE):
+    if baseline_source != MEASURED_BASELINE:  # none, configured, or raised past it:
+        # a restart frees what earlier work left, not what running the operator leaves again
+        # (a refusal planned again after planning's first runs grew the workers offered
+        # "free the 283.96 MiB a worker process holds now" for flox's kernels)
         return ""
     return (
         f"or free the {format_size(worker_baseline)} a worker process holds "
