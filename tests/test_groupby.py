@@ -160,3 +160,6 @@ def test_dates_broadcast_by_a_where_are_left_out_without_being_computed(dtype):
     plan = ds.memchunk.plan("groupby", by="time.month", reduction="mean", memory_limit="2GB")
     assert any("'time_bnds' along 'time': left out" in note for note in plan.notes)
     assert list(plan.apply().data_vars) == ["tas"]
+    # nothing is sized for it: the result drops it (a note said how it was chunked to fit)
+    assert "time_bnds" not in plan._prepared.kept
+    assert not any(n.startswith("time_bnds: xarray's task") for n in plan.notes)

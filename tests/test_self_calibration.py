@@ -160,7 +160,9 @@ def test_a_refusal_for_the_measured_range_is_said_once_when_staging_cannot_help(
         volume.memchunk.plan(op, memory_limit="1GB", measure="never")
     message = str(refused.value)
     assert message.count("every chunking") == 1, message
-    assert message.endswith("Staged on disk, it does not fit either, for the same reason.")
+    assert message.endswith(
+        "Staged in a temporary Zarr store, it does not fit either, for the same reason."
+    )
 
 
 def test_a_calibration_stopped_by_budget_and_time_at_once_is_measured_again(user_dir, monkeypatch):

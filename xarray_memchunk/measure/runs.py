@@ -921,6 +921,11 @@ def _learn(prepared: Any, measured: int, floor: bool) -> str:
         f"kept {what} {plan.budget.format(measured)} task beside the calibration "
         f"(the next plan raises its prediction, at most x2; forget it with "
         f"{forget_command(cost.calibration_key)})"
-        + (": a worker was killed; a NumPy function is measured again first" if floor else "")
+        + (
+            ": a worker was killed; an operator that measures itself (a function, groupby) is "
+            "measured again on its next plan"
+            if floor
+            else ""
+        )
         + f": {path}"
     )

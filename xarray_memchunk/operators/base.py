@@ -294,6 +294,19 @@ class Operator(abc.ABC):
         """
         return False
 
+    def kept_unplanned(
+        self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
+    ) -> list[str]:
+        """The variables of ``ds`` not in ``uses`` that :meth:`compute_dataset` keeps.
+
+        All of them where :attr:`keeps_unplanned_variables`, else none. An operator that
+        leaves some out says which it keeps (a groupby leaves out dates too large to reduce
+        beside the plan), so that nothing is sized for a variable the result drops.
+        """
+        if not self.keeps_unplanned_variables:
+            return []
+        return [str(name) for name in ds.data_vars if str(name) not in uses]
+
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """What becomes of a Dataset's variable the operator does not apply to, and why.
 

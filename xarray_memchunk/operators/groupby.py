@@ -37,6 +37,7 @@ from .base import Cost, DimUse, Operator, padded_elements
 from .grouping import (
     flox_enabled,
     grouped_variables,
+    kept_by_grouping,
     not_calibrated_apart,
     note_unplanned,
     uses_flox,
@@ -289,6 +290,12 @@ class Groupby(Operator):
             groups = ds[dates].groupby(kwargs["by"])
             result = result.assign(getattr(groups, kwargs["reduction"])().data_vars)
         return result
+
+    def kept_unplanned(
+        self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
+    ) -> list[str]:
+        """Those :func:`~.grouping.grouped_variables` computes beside the planned ones."""
+        return kept_by_grouping(ds, uses, kwargs["dim"], kwargs["reduction"])
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the grouped dim, or dates: as xarray treats it."""

@@ -15,6 +15,7 @@ from .dims import has_dim, is_dates
 __all__ = [
     "DATE_REDUCTIONS",
     "grouped_variables",
+    "kept_by_grouping",
     "not_calibrated_apart",
     "note_of_dates",
     "note_unplanned",
@@ -77,6 +78,17 @@ def grouped_variables(
     ]
     keep = [n for n, v in ds.data_vars.items() if n in uses or dim not in v.dims]
     return ds[keep], dates
+
+
+def kept_by_grouping(
+    ds: xr.Dataset, uses: Mapping[str, Any], dim: str, reduction: str
+) -> list[str]:
+    """The variables of ``ds`` not in ``uses`` that a grouped reduction's result keeps.
+
+    Those :func:`grouped_variables` computes: without ``dim``, or small dates along it.
+    """
+    kept, dates = grouped_variables(ds, uses, dim, reduction)
+    return [str(name) for name in (*kept.data_vars, *dates) if str(name) not in uses]
 
 
 def note_of_dates(dim: str, along: str, reduction: str) -> str:

@@ -115,9 +115,7 @@ def size_kept_variables(
     (:attr:`~xarray_memchunk.operators.base.Operator.keeps_unplanned_variables` False: a user's
     function is not run on stand-ins) gives none.
     """
-    if not operator.keeps_unplanned_variables:
-        return {}
-    unplanned = [str(n) for n, v in ds.data_vars.items() if str(n) not in uses and v.chunks]
+    unplanned = [n for n in operator.kept_unplanned(ds, uses, **kwargs) if ds[n].chunks]
     sized = {}
     for name in unplanned:
         ratio = _bytes_per_input_byte(ds, name, operator, uses, kwargs)

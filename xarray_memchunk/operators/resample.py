@@ -24,7 +24,13 @@ from ..planning.problem import DimRole
 from .arguments import reject_unknown
 from .base import Cost, DimUse, Operator, padded_elements
 from .dims import resolve_dim
-from .grouping import grouped_variables, not_calibrated_apart, note_unplanned, uses_flox
+from .grouping import (
+    grouped_variables,
+    kept_by_grouping,
+    not_calibrated_apart,
+    note_unplanned,
+    uses_flox,
+)
 
 __all__ = ["REDUCTIONS", "Resample", "bin_edges"]
 
@@ -175,6 +181,12 @@ class Resample(Operator):
             bins = ds[dates].resample({kwargs["dim"]: kwargs["freq"]})
             result = result.assign(getattr(bins, kwargs["reduction"])().data_vars)
         return result
+
+    def kept_unplanned(
+        self, ds: xr.Dataset, uses: Mapping[str, Mapping[str, DimUse]], **kwargs: Any
+    ) -> list[str]:
+        """Those :func:`~.grouping.grouped_variables` computes beside the planned ones."""
+        return kept_by_grouping(ds, uses, kwargs["dim"], kwargs["reduction"])
 
     def skipped(self, da: xr.DataArray, reason: str, **kwargs: Any) -> str:
         """A variable without the dim, or dates: as xarray treats it."""

@@ -177,9 +177,9 @@ def plan_staged(
         same = str(on_disk) == str(in_memory)  # a reason of the operator's, not of the layout
         raise _refusal(
             in_memory,
-            "Staged on disk, it does not fit either, for the same reason."
+            "Staged in a temporary Zarr store, it does not fit either, for the same reason."
             if same
-            else f"Staged on disk, it does not fit either: {on_disk}",
+            else f"Staged in a temporary Zarr store, it does not fit either: {on_disk}",
             min(limits) if limits else None,
         ) from None
     if writes > budget.per_task:
@@ -272,7 +272,7 @@ def _writes_refusal(
         advice += f", or {budget.memory_limit_advice(staged)}, where it is staged"
     return _refusal(
         in_memory,
-        f"Nor can it be staged on disk: writing one of the data's chunks needs "
+        f"Nor can it be staged in a temporary Zarr store: writing one of the data's chunks needs "
         f"{size(writes)}, over the per-task budget of {size(budget.per_task)}: {advice}",
         min(limits) if limits else None,
     )
@@ -314,7 +314,8 @@ def _site(nbytes: int, measure: str, in_memory: InfeasiblePlanError) -> StagingS
     """
     site = staging_site(nbytes, active_client(), measure_bandwidth=measure != "never")
     if site.refusal:
-        raise _refusal(in_memory, f"Nor can it be staged on disk: {site.refusal}") from None
+        why = f"Nor can it be staged in a temporary Zarr store: {site.refusal}"
+        raise _refusal(in_memory, why) from None
     return site
 
 
