@@ -63,3 +63,20 @@ def test_a_run_not_done_in_time_is_stopped_and_recorded(cluster_client):
     assert not outcome.completed
     assert outcome.error.startswith("TimeoutError: not done after 1 s")
     assert outcome.seconds < 10
+
+
+def test_a_retired_worker_is_not_counted_as_a_death():
+    """An adaptive cluster scaling down removes workers expectedly: a trial's watch counted
+    one such removal as a worker death under a plan that fit."""
+    from xarray_memchunk.testing import _EventLog
+
+    def removal(worker, expected):
+        return {"action": "remove-worker", "worker": worker, "expected": expected}
+
+    class Client:
+        def get_events(self):
+            return {"all": [(10.0, removal("retired", True)), (11.0, removal("killed", False))]}
+
+    log = _EventLog(Client(), since=0.0)
+    log.poll()
+    assert {worker for worker, _ in log.deaths} == {"killed"}

@@ -513,6 +513,23 @@ def test_what_a_function_leaves_in_a_worker_raises_the_baseline(user_dir, cache_
     assert 320 * 2**20 <= rise < 400 * 2**20
 
 
+def test_measured_again_where_it_ran_before_the_rise_is_not_forgotten(user_dir, cache_dropped):
+    """A resample calibrated in a fresh process rose by 100.6 MB; measured again for a
+    refusal's minimum, in the process that had run it, by 0.3 MB, which the next plan counted,
+    and its stated minimum was refused again on a new cluster."""
+    keeping = xm.BlockwiseOperator("selfcal-keep-2", smooth_keeping_a_cache, depth={"y": 2, "x": 2})
+    data = field()
+
+    def rise():
+        fit = load_calibration(keeping.calibration, "cpu", "float32").metadata["fit"]
+        return fit["resident_after_bytes"] - fit["resident_before_bytes"]
+
+    self_calibrate(keeping, data, {}, per_task=250_000_000)
+    assert rise() >= 320 * 2**20
+    self_calibrate(keeping, data, {}, per_task=250_000_000)  # where the cache is kept already
+    assert rise() >= 320 * 2**20
+
+
 def test_what_stays_after_running_is_the_rise_on_top_of_the_baseline():
     from xarray_memchunk.models.calibration import Calibration
 

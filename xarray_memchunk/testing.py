@@ -44,7 +44,8 @@ class RunOutcome:
         Times a worker was paused for memory (status changed to ``paused``), a worker paused
         when the watch started included.
     worker_deaths
-        Workers removed from the cluster while it ran (killed or crashed).
+        Workers removed from the cluster while it ran, killed or crashed: not those retired
+        (an adaptive cluster scaling down removes a worker expectedly).
     n_tasks
         Tasks in the graph.
     series
@@ -184,7 +185,7 @@ class _EventLog:
                 if is_pause_event(msg):
                     self.pauses.add((topic, stamp))
                 removal = worker_removal(topic, msg)
-                if removal is not None:
+                if removal is not None and not removal.expected:  # not a retirement
                     self.deaths.add((removal.worker, stamp))
 
 
