@@ -166,6 +166,29 @@ def returns_a_numpy_scalar(block):
     return block.sum()
 
 
+def test_a_function_of_blocks_is_never_called_on_objects():
+    """A new user's detrend was called on a Dataset's cftime time_bnds, and its probe failed
+    with "returned a object array of shape (8, 8, 2) for a object block of shape (8, 2)"."""
+    dtypes = []
+
+    def doubled(block):
+        dtypes.append(block.dtype)
+        return block * 2
+
+    ds = (
+        field()
+        .to_dataset()
+        .assign(labels=(("y",), np.array([f"row {i}" for i in range(40)], dtype=object)))
+    )
+    ds["labels"] = ds.labels.chunk()
+    op = xm.BlockwiseOperator("doubled", doubled, memory_model=MODEL)
+    plan = ds.memchunk.plan(op, memory_limit="1GB")
+    (note,) = [n for n in plan.notes if n.startswith("not planned: labels")]
+    assert "does not compute on dtype object" in note
+    assert dtypes and all(d.kind != "O" for d in dtypes)
+    assert list(plan.apply().data_vars) == ["f"]
+
+
 @pytest.mark.parametrize(
     ("func", "returned"),
     [

@@ -376,8 +376,11 @@ class BlockwiseOperator(Operator):
         """
         if da is not None:
             self.dims(da)
-            self.result_dtype(da, kwargs)
-            self._check_reach(da, kwargs)
+            # a dtype it does not compute on is refused by its cost, and never called on (a
+            # new user's detrend was called on a Dataset's cftime time_bnds, and failed)
+            if da.dtype.kind in self.dtype_kinds:
+                self.result_dtype(da, kwargs)
+                self._check_reach(da, kwargs)
             return dict(kwargs)
         try:
             signature = inspect.signature(self.func)

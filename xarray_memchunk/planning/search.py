@@ -154,9 +154,10 @@ def _infeasible(
         )
         advice.append(
             f"most of it is input chunks held in {holder}'s memory while the graph rechunks or "
-            f"overlaps them ({sources}): open the data from Zarr or netCDF with "
-            f"xarray.open_dataset(..., chunks={{}}), and memchunk reads each task's block "
-            f"straight from the file; or rechunk the data on disk first (rechunker)"
+            f"overlaps them ({sources}): plan on the data as opened from Zarr or netCDF "
+            f"(xarray.open_dataset or open_mfdataset with chunks={{}}, no operation in "
+            f"between), and memchunk reads each task's block straight from the files; or write "
+            f"the prepared data to Zarr first, or rechunk it on disk (rechunker)"
         )
     if needed is not None:
         # the workers of this process are planned as one worker of all their threads
