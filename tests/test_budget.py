@@ -716,10 +716,11 @@ def test_a_stated_minimum_plans_where_calibrating_raised_the_baseline(
     assert less.value.minimum_memory_limit == pytest.approx(limit, rel=0.01)
 
 
-def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing(
+def test_no_room_for_a_function_with_no_model_measures_it_only_as_asked_and_warns_nothing(
     tmp_path, monkeypatch
 ):
-    """The refusal is tried at the least memory with room: never a measurement for a refusal."""
+    """The refusal is tried at the least memory with room: the function is measured there
+    where planning may measure (what its runs leave counts in the minimum), not otherwise."""
     import warnings
 
     import dask.array as da
@@ -727,13 +728,13 @@ def test_no_room_for_a_function_with_no_model_measures_nothing_and_warns_nothing
     data = xm.BlockwiseOperator("no-room-fn", lambda block: block * 2)
     field = xr.DataArray(da.zeros((40, 30), chunks=(10, 30)), dims=("y", "x"), name="f")
     monkeypatch.setenv("MEMCHUNK_CALIBRATION_DIR", str(tmp_path))
-    for measure in ("auto", "never"):
+    for measure, files in (("never", 0), ("auto", 1)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with pytest.raises(BudgetError, match="no room for a task"):
                 field.memchunk.plan(data, memory_limit="150MB", measure=measure)
         assert not [w for w in caught if issubclass(w.category, MemoryBudgetWarning)]
-    assert not list(tmp_path.glob("*.json"))  # nothing measured for a refusal
+        assert len(list(tmp_path.glob("*.json"))) == files  # measured as asked only
     with pytest.raises(BudgetError, match="no room for a task"), warnings.catch_warnings():
         warnings.simplefilter("error", MemoryBudgetWarning)
         field.memchunk.plan("mean", dim="y", memory_limit="150MB", chunks={"y": 40})
@@ -926,3 +927,31 @@ def test_a_no_room_refusal_names_the_baseline_beside_its_figure():
     with pytest.raises(BudgetError) as configured:
         make_budget(250 * 10**6, 2, 2, "the LocalCluster to start")
     assert "is counted as holding 190.73 MiB (memchunk.worker-baseline" in str(configured.value)
+
+
+def test_a_refusal_measures_a_function_with_no_model_before_it_states_a_minimum():
+    """A new user's anomaly function was refused at 250 MB with the room for a task
+    (248.42 MiB), and refused there again with 285.23 MiB once planning measured it: what its
+    runs leave in a worker raised the baseline. The search now measures it as asked."""
+    from xarray_memchunk.errors import CalibrationError
+    from xarray_memchunk.memory_limits import make_budget
+    from xarray_memchunk.refusals import least_memory_that_plans
+
+    room = make_budget(260_000_000, 2, 2, "test", pause_fraction=0.8, reserve=0.1)
+    measured_needs = 300_000_000
+    calls = []
+
+    def replan(budget, measure):
+        calls.append((budget.worker_memory, measure))
+        if measure == "never" and not any(m == "auto" for _, m in calls[:-1]):
+            raise CalibrationError("operator 'anom' has no memory model for float32 yet")
+        if budget.worker_memory < measured_needs:
+            raise xm.InfeasiblePlanError(
+                "its runs raise the baseline", minimum_memory_limit=measured_needs
+            )
+
+    assert least_memory_that_plans(room, 260_000_000, replan, "auto") == measured_needs
+    assert (260_000_000, "auto") in calls
+    # told never to measure, nothing is said beyond the room
+    calls.clear()
+    assert least_memory_that_plans(room, 260_000_000, replan, "never") is None

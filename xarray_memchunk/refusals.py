@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from . import memory_limits
-from .errors import BudgetError, InfeasiblePlanError, MemchunkError, NoRoomForTaskError
+from .errors import (
+    BudgetError,
+    CalibrationError,
+    InfeasiblePlanError,
+    MemchunkError,
+    NoRoomForTaskError,
+)
 from .memory_limits import Budget, budget_with_memory
 from .operators import Operator
 from .planning.budget import format_size
@@ -49,15 +55,17 @@ def least_memory_that_plans(
     """The least worker memory from ``at_least``'s up at which the operator's plan runs.
 
     The plan is made there by ``replan``, its warnings kept quiet, first with nothing
-    measured (a function with no model yet is not measured for a refusal: on tasks that small,
-    it would be measured again on the next plan), then as asked (``measure``: what producing a
-    graph's input holds counts), then with nothing measured again (what was measured as asked,
-    a larger calibration, may state a larger baseline). Where it is refused with a larger
-    minimum (the operator's task; a baseline raised by what calibrating it left in its
-    worker), that one is tried, up to :data:`MINIMUM_SEARCH_STEPS` times. None where the
-    search ends without a plan (a refusal that states no larger minimum, or another error),
-    where the plan runs at the refusal's ``stated`` minimum, and where planning is searching
-    already (a refusal inside the search is not searched again).
+    measured, then as asked (``measure``: what producing a graph's input holds counts; a
+    function with no model yet is measured, and what its runs leave in a worker raises the
+    baseline: a new user's anomaly function, refused with the room for a task at 248.42 MiB,
+    was refused there again with 285.23 MiB once measured), then with nothing measured again
+    (what was measured as asked, a larger calibration, may state a larger baseline). Where it
+    is refused with a larger minimum (the operator's task; a baseline raised by what
+    calibrating it left in its worker), that one is tried, up to
+    :data:`MINIMUM_SEARCH_STEPS` times. None where the search ends without a plan (a refusal
+    that states no larger minimum, a function never measured, or another error), where the
+    plan runs at the refusal's ``stated`` minimum, and where planning is searching already (a
+    refusal inside the search is not searched again).
     """
     if _SEARCHING_MINIMUM.get():
         return None
@@ -70,14 +78,22 @@ def least_memory_that_plans(
                 minimums: list[int | None] = []  # each refusal's
                 # nothing measured, as asked, then nothing measured again: a calibration made
                 # as asked (the operator measured on larger blocks) may raise the baseline
+                planned = False
                 for each in ("never", measure, "never")[: 1 if measure == "never" else 3]:
                     try:
                         replan(at_least, each)
                     except InfeasiblePlanError as refused:
                         minimums.append(refused.minimum_memory_limit)
-                    except MemchunkError:  # a function with no model yet, or another refusal
+                    except CalibrationError:  # a function with no model yet: as asked
+                        if each != "never":  # measures it, where it may
+                            return None
+                    except MemchunkError:  # another refusal
                         return None
+                    else:
+                        planned = True
                 if not minimums:
+                    if not planned:  # never measured (measure="never"): nothing to say
+                        return None
                     needed = at_least.worker_memory
                     break
                 if None in minimums or max(minimums) <= at_least.worker_memory:
