@@ -1178,74 +1178,75 @@ def plan(
     """
     through_dask = read_through_dask(obj)  # a variable opened without chunks is not read whole
     here = _plans_this_process(memory_limit, budget)
-    held = memory_limits.held_by_this_process() if here else 0
-    held_by_workers = _largest_worker_memory() if budget is None and not here else None
+    held = _memory_the_baseline_reads(here, budget)
     try:
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     except (BudgetError, InfeasiblePlanError):
-        grown = memory_limits.held_by_this_process() - held if here else 0
-        if held_by_workers is not None:
-            grown = (_largest_worker_memory() or 0) - held_by_workers
+        grown = 0 if held is None else (_memory_the_baseline_reads(here, budget) or 0) - held
         if grown <= memory_limits.PLANNING_GROWTH_BYTES:
             raise
         # once more, from what this process (or the workers) hold now: the minimum it states
         # then counts it
         prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     else:
-        planned = prepared.plan.budget
-        if (here and _grew_past_its_baseline(held, planned)) or (
-            held_by_workers is not None and _workers_grew_past_their_baseline(planned)
-        ):
+        if held is not None and _grew_past_its_baseline(held, prepared.plan.budget, here):
             # planned from what this process (or the workers) held before planning grew it
             # (a function's sample run imports flox's kernels): once more, from what it holds now
             prepared = _prepare(through_dask, op, memory_limit, budget, chunks, op_kwargs, measure)
     return Plan(_planned_through_dask(obj, through_dask, prepared), prepared, measure)
 
 
-def _largest_worker_memory() -> int | None:
-    """The largest memory of the active client's workers now, asked; None without workers.
+def _memory_the_baseline_reads(here: bool, budget: Budget | None) -> int | None:
+    """The memory a plan's baseline reads, now: planning may grow it.
 
-    None too for an asynchronous client, or workers in this process (their memory is this
-    process's, which :func:`_grew_past_its_baseline` reads where it is the budget).
+    This process's where it is the budget (:func:`_plans_this_process`); else, with no budget
+    given, the largest memory of the active client's workers, asked; None otherwise: no
+    client, an asynchronous one, no worker yet (an adaptive cluster at zero), or workers in
+    this process (their memory is this process's).
     """
+    if here:
+        return memory_limits.held_by_this_process()
     client = active_client()
-    if client is None or getattr(client, "asynchronous", False):
+    if budget is not None or client is None or getattr(client, "asynchronous", False):
         return None
     try:
         facts = cluster_facts(client, ask_above=0)
-    except MemchunkError:  # no workers yet (an adaptive cluster at zero): nothing grew
+    except MemchunkError:  # no workers yet: nothing grew
         return None
     if facts.in_this_process or not facts.largest_process_memory:
         return None
     return facts.largest_process_memory
 
 
-def _workers_grew_past_their_baseline(planned: Budget) -> bool:
-    """Whether planning grew the cluster's largest worker past the baseline its plan counts.
+def _grew_past_its_baseline(held_before: int, planned: Budget, here: bool) -> bool:
+    """Whether planning grew what the baseline reads past the baseline its plan counts.
 
-    By more than :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`. A groupby plan
-    over a preprocessing graph on fresh workers tried ``method="map-reduce"`` first, whose
-    first run in each worker imported flox's numba kernels (94 MiB); the ``"blockwise"`` plan it
-    chose still counted the workers' memory before that (198.55 MiB, where they held 240 MiB),
-    and its run at the refusal's stated minimum peaked at 633 MiB against a 562 MiB pause line.
+    By more than :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`
+    (:func:`_memory_the_baseline_reads`: ``held_before``, and now):
+    - with no cluster, this process, which must also have grown by more than that since
+      ``held_before``: a user's ``groupby`` function over ``open_mfdataset`` files, planned
+      with no cluster at 411.54 MiB, counted the configured 190.73 MiB (this process held
+      155.5 MiB), and its sample run left the process holding 219.3 MiB; the run peaked at
+      360.4 MiB against a 329.23 MiB line;
+    - on a cluster whose workers' memory the plan read (on the CPU), the largest worker: a
+      groupby plan over a preprocessing graph on fresh workers tried ``method="map-reduce"``
+      first, whose first run in each worker imported flox's numba kernels (94 MiB); the
+      ``"blockwise"`` plan it chose still counted the workers' memory before that (198.55 MiB,
+      where they held 240 MiB), and its run at the refusal's stated minimum peaked at 633 MiB
+      against a 562 MiB pause line.
     """
-    if not planned.read_from_cluster or planned.device != "cpu":
-        return False
-    now = _largest_worker_memory()
-    return now is not None and now > planned.worker_baseline + memory_limits.PLANNING_GROWTH_BYTES
-
-
-def _grew_past_its_baseline(held_before: int, planned: Budget) -> bool:
-    """Whether planning grew this process past the baseline its plan counts.
-
-    Both by more than :data:`~xarray_memchunk.memory_limits.PLANNING_GROWTH_BYTES`: a user's
-    ``groupby`` function over ``open_mfdataset`` files, planned with no cluster at 411.54 MiB,
-    counted the configured 190.73 MiB (this process held 155.5 MiB), and its sample run left
-    the process holding 219.3 MiB; the run peaked at 360.4 MiB against a 329.23 MiB line.
-    """
-    now = memory_limits.held_by_this_process()
     allowed = memory_limits.PLANNING_GROWTH_BYTES
-    return now - held_before > allowed and now > planned.worker_baseline + allowed
+    if here:
+        now = memory_limits.held_by_this_process()
+        if now - held_before <= allowed:
+            return False
+    elif planned.read_from_cluster and planned.device == "cpu":
+        now = _memory_the_baseline_reads(here, None)
+        if now is None:
+            return False
+    else:
+        return False
+    return now > planned.worker_baseline + allowed
 
 
 def _plans_this_process(memory_limit: int | str | None, budget: Budget | None) -> bool:

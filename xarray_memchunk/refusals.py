@@ -195,9 +195,8 @@ def minimum_first(refused: _Refusal, budget: Budget | None, operator: Operator) 
             f" ({format_size(growth)} of it a margin: "
             f"{moves.format(format_size(memory_limits.PLANNING_GROWTH_BYTES))})"
         )
-    others = set(re.findall(r"at least (\S+ \S+) \(memory_limit\)", why))
-    others.discard(budget.format_minimum(needed))
     # a trial's user met 904.31 MiB, then 0.97 GiB further on, and could not tell which to use
+    others = figures - {budget.format_minimum(needed)}  # those of ``said``, which ``why`` is
     ways = "; each way below states what it alone needs" if others else ""
     message = f"{operator.name!r} needs more memory: {advice}{ways}. Why: {why}"
     if isinstance(refused, BudgetError):

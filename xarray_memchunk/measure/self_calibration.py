@@ -23,12 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MeasuringWorkerDiedError
-from ..models.calibration import (
-    RESIDENT_KEYS,
-    load_calibration,
-    save_calibration,
-    writable_calibration_dir,
-)
+from ..models.calibration import load_calibration, save_calibration, writable_calibration_dir
 from ..models.fitting import (
     ABSOLUTE_SLACK,
     UNDER_TOLERANCE,
@@ -467,12 +462,8 @@ def _largest_rise(
     rises = [after - before, _LARGEST_RISES.get(operator, 0)]
     _LARGEST_RISES[operator] = max(rises)
     previous = load_calibration(key, "cpu", dtype)
-    if previous is not None:
-        fit = previous.metadata.get("fit", {})
-        old_before, old_after = (fit.get(k) for k in RESIDENT_KEYS)
-        if old_before is not None and old_after is not None:
-            rises.append(int(old_after) - int(old_before))
-    largest = max(rises)
+    earlier = None if previous is None else previous.held_after_running(0)
+    largest = max(rises if earlier is None else [*rises, earlier])
     return resident if largest <= after - before else (before, before + largest)
 
 

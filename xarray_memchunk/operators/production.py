@@ -30,6 +30,7 @@ measures nothing. The dask config key ``memchunk.measure-input`` (True) turns it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -229,8 +230,6 @@ def production_ahead(threads_per_worker: int) -> float:
     at once (distributed's default 1.1; all of them at ``inf``, counted as two per thread).
     The scheduler's figure where a client is active, else dask's config.
     """
-    import math
-
     import dask
 
     from ..clusters import (
