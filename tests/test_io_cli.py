@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -877,3 +878,35 @@ def test_an_interrupt_ends_the_command_with_one_line_whatever_catches_it(tmp_pat
     assert lines == [said]
     if "recovery" in case or "failure" in case:
         assert pieces(tmp_path) == []
+
+
+@pytest.mark.cluster
+def test_a_failure_after_the_scheduler_is_gone_is_a_lost_scheduler_even_before_the_client_knows(
+    tmp_path,
+):
+    """distributed can fail a computation on a killed scheduler (its own ``RuntimeError`` from
+    an expiring timeout) before the client leaves its "running" status: the address decides."""
+    from xarray_memchunk import cli
+    from xarray_memchunk.errors import MemchunkError
+
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler = start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
+        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0"],
+        *["--dashboard-address", ":0"],
+    )
+    try:
+        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
+        address = json.loads(scheduler_file.read_text())["address"]
+        with pytest.raises(MemchunkError, match=f"lost the connection to scheduler {address}"):
+            with cli._scheduler_client(address) as client:
+                held = threading.Event()  # the client's event loop waits: it cannot notice
+                client.loop.add_callback(held.wait, 30)
+                os.killpg(scheduler.pid, signal.SIGKILL)
+                scheduler.wait(timeout=30)
+                assert client.status == "running"
+                threading.Timer(1.0, held.set).start()  # free to close the client afterwards
+                raise RuntimeError("Cannot change state of expiring Timeout")
+    finally:
+        if scheduler.poll() is None:
+            os.killpg(scheduler.pid, signal.SIGKILL)

@@ -34,6 +34,8 @@ PROGRESS_PERIOD_S = 10.0
 MAX_WORKERS_PER_CPU = 4
 #: Seconds to wait for a ``--scheduler`` to answer, when connecting and when reconnecting.
 SCHEDULER_TIMEOUT_S = 10
+#: Seconds to wait for a scheduler to accept a connection, asking whether it is still there.
+SCHEDULER_PROBE_TIMEOUT_S = 2
 #: The queue depth of the LocalCluster ``run`` starts, where the user did not choose one: a
 #: worker is sent its next root task when it reports one finished. At the default
 #: of 1.1 a 1-thread worker holds a second task behind the running one, committed a task's
@@ -322,12 +324,35 @@ def _scheduler_client(address: str) -> Iterator[Any]:
             try:
                 yield client
             except Exception as exc:  # futures cancelled, "no workers": the scheduler is gone
-                if client.status == "running":
+                if client.status == "running" and _answers(address):
                     raise
                 raise MemchunkError(
                     f"lost the connection to scheduler {address} (was it stopped?): "
                     f"{type(exc).__name__}: {_first_line(exc)}"
                 ) from exc
+
+
+def _answers(address: str) -> bool:
+    """Whether the scheduler at ``address`` still accepts a connection.
+
+    A computation can fail on a lost scheduler (distributed's own ``RuntimeError`` from an
+    expiring timeout, seen on a scheduler killed mid-write) before the client notices it lost
+    the connection and leaves its ``"running"`` status; asking the address settles it.
+    Addresses other than TCP ones are taken to answer: the client's status decides for them.
+    """
+    import socket
+
+    from distributed.comm import get_address_host_port, parse_address
+
+    scheme, _ = parse_address(address)
+    if scheme not in ("tcp", "tls"):
+        return True
+    host, port = get_address_host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=SCHEDULER_PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
 
 
 def _first_line(exc: BaseException) -> str:
