@@ -193,6 +193,10 @@ def test_xarray_s_write_modes_replace_or_are_refused_before_anything_is_written(
     with pytest.raises(xm.MemchunkError, match="says both keep and replace"):
         mean.memchunk.to_netcdf(tmp_path / "mean.nc", mode="w-", overwrite=True)
     assert not (tmp_path / "mean.nc").exists()
+    for write, target in ((mean.memchunk.to_zarr, store), (mean.memchunk.to_netcdf, "m.nc")):
+        with pytest.raises(xm.MemchunkError, match=r"compute=False\): memchunk writes into a"):
+            write(tmp_path / target, mode="w", compute=False)  # xarray's delayed write
+    assert not (tmp_path / "m.nc").exists()
     xr.testing.assert_allclose(xr.open_zarr(store).load(), 2 * mean.compute())
 
 

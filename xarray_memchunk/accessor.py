@@ -9,7 +9,7 @@ from typing import Any
 import xarray as xr
 
 from . import api
-from .io import overwrite_by_mode, safe_write
+from .io import overwrite_by_mode, refuse_delayed_write, safe_write
 from .measure.runs import RunReport
 from .memory_limits import Budget, resolve_budget
 from .operators import Operator
@@ -88,7 +88,12 @@ class MemchunkAccessor:
         return api.report(self._obj, learn)
 
     def to_zarr(
-        self, store: str | os.PathLike, *, overwrite: bool = False, mode: str | None = None
+        self,
+        store: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        mode: str | None = None,
+        compute: bool = True,
     ) -> Path:
         """Compute and write this (lazy) object to a Zarr store, atomically.
 
@@ -99,20 +104,28 @@ class MemchunkAccessor:
         a dataset (a Zarr store, a netCDF or HDF5 file), never another directory or file; a store
         that is a local file this object's data are read from (a netCDF file; a Zarr directory,
         zip file or ``file://`` URL), holds one, or lies inside one is refused. Appending to a
-        store (``mode="a"``, ``"r+"``) is refused: it would not be atomic. See
+        store (``mode="a"``, ``"r+"``) is refused: it would not be atomic, and so is
+        ``compute=False``: the write is run here, to its end, or removed. See
         :func:`xarray_memchunk.io.safe_write`.
         """
+        refuse_delayed_write(compute, "to_zarr")
         overwrite = overwrite_by_mode(mode, overwrite, "to_zarr")
         return safe_write(self._obj, store, overwrite=overwrite, fmt="zarr", option=_REPLACE)
 
     def to_netcdf(
-        self, path: str | os.PathLike, *, overwrite: bool = False, mode: str | None = None
+        self,
+        path: str | os.PathLike,
+        *,
+        overwrite: bool = False,
+        mode: str | None = None,
+        compute: bool = True,
     ) -> Path:
         """Compute and write this (lazy) object to a netCDF4 file, atomically, chunked as planned.
 
         See :meth:`to_zarr` for the guarantees; unlike xarray's ``to_netcdf``, an existing file
         is kept unless ``overwrite=True`` or ``mode="w"`` says to replace it.
         """
+        refuse_delayed_write(compute, "to_netcdf")
         overwrite = overwrite_by_mode(mode, overwrite, "to_netcdf")
         return safe_write(self._obj, path, overwrite=overwrite, fmt="netcdf", option=_REPLACE)
 

@@ -56,6 +56,7 @@ __all__ = [
     "open_segy",
     "output_format",
     "overwrite_by_mode",
+    "refuse_delayed_write",
     "recover",
     "safe_write",
     "write_segy",
@@ -299,6 +300,30 @@ def overwrite_by_mode(mode: str | None, overwrite: bool, method: str) -> bool:
             f"existing target: pass one of them"
         )
     return overwrite or mode == "w"
+
+
+def refuse_delayed_write(compute: bool, method: str) -> None:
+    """Refuse ``compute=False``: an atomic write is one this process runs to its end.
+
+    Raises
+    ------
+    MemchunkError
+        Where ``compute`` is False (xarray's way of asking for a delayed write).
+    """
+    if compute is True:
+        return
+    if compute is not False:
+        raise MemchunkError(
+            f"result.memchunk.{method}(compute={compute!r}): compute is True or False"
+        )
+    raise MemchunkError(
+        f"result.memchunk.{method}(compute=False): memchunk writes into a hidden store beside "
+        f"the target and moves it into place once every chunk is written, or removes it where "
+        f"the write fails, so it runs the write itself and has no delayed write to return. "
+        f"Call result.memchunk.{method}(path) where the data are to be written, or use "
+        f"xarray's own result.{method}(path, compute=False), which writes in place and leaves "
+        f"a partial write where it fails"
+    )
 
 
 def check_target(
