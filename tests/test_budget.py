@@ -260,6 +260,46 @@ def test_with_no_cluster_a_runtime_loaded_here_is_counted_once(monkeypatch, held
     assert any("loaded in this process already" in n for n in plan.notes) is not counted
 
 
+@pytest.mark.cluster
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_plan_after_a_run_counts_the_workers_compiled_code_once(adaptive):
+    """A new user's second GST3D plan after a first run counted the compiled kernel twice: in
+    the worker's memory, the baseline (253 MiB on 1 worker x 4 threads), and again per task.
+    Loaded in every worker, it is counted in their memory alone: the second plan needs what
+    the first did. Where workers may join (adaptive), they load it beside the configured
+    baseline, which the baseline then covers."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.datasets import synthetic_seismic
+    from xarray_memchunk.memory_limits import configured_baseline
+
+    volume = synthetic_seismic((64, 64, 64)).amplitude
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            memory_limit="1.5GB",
+            processes=True,
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster),
+    ):
+        if adaptive:
+            cluster.adapt(minimum=1, maximum=2)
+        first = volume.memchunk.plan("gst3d")
+        first.apply().sum().compute()
+        second = volume.memchunk.plan("gst3d")
+    threads = first.budget.threads_per_worker
+    runtime = threads * first.runtime_bytes  # each thread's share of what a worker loads
+    assert first.runtime_bytes > 0 and second.runtime_bytes == 0
+    assert any("loaded in every worker already" in note for note in second.notes)
+    if adaptive:
+        assert second.budget.worker_baseline >= configured_baseline() + runtime
+        return
+    need = [p.budget.worker_baseline + threads * p.predicted_peak_bytes for p in (first, second)]
+    assert need[1] <= need[0] + 8 * 2**20, [n / 2**20 for n in need]
+
+
 def test_per_task_shrinks_with_threads():
     one = per_task_bytes(
         4_000_000_000, 1, worker_baseline=200_000_000, reserve=0.1, pause_fraction=0.8

@@ -4,7 +4,7 @@ The baseline of a :class:`~xarray_memchunk.memory_limits.Budget` is a worker's m
 plan is made. Running an operator may leave more there: a self-calibrated function's imports
 after its first run (:func:`held_after_running`, :func:`first_run_rises`), the netCDF chunk
 caches of the files a graph reads (:func:`held_in_chunk_caches`). Compiled code loaded in
-this process already is not counted twice (:func:`without_loaded_runtime`).
+this process, or in every worker, already is not counted twice (:func:`without_loaded_runtime`).
 """
 
 from __future__ import annotations
@@ -245,20 +245,74 @@ def _peak_of(cost: TaskCost) -> Callable[[Mapping[str, int]], float]:
     return peak
 
 
-def without_loaded_runtime(budget: Budget, operator: Operator, problem: PlanProblem) -> PlanProblem:
-    """``problem`` without the operator's runtime where this process holds it and is the budget.
+def without_loaded_runtime(
+    budget: Budget, operator: Operator, problem: PlanProblem
+) -> tuple[Budget, PlanProblem]:
+    """``budget`` and ``problem``, the operator's runtime counted once where it is loaded.
 
     With no cluster, the budget's baseline is this process's memory now, and the tasks run
     here: compiled code loaded here already (:meth:`Operator.runtime_loaded`) is in that
     baseline. Counted again, a second GST3D plan in one process, after the first had run,
     needed 750 MB where the first had needed 530 MB.
+
+    On a cluster whose every worker has loaded it (a plan after a run), their memory, read
+    into the baseline, holds it, and the tasks no longer count it. Where workers may join
+    later (an adaptive cluster, a scheduler started elsewhere), the baseline is at least the
+    configured one plus the runtime, which a new worker loads.
+    Counted in both, a second GST3D plan on 1 worker x 4 threads was refused at the minimum
+    the first had stated (757.05 MiB), the worker holding 253 MiB after the run.
     """
-    counted = any(layout.runtime_bytes for layout in problem.inputs)
-    if not (budget.baseline_is_this_process and counted and operator.runtime_loaded()):
-        return problem
+    runtime = max((layout.runtime_bytes for layout in problem.inputs), default=0.0)
+    if not runtime:
+        return budget, problem
+    if budget.baseline_is_this_process and operator.runtime_loaded():
+        note = (
+            f"{operator.name}'s compiled code is loaded in this process already: the memory it "
+            f"holds counts it, and the plan does not count it again"
+        )
+    elif _loaded_in_every_worker(budget, operator):
+        loaded = f"{operator.name}'s compiled code ({budget.format(runtime)})"
+        joining = ""
+        if _workers_may_join():  # a new one loads it beside a fresh worker's memory
+            budget = _raised_baseline(
+                budget,
+                operator,
+                configured_baseline() + int(runtime),
+                f"a worker's memory once it has loaded {loaded}",
+            )
+            joining = " (a worker that joins later, from the configured baseline)"
+        note = (
+            f"{loaded} is loaded in every worker already: the memory they hold counts it"
+            f"{joining}, and the tasks do not count it again"
+        )
+    else:
+        return budget, problem
     inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
-    note = (
-        f"{operator.name}'s compiled code is loaded in this process already: the memory it "
-        f"holds counts it, and the plan does not count it again"
-    )
-    return replace(problem, inputs=inputs, notes=(*problem.notes, note))
+    return budget, replace(problem, inputs=inputs, notes=(*problem.notes, note))
+
+
+def _loaded_in_every_worker(budget: Budget, operator: Operator) -> bool:
+    """Whether every worker of the cluster the budget was read from holds the runtime now."""
+    if not budget.read_from_cluster or budget.device != "cpu":
+        return False
+    client = active_client()
+    if client is None:
+        return False
+    try:
+        loaded = client.run(operator.runtime_loaded)
+    except Exception:  # a worker gone or unreachable: count the runtime, as for a fresh one
+        return False
+    return bool(loaded) and all(loaded.values())
+
+
+def _workers_may_join() -> bool:
+    """Whether the active client's cluster may start workers beyond those it has.
+
+    An adaptive cluster may, and so may a scheduler this process did not start (a cluster
+    manager elsewhere adds workers to it); a cluster with a fixed set of workers may not.
+    """
+    from ._dask_compat import adaptive_bounds
+
+    client = active_client()
+    cluster = getattr(client, "cluster", None)
+    return cluster is None or adaptive_bounds(cluster) is not None

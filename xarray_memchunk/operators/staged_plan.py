@@ -338,15 +338,17 @@ def _reading(
     PlanProblem
     """
     problem = staging.problem
+    # the problem's layouts, not the costs': planning adjusted them (a runtime loaded already)
+    layouts = {layout.name: layout for layout in problem.inputs}
     inputs = tuple(
         replace(
-            c.layout,
+            layouts[c.layout.name],
             kind=InputKind.FILE,
             source_chunks=stores[n],
             raw_reads=slab_writes(c.dtype),  # written and read chunk file by chunk file
         )
         if n in staging.graphs
-        else c.layout
+        else layouts[c.layout.name]
         for n, c in staging.costs.items()
     )
     return replace(problem, inputs=inputs, notes=(*problem.notes, *([note] if note else [])))
