@@ -25,9 +25,14 @@ def test_a_rechunk_that_memory_cannot_hold_is_staged_on_disk():
     note = next(n for n in plan.notes if "temporary Zarr store" in n)
     assert re.search(r"disk measured at [\d.]+ (kiB|MiB|GiB)/s", note)  # the disk was measured
     assert plan.predicted_peak_bytes <= plan.budget.per_task
+    # the storage row says whose chunks it shows: the store's, not the input's own (time: 50)
+    storage = next(line for line in plan.explain().splitlines() if line.startswith("storage"))
+    assert "the chunks of the temporary Zarr store apply stages the data in first" in storage
     # with memory to spare, nothing is written
     roomy = time_chunked().memchunk.plan("median", dim="time", memory_limit="0.9GB")
     assert not any("temporary Zarr store" in n for n in roomy.notes)
+    storage = next(line for line in roomy.explain().splitlines() if line.startswith("storage"))
+    assert "the input's storage chunks" in storage
 
 
 def test_measure_never_stages_without_writing_to_measure_the_disk(monkeypatch, tmp_path):

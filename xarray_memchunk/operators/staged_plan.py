@@ -185,6 +185,7 @@ def plan_staged(
     if writes > budget.per_task:
         raise _writes_refusal(writes, budget, in_memory)
     chunk_plan, chosen, reading = _settle(staging, as_source, first, reading)
+    chunk_plan = replace(chunk_plan, storage_staged=True)
     return StagedPlan(chunk_plan, tuple(graphs), site, chosen, reading)
 
 

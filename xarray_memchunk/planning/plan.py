@@ -124,6 +124,9 @@ class ChunkPlan:
         Storage chunk length per dim, where known.
     storage_aligned
         Whether every chunk is a whole number of storage chunks.
+    storage_staged
+        Whether ``storage_chunks`` are those of the temporary Zarr store ``apply`` stages the
+        data in first, not the input's own.
     predicted_task_bytes
         Predicted peak of the operator's task itself (halo and temporaries included), from its
         memory model.
@@ -164,6 +167,7 @@ class ChunkPlan:
     whole_dims: tuple[str, ...] = ()
     storage_chunks: dict[str, int | None] = field(default_factory=dict)
     storage_aligned: bool = True
+    storage_staged: bool = False
     estimated_seconds: float = math.nan
     notes: tuple[str, ...] = ()
     predicted_task_bytes: int = 0
@@ -248,11 +252,15 @@ class ChunkPlan:
                 if self.storage_aligned
                 else "not aligned: planned chunks cut them"
             )
+            whose = (
+                "the chunks of the temporary Zarr store apply stages the data in first"
+                if self.storage_staged
+                else "the input's storage chunks: on disk, else in its Dask graph"
+            )
             rows.append(
                 (
                     "storage",
-                    ", ".join(f"{d}: {c}" for d, c in known.items())
-                    + f" (the input's storage chunks: on disk, else in its Dask graph; {state})",
+                    ", ".join(f"{d}: {c}" for d, c in known.items()) + f" ({whose}; {state})",
                 )
             )
         if not math.isnan(self.estimated_seconds):
