@@ -914,3 +914,44 @@ def test_a_failure_after_the_scheduler_is_gone_is_a_lost_scheduler_even_before_t
     finally:
         if scheduler.poll() is None:
             os.killpg(scheduler.pid, signal.SIGKILL)
+
+
+@pytest.mark.cluster
+def test_watch_samples_dask_worker_processes_started_apart(tmp_path):
+    """A new user's ``watch`` of ``dask worker`` processes they had started reported no peak
+    (``{}``): it sampled only a LocalCluster's spawned children."""
+    from distributed import Client
+
+    from xarray_memchunk.testing import watch
+
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler = start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
+        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0"],
+        *["--dashboard-address", ":0"],
+    )
+    worker = None
+    try:
+        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
+        address = json.loads(scheduler_file.read_text())["address"]
+        worker = start(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-nanny"],
+            *["--nthreads", "1", "--memory-limit", "1GB", "--dashboard-address", ":0"],
+        )
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(1, timeout=60)
+            (pid,) = client.run(os.getpid).values()
+            held = 200 * 2**20
+
+            def work():
+                client.submit(lambda: np.ones(held // 8).sum(), pure=False).result()
+                time.sleep(0.5)
+
+            outcome = watch(client, "ones", work)
+    finally:
+        for proc in (scheduler, worker):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert outcome.completed, outcome.error
+    assert list(outcome.peak_worker_bytes) == [pid]
+    assert outcome.peak_bytes > held

@@ -10,6 +10,7 @@ the watch starts counts as a pause.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -79,12 +80,16 @@ class ClusterWatch:
     """
 
     def __init__(
-        self, interval: float = 0.02, on_refresh: Callable[[], None] | None = None
+        self,
+        interval: float = 0.02,
+        on_refresh: Callable[[], None] | None = None,
+        client: Any = None,
     ) -> None:
         import psutil
 
         self.interval = interval
         self.on_refresh = on_refresh
+        self.client = client
         self.series: dict[int, list[tuple[float, int]]] = {}
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -95,7 +100,9 @@ class ClusterWatch:
         """The processes workers run in, by pid.
 
         ``multiprocessing``'s spawned children (a ``LocalCluster``'s workers), and this process
-        while it holds a worker (``processes=False``).
+        while it holds a worker (``processes=False``). Where there are none and a client is
+        given, the processes of its workers that run on this machine (``dask worker``
+        processes started apart), as the workers give their pids.
         """
         import psutil
 
@@ -106,6 +113,8 @@ class ClusterWatch:
                     found[proc.pid] = proc
             except psutil.Error:
                 continue
+        if not found and self.client is not None:
+            found = _local_worker_processes(self.client)
         return found
 
     def _run(self) -> None:
@@ -142,6 +151,25 @@ class ClusterWatch:
     def peaks(self) -> dict[int, int]:
         """Largest RSS sample per worker process."""
         return {pid: max(v for _, v in samples) for pid, samples in self.series.items() if samples}
+
+
+def _local_worker_processes(client: Any) -> dict[int, Any]:
+    """The processes of ``client``'s workers that run on this machine, by pid."""
+    import socket
+
+    import psutil
+
+    try:
+        where = client.run(lambda: (socket.gethostname(), os.getpid()))
+    except Exception:  # no workers, or the scheduler gone: nothing to sample now
+        return {}
+    found = {}
+    for host, pid in where.values():
+        if host != socket.gethostname():
+            continue
+        with contextlib.suppress(psutil.Error):
+            found[pid] = psutil.Process(pid)
+    return found
 
 
 def _workers_in_this_process() -> bool:
@@ -236,7 +264,7 @@ def watch(client, label: str, work: Callable[[], Any], *, interval: float = 0.02
     """
     events = _EventLog(client, time.time())
     events.paused_now()
-    with ClusterWatch(interval, on_refresh=events.poll) as watcher:
+    with ClusterWatch(interval, on_refresh=events.poll, client=client) as watcher:
         start = time.perf_counter()
         try:
             work()
