@@ -133,6 +133,29 @@ def wait_for(condition, timeout=120, proc=None):
         time.sleep(0.05)
 
 
+def start_scheduler(tmp_path):
+    """A ``dask scheduler`` started apart, once it is ready: its process and its address."""
+    scheduler_file = tmp_path / "scheduler.json"
+    scheduler = start(
+        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
+        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0"],
+        *["--dashboard-address", ":0"],
+    )
+    try:
+        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
+    except BaseException:
+        kill(scheduler)
+        raise
+    return scheduler, json.loads(scheduler_file.read_text())["address"]
+
+
+def kill(*procs):
+    """Kill the commands from :func:`start` that still run, with the processes they started."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def pieces(folder):
     """What safe writes leave beside their targets while under way."""
     return sorted(p.name for p in folder.iterdir() if "memchunk-" in p.name)
@@ -530,19 +553,12 @@ def test_next_run_removes_what_a_killed_run_left(files, tmp_path):
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_lost_scheduler_is_one_line(files, tmp_path):
-    scheduler_file = tmp_path / "scheduler.json"
-    dashboard = ["--dashboard-address", ":0"]
-    scheduler = start(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
-        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0", *dashboard],
-    )
+    scheduler, address = start_scheduler(tmp_path)
     worker = None
     try:
-        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
-        address = json.loads(scheduler_file.read_text())["address"]
         worker = start(
             [sys.executable, "-m", "distributed.cli.dask_worker"],
-            *[address, "--nthreads", "1", "--memory-limit", "1GB", *dashboard],
+            *[address, "--nthreads", "1", "--memory-limit", "1GB", "--dashboard-address", ":0"],
         )
         target = tmp_path / "mean.zarr"
         run = start(
@@ -555,9 +571,7 @@ def test_lost_scheduler_is_one_line(files, tmp_path):
         stderr = finish(run)
         ended_after_s = time.time() - killed
     finally:
-        for proc in (scheduler, worker):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        kill(scheduler, worker)
     assert run.returncode == 2, stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert f"lost the connection to scheduler {address}" in stderr
@@ -893,15 +907,8 @@ def test_a_failure_after_the_scheduler_is_gone_is_a_lost_scheduler_even_before_t
     from xarray_memchunk import cli
     from xarray_memchunk.errors import MemchunkError
 
-    scheduler_file = tmp_path / "scheduler.json"
-    scheduler = start(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
-        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0"],
-        *["--dashboard-address", ":0"],
-    )
+    scheduler, address = start_scheduler(tmp_path)
     try:
-        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
-        address = json.loads(scheduler_file.read_text())["address"]
         with pytest.raises(MemchunkError, match=f"lost the connection to scheduler {address}"):
             with cli._scheduler_client(address) as client:
                 held = threading.Event()  # the client's event loop waits: it cannot notice
@@ -912,8 +919,7 @@ def test_a_failure_after_the_scheduler_is_gone_is_a_lost_scheduler_even_before_t
                 threading.Timer(1.0, held.set).start()  # free to close the client afterwards
                 raise RuntimeError("Cannot change state of expiring Timeout")
     finally:
-        if scheduler.poll() is None:
-            os.killpg(scheduler.pid, signal.SIGKILL)
+        kill(scheduler)
 
 
 @pytest.mark.cluster
@@ -924,16 +930,9 @@ def test_watch_samples_dask_worker_processes_started_apart(tmp_path):
 
     from xarray_memchunk.testing import watch
 
-    scheduler_file = tmp_path / "scheduler.json"
-    scheduler = start(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler"],
-        *["--scheduler-file", scheduler_file, "--host", "127.0.0.1", "--port", "0"],
-        *["--dashboard-address", ":0"],
-    )
+    scheduler, address = start_scheduler(tmp_path)
     worker = None
     try:
-        wait_for(scheduler_file.exists, timeout=60, proc=scheduler)
-        address = json.loads(scheduler_file.read_text())["address"]
         worker = start(
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-nanny"],
             *["--nthreads", "1", "--memory-limit", "1GB", "--dashboard-address", ":0"],
@@ -949,9 +948,7 @@ def test_watch_samples_dask_worker_processes_started_apart(tmp_path):
 
             outcome = watch(client, "ones", work)
     finally:
-        for proc in (scheduler, worker):
-            if proc is not None and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+        kill(scheduler, worker)
     assert outcome.completed, outcome.error
     assert list(outcome.peak_worker_bytes) == [pid]
     assert outcome.peak_bytes > held
