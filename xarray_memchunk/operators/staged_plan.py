@@ -285,9 +285,11 @@ def _refusal(
     """``in_memory``'s refusal, then ``why`` staging cannot do it either.
 
     ``minimum``: the least ``memory_limit`` either way, where it differs from ``in_memory``'s.
+    The first's advice says it is for the data unstaged: each way states its own figure.
     """
+    unstaged = str(in_memory).rstrip(".").replace(". To run it, ", ". To run it unstaged, ", 1)
     return InfeasiblePlanError(
-        f"{str(in_memory).rstrip('.')}. {why}",
+        f"{unstaged}. {why}",
         minimum_memory_limit=minimum if minimum is not None else in_memory.minimum_memory_limit,
     )
 
