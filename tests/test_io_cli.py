@@ -942,9 +942,13 @@ def test_watch_samples_dask_worker_processes_started_apart(tmp_path):
             (pid,) = client.run(os.getpid).values()
             held = 200 * 2**20
 
+            def hold():
+                ones = np.ones(held // 8)
+                time.sleep(1.0)  # sampled every 20 ms, its pid asked every 0.25 s
+                return ones.sum()
+
             def work():
-                client.submit(lambda: np.ones(held // 8).sum(), pure=False).result()
-                time.sleep(0.5)
+                client.submit(hold, pure=False).result()
 
             outcome = watch(client, "ones", work)
     finally:

@@ -1004,7 +1004,7 @@ def _prepare_one(
     resolved, problem = held_in_chunk_caches(
         resolved, operator, alternative.targets, costs, alternative.problem
     )
-    resolved, problem = without_loaded_runtime(resolved, operator, problem)
+    problem = without_loaded_runtime(resolved, operator, problem)
     costs, problem = held_in_shared_production(resolved, costs, problem)
     problem = replace(problem, max_tasks=_max_tasks())
     if chunks is None:

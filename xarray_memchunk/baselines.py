@@ -245,64 +245,60 @@ def _peak_of(cost: TaskCost) -> Callable[[Mapping[str, int]], float]:
     return peak
 
 
-def without_loaded_runtime(
-    budget: Budget, operator: Operator, problem: PlanProblem
-) -> tuple[Budget, PlanProblem]:
-    """``budget`` and ``problem``, the operator's runtime counted once where it is loaded.
+def without_loaded_runtime(budget: Budget, operator: Operator, problem: PlanProblem) -> PlanProblem:
+    """``problem`` without the operator's runtime where the budget's baseline holds it.
 
     With no cluster, the budget's baseline is this process's memory now, and the tasks run
     here: compiled code loaded here already (:meth:`Operator.runtime_loaded`) is in that
     baseline. Counted again, a second GST3D plan in one process, after the first had run,
     needed 750 MB where the first had needed 530 MB.
 
-    On a cluster whose every worker has loaded it (a plan after a run), their memory, read
-    into the baseline, holds it, and the tasks no longer count it. Where workers may join
-    later (an adaptive cluster, a scheduler started elsewhere), the baseline is at least the
-    configured one plus the runtime, which a new worker loads.
-    Counted in both, a second GST3D plan on 1 worker x 4 threads was refused at the minimum
-    the first had stated (757.05 MiB), the worker holding 253 MiB after the run.
+    On a cluster of fixed workers that have all loaded it (a plan after a run), their memory,
+    read into the baseline, holds it, and the tasks no longer count it. Where workers may join
+    later (an adaptive cluster, a scheduler started elsewhere), it stays counted per task: a
+    new worker loads it with its first task, which a run's report then measures as such.
+    Counted in both, a second GST3D plan on 1 worker x 4 threads counted the kernel in the
+    252 MiB the worker held after the first run and again as 32 MiB in each task.
     """
     runtime = max((layout.runtime_bytes for layout in problem.inputs), default=0.0)
     if not runtime:
-        return budget, problem
+        return problem
     if budget.baseline_is_this_process and operator.runtime_loaded():
         note = (
             f"{operator.name}'s compiled code is loaded in this process already: the memory it "
             f"holds counts it, and the plan does not count it again"
         )
-    elif _loaded_in_every_worker(budget, operator):
-        loaded = f"{operator.name}'s compiled code ({budget.format(runtime)})"
-        joining = ""
-        if _workers_may_join():  # a new one loads it beside a fresh worker's memory
-            budget = _raised_baseline(
-                budget,
-                operator,
-                configured_baseline() + int(runtime),
-                f"a worker's memory once it has loaded {loaded}",
-            )
-            joining = " (a worker that joins later, from the configured baseline)"
+    elif not _workers_may_join() and _loaded_in_every_worker(budget, operator):
         note = (
-            f"{loaded} is loaded in every worker already: the memory they hold counts it"
-            f"{joining}, and the tasks do not count it again"
+            f"{operator.name}'s compiled code ({budget.format(runtime)}) is loaded in every "
+            f"worker already: the memory they hold counts it, and the tasks do not count it again"
         )
     else:
-        return budget, problem
+        return problem
     inputs = tuple(replace(layout, runtime_bytes=0.0) for layout in problem.inputs)
-    return budget, replace(problem, inputs=inputs, notes=(*problem.notes, note))
+    return replace(problem, inputs=inputs, notes=(*problem.notes, note))
 
 
 def _loaded_in_every_worker(budget: Budget, operator: Operator) -> bool:
-    """Whether every worker of the cluster the budget was read from holds the runtime now."""
+    """Whether every worker of the cluster the budget was read from holds the runtime now.
+
+    Each is asked within :data:`~xarray_memchunk.clusters.ASK_TIMEOUT`; one that does not
+    answer, or an asynchronous client, counts as a worker without it.
+    """
+    from ._dask_compat import bounded_run
+    from .clusters import ASK_TIMEOUT
+
     if not budget.read_from_cluster or budget.device != "cpu":
         return False
     client = active_client()
-    if client is None:
+    if client is None or getattr(client, "asynchronous", False):
         return False
     try:
-        loaded = client.run(operator.runtime_loaded)
+        workers = list(client.scheduler_info(n_workers=-1)["workers"])
+        loaded = bounded_run(client, operator.runtime_loaded, workers, ASK_TIMEOUT)
     except Exception:  # a worker gone or unreachable: count the runtime, as for a fresh one
         return False
-    return bool(loaded) and all(loaded.values())
+    return bool(workers) and all(loaded.get(w) is True for w in workers)
 
 
 def _workers_may_join() -> bool:

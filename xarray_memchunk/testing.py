@@ -72,6 +72,10 @@ class RunOutcome:
         return max(self.peak_worker_bytes.values(), default=0)
 
 
+#: Seconds :class:`ClusterWatch` waits for workers started apart to give their pids.
+WORKER_ASK_TIMEOUT = 2.0
+
+
 class ClusterWatch:
     """Sample the RSS of every worker process of a ``LocalCluster`` every ``interval`` seconds.
 
@@ -90,6 +94,7 @@ class ClusterWatch:
         self.interval = interval
         self.on_refresh = on_refresh
         self.client = client
+        self._apart: dict[int, Any] = {}  # worker processes started apart, last found
         self.series: dict[int, list[tuple[float, int]]] = {}
         self._process = psutil.Process()
         self._stop = threading.Event()
@@ -114,7 +119,9 @@ class ClusterWatch:
             except psutil.Error:
                 continue
         if not found and self.client is not None:
-            found = _local_worker_processes(self.client)
+            apart = _local_worker_processes(self.client)
+            found = self._apart if apart is None else apart  # unanswered: the last ones
+            self._apart = found
         return found
 
     def _run(self) -> None:
@@ -153,16 +160,27 @@ class ClusterWatch:
         return {pid: max(v for _, v in samples) for pid, samples in self.series.items() if samples}
 
 
-def _local_worker_processes(client: Any) -> dict[int, Any]:
-    """The processes of ``client``'s workers that run on this machine, by pid."""
+def _local_worker_processes(client: Any) -> dict[int, Any] | None:
+    """The processes of ``client``'s workers that run on this machine, by pid.
+
+    None where the workers could not be asked (an asynchronous client, the scheduler gone);
+    each is asked within :data:`WORKER_ASK_TIMEOUT`, and one that does not answer is left out.
+    """
     import socket
 
     import psutil
 
+    from ._dask_compat import bounded_run
+
+    if getattr(client, "asynchronous", False):
+        return None
     try:
-        where = client.run(lambda: (socket.gethostname(), os.getpid()))
-    except Exception:  # no workers, or the scheduler gone: nothing to sample now
-        return {}
+        workers = list(client.scheduler_info(n_workers=-1)["workers"])
+        where = bounded_run(
+            client, lambda: (socket.gethostname(), os.getpid()), workers, WORKER_ASK_TIMEOUT
+        )
+    except Exception:  # the scheduler gone, a worker that does not answer: ask again later
+        return None
     found = {}
     for host, pid in where.values():
         if host != socket.gethostname():
