@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from .clusters import active_client
+from .clusters import active_client, ask_workers
 from .errors import BudgetError, CalibrationError, InfeasiblePlanError
 from .measure.first_runs import FirstRuns, first_run_rise
 from .memory_limits import Budget, configured_baseline
@@ -285,18 +285,17 @@ def _loaded_in_every_worker(budget: Budget, operator: Operator) -> bool:
     Each is asked within :data:`~xarray_memchunk.clusters.ASK_TIMEOUT`; one that does not
     answer, or an asynchronous client, counts as a worker without it.
     """
-    from ._dask_compat import bounded_run
-    from .clusters import ASK_TIMEOUT
-
     if not budget.read_from_cluster or budget.device != "cpu":
         return False
     client = active_client()
-    if client is None or getattr(client, "asynchronous", False):
+    if client is None:
         return False
     try:
         workers = list(client.scheduler_info(n_workers=-1)["workers"])
-        loaded = bounded_run(client, operator.runtime_loaded, workers, ASK_TIMEOUT)
-    except Exception:  # a worker gone or unreachable: count the runtime, as for a fresh one
+    except Exception:  # the scheduler gone: count the runtime, as for a fresh worker
+        return False
+    loaded = ask_workers(client, operator.runtime_loaded, workers)
+    if loaded is None:  # not asked: count the runtime, as for a fresh worker
         return False
     return bool(workers) and all(loaded.get(w) is True for w in workers)
 

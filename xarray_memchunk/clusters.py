@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -29,6 +30,7 @@ __all__ = [
     "DeviceFacts",
     "WorkerLayout",
     "active_client",
+    "ask_workers",
     "cluster_facts",
     "device_facts",
     "memory_threshold",
@@ -210,13 +212,27 @@ def _memory_now(client: Any, reported: dict[str, int]) -> dict[str, int]:
     client that cannot run functions on its workers, and all of them where not every worker
     answered within :data:`ASK_TIMEOUT`.
     """
-    if getattr(client, "asynchronous", False):
-        return reported
-    try:
-        now = bounded_run(client, this_process_memory, list(reported), ASK_TIMEOUT)
-    except Exception:  # no answer in time, or a client that cannot run functions: heartbeats
+    now = ask_workers(client, this_process_memory, list(reported))
+    if now is None:
         return reported
     return reported | {a: int(v) for a, v in now.items() if isinstance(v, int | float)}
+
+
+def ask_workers(
+    client: Any, function: Callable[[], Any], workers: list[str], timeout: float = ASK_TIMEOUT
+) -> dict[str, Any] | None:
+    """What each of ``workers`` answers running ``function``, within ``timeout`` seconds.
+
+    :func:`~._dask_compat.bounded_run`: a worker whose call failed is left out. None where
+    they could not be asked: an asynchronous client (``run`` would return a coroutine), a
+    client that cannot run functions on its workers, or not every worker answering in time.
+    """
+    if getattr(client, "asynchronous", False):
+        return None
+    try:
+        return bounded_run(client, function, workers, timeout)
+    except Exception:  # no answer in time, a scheduler gone, a client that cannot run them
+        return None
 
 
 def _facts(

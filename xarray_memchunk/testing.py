@@ -170,16 +170,16 @@ def _local_worker_processes(client: Any) -> dict[int, Any] | None:
 
     import psutil
 
-    from ._dask_compat import bounded_run
+    from .clusters import ask_workers
 
-    if getattr(client, "asynchronous", False):
-        return None
     try:
         workers = list(client.scheduler_info(n_workers=-1)["workers"])
-        where = bounded_run(
-            client, lambda: (socket.gethostname(), os.getpid()), workers, WORKER_ASK_TIMEOUT
-        )
-    except Exception:  # the scheduler gone, a worker that does not answer: ask again later
+    except Exception:  # the scheduler gone: ask again later
+        return None
+    where = ask_workers(
+        client, lambda: (socket.gethostname(), os.getpid()), workers, WORKER_ASK_TIMEOUT
+    )
+    if where is None:
         return None
     found = {}
     for host, pid in where.values():
