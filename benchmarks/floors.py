@@ -41,8 +41,11 @@ array in memory (``svd``, ``svd_compressed``), on the same 2 threads. Against it
 writes on the store's auto chunks (rechunked to one chunk across the columns, as tsqr needs,
 for the exact one).
 
-Runs alternate the order of the tools on each repeat; the median-time run is kept. Prints a
-Markdown table and writes it to ``benchmarks/results/floors.md``.
+Each repeat measures the floor beside the tools, the floor taking its turn in an order that
+alternates from repeat to repeat, so that a machine whose speed drifts over the run moves both
+alike. The median-time run is kept; its ``/ floor`` is the median over repeats of each run
+against its own repeat's floor. Prints a Markdown table and writes it to
+``benchmarks/results/floors.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import contextlib
 import datetime
 import math
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -89,6 +93,21 @@ COMPONENTS = 10
 VOLUME_SIDE, VOLUME_CHUNK = 384, 128
 #: The staging decision forced, for the tools that force it: (STAGING_GAIN, MIN_REREAD_SECONDS).
 FORCED = {"memchunk in memory": (math.inf, math.inf), "memchunk staged": (0.0, 0.0)}
+#: The floor's place among each repeat's routes (it takes its turn in the alternation).
+FLOOR = "floor"
+
+
+def measure_floor(
+    op: str, volume: Path | None, matrices: dict[str, Path], cube: Path | None
+) -> tuple[float, float]:
+    """``op``'s floor once: seconds to read its input once and to compute it in memory."""
+    if op == "gst3d":
+        assert volume is not None
+        return gst3d_floor_seconds(volume)
+    if op in SVDS:
+        return svd_floor_seconds(op, matrices[op])
+    assert cube is not None
+    return floor_seconds(op, cube)
 
 
 def _reduce(op: str, data: xr.DataArray) -> xr.DataArray:
@@ -423,6 +442,7 @@ def main() -> None:
     every: dict[str, list[float]] = {}
     inputs: list[str] = []
     with tempfile.TemporaryDirectory(prefix="memchunk-floors-") as tmp:
+        cube = volume = None
         if set(rows) & set(REDUCTIONS):
             cube = make_cube(Path(tmp), args.scale)
             nbytes = xr.open_zarr(cube)["tas"].nbytes
@@ -440,31 +460,32 @@ def main() -> None:
                 f"1000 rows"
             )
         for op in rows:
-            if op == "gst3d":
-                floors = [gst3d_floor_seconds(volume) for _ in range(args.repeats)]
-            elif op in SVDS:
-                floors = [svd_floor_seconds(op, matrices[op]) for _ in range(args.repeats)]
-            else:
-                floors = [floor_seconds(op, cube) for _ in range(args.repeats)]
+            tools = [t for t in TOOLS[op] if not args.tools or t in args.tools]
+            floors: list[tuple[float, float]] = []
+            runs: dict[str, list[dict]] = {t: [] for t in tools}
+            for repeat in range(args.repeats):
+                routes = [FLOOR, *tools]
+                for i in range(len(routes)):
+                    route = routes[(i + repeat) % len(routes)]
+                    if route == FLOOR:
+                        floors.append(measure_floor(op, volume, matrices, cube))
+                        print(f"[{repeat + 1}] {op} floor: {floors[-1]}", flush=True)
+                        continue
+                    if op == "gst3d":
+                        found = run_gst3d_tool(route, volume, args.memory_limit, args.timeout)
+                    elif op in SVDS:
+                        found = run_svd_tool(
+                            op, route, matrices[op], args.memory_limit, args.timeout
+                        )
+                    else:
+                        found = run_tool(op, route, cube, args.memory_limit, args.timeout)
+                    runs[route].append(found | {"repeat": repeat})
+                    print(f"[{repeat + 1}] {op} {route}: {found}", flush=True)
             read = statistics.median(f[0] for f in floors)
             compute = statistics.median(f[1] for f in floors)
             floor = read + compute
+            every[f"{op} floor"] = [round(sum(f), 1) for f in floors]
             print(f"{op} floor: read {read:.2f} s + in memory {compute:.2f} s", flush=True)
-            tools = [t for t in TOOLS[op] if not args.tools or t in args.tools]
-            runs: dict[str, list[dict]] = {t: [] for t in tools}
-            for repeat in range(args.repeats):
-                for i in range(len(tools)):
-                    tool = tools[(i + repeat) % len(tools)]
-                    if op == "gst3d":
-                        found = run_gst3d_tool(tool, volume, args.memory_limit, args.timeout)
-                    elif op in SVDS:
-                        found = run_svd_tool(
-                            op, tool, matrices[op], args.memory_limit, args.timeout
-                        )
-                    else:
-                        found = run_tool(op, tool, cube, args.memory_limit, args.timeout)
-                    runs[tool].append(found)
-                    print(f"[{repeat + 1}] {op} {tool}: {found}", flush=True)
             lines.append(
                 f"| {op} | floor: read once {read:.1f} s + in memory {compute:.1f} s | | | "
                 f"{floor:.1f} | 1.00 | | | |"
@@ -476,18 +497,20 @@ def main() -> None:
                 kept = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
                 outcome = "completed" if kept["completed"] else kept["error"][:80]
                 staged = " (staged)" if kept.get("staged") and tool == "memchunk" else ""
+                ratio = statistics.median(f["seconds"] / sum(floors[f["repeat"]]) for f in found)
                 lines.append(
                     f"| {op} | {tool}{staged} | {kept.get('chunks', '')} | {outcome} | "
-                    f"{kept['seconds']:.1f} | {kept['seconds'] / floor:.2f} | "
+                    f"{kept['seconds']:.1f} | {ratio:.2f} | "
                     f"{max(f['peak'] for f in found) / 1e6:.0f} | "
                     f"{sum(f['pauses'] for f in found)} | {sum(f['deaths'] for f in found)} |"
                 )
     header = (
         f"Measured {datetime.date.today()} on {platform.node()} ({platform.machine()}, Python "
-        f"{platform.python_version()}) with `python {' '.join(sys.argv)}`: "
+        f"{platform.python_version()}) with `python {shlex.join(sys.argv)}`: "
         f"{'; '.join(inputs)}; 2 workers x 1 thread x "
-        f"{args.memory_limit}; median of {args.repeats} (pauses and deaths summed over runs, "
-        f"peak the largest); each fresh cluster's workers "
+        f"{args.memory_limit}; median of {args.repeats}, the floor measured in each repeat "
+        f"between the tools (`/ floor`: the median of each run against its repeat's floor; "
+        f"pauses and deaths summed over runs, peak the largest); each fresh cluster's workers "
         f"{'import' if args.cold else 'imported'} the libraries "
         f"{'in the timed run' if args.cold else 'before the timer'}; dask {dask.__version__}, "
         f"numpy {np.__version__}."
