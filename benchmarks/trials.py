@@ -5,12 +5,14 @@
     python benchmarks/trials.py again 44 --why "..."              # after a fix: run it again
     python benchmarks/trials.py again 44 --why "..." --memchunk-only  # Dask's side kept
     python benchmarks/trials.py summary                           # the table, from the JSONL
+    python benchmarks/trials.py run --seed 2027 --stop 60 --out benchmarks/results/trials_2027.jsonl
 
 Each trial (:func:`harness.trials.draw`) is run in a process of its own, on fresh
 ``LocalCluster`` s, and appended as one JSON line to ``benchmarks/results/trials.jsonl``; a
-trial whose process dies or overruns is recorded as such. ``summary`` prints the Markdown
-table and writes it to ``benchmarks/results/trials.md``. ``again`` runs trials once more after
-the library changed to fix what they found: the record is replaced, and the one it replaces is
+trial whose process dies or overruns is recorded as such (``--out``: another JSONL, e.g. a new
+seed's). ``summary`` prints the Markdown table and writes it beside the JSONL
+(``trials.jsonl``: ``benchmarks/results/trials.md``). ``again`` runs trials once more after the
+library changed to fix what they found: the record is replaced, and the one it replaces is
 kept in its ``earlier`` list with why it was run again and the commit it ran at; the summary
 names them. With ``--memchunk-only`` (a fix to memchunk, which Dask's side does not run), only
 memchunk's side runs again, and the record keeps the earlier run's Dask side (``dask_kept``).
@@ -39,7 +41,6 @@ from xarray_memchunk.units import to_bytes
 SIDES = ("dask", "memchunk")
 RESULTS = Path(__file__).parent / "results"
 JSONL = RESULTS / "trials.jsonl"
-TABLE = RESULTS / "trials.md"
 DEFAULT_SEED = 2026
 
 
@@ -293,18 +294,19 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 
 
 def summary(args: argparse.Namespace) -> None:
-    """Print the summary of the JSONL and write it to ``trials.md``."""
+    """Print the summary of the JSONL and write it beside it (``trials.jsonl``: ``trials.md``)."""
     records = _records(args.out)
     seeds = sorted({r["seed"] for r in records})
     header = (
         f"Summarised {datetime.date.today()} on {platform.node() or 'this machine'} "
         f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}) "
         f"from `{args.out.name}`: seed(s) {seeds}, trials drawn by `harness.trials.draw`, run "
-        f"with `python benchmarks/trials.py run --seed <seed> --stop <n>`."
+        f"with `python benchmarks/trials.py run --seed <seed> --stop <n>"
+        + ("`." if args.out == JSONL else f" --out {args.out.name}`.")
     )
     text = header + "\n\n" + summary_table(records) + "\n"
     print(text)
-    TABLE.write_text(text)
+    args.out.with_suffix(".md").write_text(text)
 
 
 def main() -> None:
@@ -326,7 +328,7 @@ def main() -> None:
     again_parser.add_argument(
         "--memchunk-only", action="store_true", help="run memchunk's side; keep Dask's"
     )
-    commands.add_parser("summary", help="print the summary table, write trials.md")
+    commands.add_parser("summary", help="print the summary table, write it beside the JSONL")
     for sub in commands.choices.values():
         sub.add_argument("--out", type=Path, default=JSONL, help="the JSONL of trials")
     args = parser.parse_args()
