@@ -41,10 +41,12 @@ array in memory (``svd``, ``svd_compressed``), on the same 2 threads. Against it
 writes on the store's auto chunks (rechunked to one chunk across the columns, as tsqr needs,
 for the exact one).
 
-Each repeat measures the floor beside the tools, the floor taking its turn in an order that
-alternates from repeat to repeat, so that a machine whose speed drifts over the run moves both
-alike. The median-time run is kept; its ``/ floor`` is the median over repeats of each run
-against its own repeat's floor. Prints a Markdown table and writes it to
+Each repeat measures the floor in turn with the tools, in an order that rotates from repeat to
+repeat, so that a machine whose speed drifts over the run moves the floor with the tools more
+nearly alike. The median-time run is kept (a failed run where one failed); the floor row shows
+the medians of the reads and of the work in memory. ``/ floor`` is each run against its own
+repeat's floor: the median over the runs, or the failed run's own. So a row's ``wall s`` over
+the floor row's need not give its ``/ floor``. Prints a Markdown table and writes it to
 ``benchmarks/results/floors.md``.
 """
 
@@ -410,6 +412,20 @@ def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict
     return found | _watched(work, limit, timeout, tool)
 
 
+def _ratio(kept: dict, found: list[dict], floors: list[tuple[float, float]]) -> float:
+    """A route's ``/ floor``: each run against its own repeat's floor.
+
+    Where a run failed, the kept (failed) run's own; else the median over the runs.
+    """
+
+    def against_floor(run: dict) -> float:
+        return run["seconds"] / sum(floors[run["repeat"]])
+
+    if not kept["completed"]:
+        return against_floor(kept)
+    return statistics.median(map(against_floor, found))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-limit", default="1GB", help="per worker (process)")
@@ -497,7 +513,7 @@ def main() -> None:
                 kept = failed[0] if failed else ranked[(len(ranked) - 1) // 2]
                 outcome = "completed" if kept["completed"] else kept["error"][:80]
                 staged = " (staged)" if kept.get("staged") and tool == "memchunk" else ""
-                ratio = statistics.median(f["seconds"] / sum(floors[f["repeat"]]) for f in found)
+                ratio = _ratio(kept, found, floors)
                 lines.append(
                     f"| {op} | {tool}{staged} | {kept.get('chunks', '')} | {outcome} | "
                     f"{kept['seconds']:.1f} | {ratio:.2f} | "
@@ -509,8 +525,9 @@ def main() -> None:
         f"{platform.python_version()}) with `python {shlex.join(sys.argv)}`: "
         f"{'; '.join(inputs)}; 2 workers x 1 thread x "
         f"{args.memory_limit}; median of {args.repeats}, the floor measured in each repeat "
-        f"between the tools (`/ floor`: the median of each run against its repeat's floor; "
-        f"pauses and deaths summed over runs, peak the largest); each fresh cluster's workers "
+        f"in turn with the tools (`/ floor`: the median of each run against its own repeat's "
+        f"floor, not the row's wall s over the floor row's; pauses and deaths summed over "
+        f"runs, peak the largest); each fresh cluster's workers "
         f"{'import' if args.cold else 'imported'} the libraries "
         f"{'in the timed run' if args.cold else 'before the timer'}; dask {dask.__version__}, "
         f"numpy {np.__version__}."

@@ -4,11 +4,13 @@
     python benchmarks/svd_one_pass.py --rows 4000 --cols 8000
     python benchmarks/svd_one_pass.py --passes        # and where memchunk's run spends its time
 
-``svd_compressed`` with no power iteration reads its input twice: ``Y = A @ omega`` (then
+``svd_compressed`` with no power iteration reads its input twice where the workers do not hold
+it between passes (:func:`xarray_memchunk.operators.svd.compressed.holds_input`):
+``Y = A @ omega`` (then
 ``Q, R = tsqr(Y)``) and ``B = Q.T @ A``. Where each block holds whole rows, the second read can
 be avoided: ``Q.T @ A = R^-T (Y.T @ A)``, and each block's ``Y_i.T @ A_i`` can be summed in the
 first pass, beside ``Y_i``. The price is accuracy: the solve by ``R`` multiplies the rounding
-of ``Y.T @ A`` (float32) by about ``cond(R)``.
+of ``Y.T @ A`` (float32) by up to ``cond(R)``.
 
 For matrices of four spectra (in float32, the singular values of a float64 copy as the truth),
 this prints ``cond(R)`` and the largest error of the top ``k`` singular values, relative to the
@@ -19,9 +21,9 @@ values are above ``--keep`` of the largest. NumPy on one process; nothing of mem
 
 ``--passes``: memchunk's compressed SVD of ``floors.py``'s wide matrix (8000 x 30000 float32,
 chunks of 1000 rows, ``k=10``, no power iteration) on fresh ``LocalCluster`` s of 2 workers x 1
-thread x 1 GB, 3 runs: its wall time and the task seconds of each pass over the input (the
-graph's ``sum`` layers of one task per block of the input that take time, in the graph's
-order).
+thread x 1 GB, 3 runs: its wall time and the task seconds of each pass over the input: the
+graph's ``sum`` layers of as many tasks as the input has blocks that take time, in the order
+the task stream first names them.
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ def passes(runs: int = 3) -> None:
                     s["stop"] - s["start"] for s in task["startstops"] if s["action"] == "compute"
                 )
                 layers[name].append(seconds)
-            blocks = max(map(len, layers.values()))
+            blocks = len(field.chunks[0])
             # a pass reads every block: a layer of one task per block that does work
             found = [v for v in layers.values() if len(v) == blocks and sum(v) > 0.05]
+            if not found:
+                raise RuntimeError(f"no layer of {blocks} sum tasks: Dask's keys changed")
             text = "; ".join(f"{len(v)} tasks, {sum(v):.2f} s" for v in found)
             print(f"| {run + 1} | {wall:.2f} | {text} |", flush=True)
 

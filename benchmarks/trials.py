@@ -302,7 +302,7 @@ def summary(args: argparse.Namespace) -> None:
         f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}) "
         f"from `{args.out.name}`: seed(s) {seeds}, trials drawn by `harness.trials.draw`, run "
         f"with `python benchmarks/trials.py run --seed <seed> --stop <n>"
-        + ("`." if args.out == JSONL else f" --out {args.out.name}`.")
+        + ("`." if args.out.resolve() == JSONL.resolve() else f" --out {args.out}`.")
     )
     text = header + "\n\n" + summary_table(records) + "\n"
     print(text)
