@@ -95,7 +95,7 @@ COMPONENTS = 10
 VOLUME_SIDE, VOLUME_CHUNK = 384, 128
 #: The staging decision forced, for the tools that force it: (STAGING_GAIN, MIN_REREAD_SECONDS).
 FORCED = {"memchunk in memory": (math.inf, math.inf), "memchunk staged": (0.0, 0.0)}
-#: The floor's place among each repeat's routes (it takes its turn in the alternation).
+#: The floor's place among each repeat's routes (it takes its turn in the rotation).
 FLOOR = "floor"
 
 

@@ -69,13 +69,14 @@ def quiet_distributed():
 
 @pytest.fixture
 def cluster_client(quiet_distributed):
-    """``(make, Client)``: ``make(memory_limit)`` is a LocalCluster of 2 x 1-thread processes."""
+    """``(make, Client)``: ``make(memory_limit)`` is a LocalCluster of worker processes, 2 x 1
+    thread unless ``n_workers`` and ``threads_per_worker`` say otherwise."""
     from distributed import Client, LocalCluster
 
-    def make(memory_limit):
+    def make(memory_limit, n_workers=2, threads_per_worker=1):
         return LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
+            n_workers=n_workers,
+            threads_per_worker=threads_per_worker,
             memory_limit=memory_limit,
             processes=True,
             dashboard_address=":0",

@@ -262,27 +262,17 @@ def test_with_no_cluster_a_runtime_loaded_here_is_counted_once(monkeypatch, held
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_a_plan_after_a_run_counts_the_workers_compiled_code_once(adaptive):
+def test_a_plan_after_a_run_counts_the_workers_compiled_code_once(adaptive, cluster_client):
     """A new user's second GST3D plan after a first run counted the compiled kernel twice: in
     the worker's memory, the baseline (252 MiB on 1 worker x 4 threads), and again per task.
     Loaded in every worker of a fixed cluster, it is counted in their memory alone: the second
     plan needs what the first did. Where workers may join (adaptive), a new one loads it with
     its first task, where it stays counted."""
-    from distributed import Client, LocalCluster
-
     from xarray_memchunk.datasets import synthetic_seismic
 
+    make, Client = cluster_client
     volume = synthetic_seismic((64, 64, 64)).amplitude
-    with (
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=2,
-            memory_limit="1.5GB",
-            processes=True,
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster),
-    ):
+    with make("1.5GB", n_workers=1, threads_per_worker=2) as cluster, Client(cluster):
         if adaptive:
             cluster.adapt(minimum=1, maximum=1)
         first = volume.memchunk.plan("gst3d")
@@ -344,21 +334,11 @@ def test_threads_compute_on_no_more_cores_than_they_share():
 
 
 @pytest.mark.cluster
-def test_budget_from_distributed_client():
+def test_budget_from_distributed_client(cluster_client):
     """Workers in their own processes (in this one, see test_deployments: each pauses on all
     that this test process holds, which grows over a run of the suite)."""
-    from distributed import Client, LocalCluster
-
-    with (
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=2,
-            memory_limit="700MB",
-            processes=True,
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster),
-    ):
+    make, Client = cluster_client
+    with make("700MB", threads_per_worker=2) as cluster, Client(cluster):
         budget = resolve_budget()
         explicit = resolve_budget("500MB")
         with pytest.warns(MemoryBudgetWarning, match=r"memory_limit='2GB' is more.*667\.57 MiB"):
