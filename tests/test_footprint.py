@@ -80,6 +80,34 @@ def test_no_more_slots_make_source_chunks_than_the_graph_has(source_time, thread
     assert float(terms.produce[0]) == pytest.approx(making / threads * (6 * block - 1e3))
 
 
+@pytest.mark.parametrize(("held", "making"), [(0.0, 1 + 0.2), (1e8, 2)])
+def test_slots_making_a_graph_s_largest_chunks_count_each_at_its_own_share(held, making):
+    """Trial 38's kind: 3797 and 802 days of a 4599-day graph on 2 threads, planned time whole
+    and cut along lon. One slot makes the large chunk, the other at most the remainder, at its
+    share of the making; a fused task that keeps what its making held counts as the largest."""
+    sizes = {"time": 4599, "lat": 47, "lon": 94}
+    block = 3797 * 47 * 94 * 8
+    layout = InputLayout(
+        "v",
+        tuple(sizes),
+        8,
+        InputKind.GRAPH,
+        {"time": 3797, "lat": 47, "lon": 94},
+        produce_bytes=2 * block,
+        produce_held_bytes=held,
+        making_shares=(1.0, 0.2),
+    )
+    # fused where the chunks are the source's (the kept bytes count there), else cut along lon
+    planned = {"time": 3797, "lat": 47, "lon": 94} if held else {"time": 4599, "lat": 47, "lon": 5}
+    cuts = {d: _cut(sizes[d], planned[d]) for d in sizes}
+    if held:  # chunks of whole source chunks
+        cuts["time"] = DimCut(4599, *(np.array([n]) for n in (3797, 2, 3797, 3797)), halo=False)
+    task = np.array([1e6])
+    terms = footprint(task, cuts, [layout], threads_per_worker=2, n_workers=1)
+    made = max(1e6 + held, 3 * block) - 1e6
+    assert float(terms.produce[0]) == pytest.approx(making / 2 * made)
+
+
 def _gathered(store: dict[str, int], planned: dict[str, int], raw: bool) -> float:
     """The gather term of reading the planned blocks from a file in ``store`` chunks."""
     sizes = {"time": 2920, "lat": 288, "lon": 720}

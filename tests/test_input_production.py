@@ -103,6 +103,45 @@ def test_the_largest_block_is_measured():
     assert made.extra_bytes >= 0.9 * 250 * 100 * 100 * 8
 
 
+def test_the_largest_blocks_of_a_graph_are_found_per_dim():
+    """The largest products come from the largest chunks of each dim, cut to ``count``."""
+    import itertools
+
+    import numpy as np
+
+    chunks = ((7, 7, 3), (5, 2), (4, 4, 4, 1))
+    every = sorted((8 * a * b * c for a, b, c in itertools.product(*chunks)), reverse=True)
+    for count in (1, 3, 5, 24, 40):
+        assert production.largest_blocks(chunks, 8, count) == every[:count]
+    assert np.all(np.diff(production.largest_blocks(chunks, 4, 10)) <= 0)
+
+
+def test_making_a_smaller_block_keeps_the_part_that_does_not_grow():
+    """The line through the largest and smallest blocks' measurements, never under the
+    smallest's: 100 bytes holding 300, 10 bytes holding 50 (a fixed 22 beside 3 per byte)."""
+    shares = production.making_shares([100, 40, 10, 5], (100, 300), (10, 50))
+    extra_40 = 50 + (300 - 50) / 90 * 30
+    assert shares == pytest.approx((1.0, (40 + extra_40) / 400, 60 / 400, (5 + 50) / 400))
+    assert shares[2] > 10 / 100  # more than the block's share of the bytes: the fixed part
+
+
+def test_a_graph_s_smaller_blocks_are_measured_for_the_slots_that_make_them():
+    """Dask's auto chunks: 500 and 100 steps. The remainder is measured too, and making it
+    holds about its share of making the large block (both from float64)."""
+    data = da.random.default_rng(8).standard_normal((600, 100, 100), chunks=(500, 100, 100))
+    made = input_production(xr.DataArray(data.astype("float32"), dims=("time", "y", "x")))
+    assert made.block_bytes == 500 * 100 * 100 * 4
+    assert made.smallest_bytes == 100 * 100 * 100 * 4
+    assert made.smallest_extra_bytes >= 0.9 * 100 * 100 * 100 * 8
+    assert made.making_shares[0] == 1.0
+    assert 0.15 < made.making_shares[1] < 0.5
+    assert "its smallest block" in made.explain()
+    # blocks of one size: nothing more measured
+    even = da.random.default_rng(8).standard_normal((600, 100, 100), chunks=(300, 100, 100))
+    alike = input_production(xr.DataArray(even.astype("float32"), dims=("time", "y", "x")))
+    assert alike.making_shares == () and alike.smallest_bytes == 0
+
+
 def test_a_block_too_large_to_measure_here_is_scaled_from_a_smaller_one(monkeypatch):
     monkeypatch.setattr(production, "MEASURED_BLOCK_BYTES", 5_000_000)
     data = da.random.default_rng(6).standard_normal((350, 100, 100), chunks=(250, 100, 100))
@@ -198,6 +237,40 @@ def test_one_source_block_is_made_by_one_slot_of_four(quiet_distributed):
     assert outcome.pauses == 0 and outcome.worker_deaths == 0
     predicted = plan.budget.worker_baseline + 4 * plan.predicted_peak_bytes
     assert outcome.peak_bytes <= predicted
+
+
+@pytest.mark.cluster
+def test_a_remainder_chunk_counts_its_own_making_and_runs_at_the_stated_minimum(cluster_client):
+    """Trial 38 (seed 2027): a 4599-day float64 graph in 3797 and 802 days, whole in time,
+    each slot counted as making the 3797-day chunk: refused at 1.5 GB, 3 x 2 threads, asking
+    1.85 GiB, where Dask's own chunks peaked at 825 MB. One worker of 2 threads makes the
+    large chunk and the remainder at most. At the minimum the plan states now, it runs with no
+    pause, within its prediction; counted as before, that minimum was refused."""
+    from dataclasses import replace
+
+    from xarray_memchunk.testing import run_watched
+
+    make, Client = cluster_client
+    normal = da.random.default_rng(0).standard_normal((4599, 47, 94), chunks=(3797, 47, 94))
+    array = xr.DataArray((normal * 2.0 + 1.0).astype("float64"), dims=("time", "lat", "lon"))
+    made = input_production(array)
+    assert made.making_shares[1] < 0.3
+    with make("1GB", n_workers=1, threads_per_worker=2) as cluster, Client(cluster):
+        with pytest.raises(InfeasiblePlanError) as refused:
+            array.memchunk.plan("median", dim="time")
+    least = refused.value.minimum_memory_limit
+    with make(least, n_workers=1, threads_per_worker=2) as cluster, Client(cluster) as client:
+        plan = array.memchunk.plan("median", dim="time")
+        production._CACHE[array.data.name] = replace(made, making_shares=())
+        try:
+            with pytest.raises(InfeasiblePlanError):  # each slot making the largest
+                array.memchunk.plan("median", dim="time")
+        finally:
+            production._CACHE[array.data.name] = made
+        outcome = run_watched(client, "median", lambda: plan.apply().data)
+    assert outcome.completed, outcome.error
+    assert outcome.pauses == 0 and outcome.worker_deaths == 0
+    assert outcome.peak_bytes <= plan.budget.worker_baseline + 2 * plan.predicted_peak_bytes
 
 
 def test_a_datasets_variables_made_by_graphs_get_one_note_of_their_production():

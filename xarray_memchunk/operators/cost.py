@@ -267,6 +267,7 @@ def resolve_cost(
             production.held_bytes if production and cost.fuses_with_input else 0.0,
             cost.runtime_bytes,
             reads_serialized(da),
+            making_shares=production.making_shares if production else (),
         ),
         production=production,
         features=features,

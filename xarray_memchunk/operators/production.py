@@ -23,6 +23,15 @@ chunks of a float32 cube made from ``standard_normal``, the short remainder's 36
 over :data:`MEASURED_BLOCK_BYTES`, a smaller one is measured and what it held scaled to the
 largest by bytes (fixed costs scaled with it: an over-estimate, never an under-estimate).
 
+Blocks of one graph differ in size (Dask's auto chunks end in a remainder: 3797 and 802 days
+of a 4599-day series), and a worker's task slots make each at most once, so at once they make
+no more than the graph's largest blocks. Where the largest a worker's slots could make at once
+include smaller ones (:data:`SHARED_BLOCKS` at most, and only where blocks do not share their
+production), the smallest block of the graph is measured too, and what making each block
+holds is taken as the two measurements' line through its bytes, never below the smallest's
+(a fixed part, such as a climatology every block subtracts, is in both):
+:attr:`InputProduction.making_shares`.
+
 Graphs of one layer (data cut from a NumPy array, a random generator) produce a block in place
 and are not measured. Results are cached per graph (its name), so planning the same data again
 measures nothing. The dask config key ``memchunk.measure-input`` (True) turns it off.
@@ -32,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -43,9 +52,12 @@ from .._dask_compat import graph_layers
 __all__ = [
     "MEASURED_BLOCK_BYTES",
     "MEASUREMENTS",
+    "SHARED_BLOCKS",
     "InputProduction",
     "explain_productions",
     "input_production",
+    "largest_blocks",
+    "making_shares",
     "production_ahead",
     "shares_production",
 ]
@@ -58,6 +70,9 @@ MEASURED_BLOCK_BYTES = 256 * 2**20
 #: a float32 block of 64 MiB made from ``standard_normal`` measured 140 MiB beside it first in
 #: a process, 127 MiB every time after, and in the test suite's load up to about 167 MiB.
 MEASUREMENTS = 2
+#: Largest blocks whose making :attr:`InputProduction.making_shares` states; a worker's slots
+#: beyond them count each as the last of them.
+SHARED_BLOCKS = 32
 
 _CACHE: dict[str, InputProduction | None] = {}
 
@@ -84,6 +99,15 @@ class InputProduction:
         Whether producing the block shares tasks with a neighbouring block
         (:func:`shares_production`): their results stay in a worker until every block that
         needs them is made.
+    making_shares
+        What making each of the graph's largest blocks holds (the block and what making it
+        needs), as a share of the largest block's, in descending order
+        (:func:`making_shares`), at most :data:`SHARED_BLOCKS` of them; blocks past them
+        count as the last. Empty where every block counts as the largest: blocks of one size,
+        blocks that share their production, or a smallest block too large to measure here.
+    smallest_bytes, smallest_extra_bytes
+        The graph's smallest block and what making it held beyond it, where it was measured
+        for ``making_shares`` (else 0).
     """
 
     block_bytes: int
@@ -92,6 +116,9 @@ class InputProduction:
     seconds: float
     measured_bytes: int = 0
     shared: bool = False
+    making_shares: tuple[float, ...] = ()
+    smallest_bytes: int = 0
+    smallest_extra_bytes: int = 0
 
     def explain(self, size: Any = str) -> str:
         """One line for the plan's notes."""
@@ -100,12 +127,20 @@ class InputProduction:
             if self.measured_bytes and self.measured_bytes < self.block_bytes
             else ""
         )
+        smaller = (
+            f"; its smallest block ({size(self.smallest_bytes)}) was measured too, holding "
+            f"{size(self.smallest_extra_bytes)} more while it is made: a worker's task slots "
+            f"keep room for making the graph's largest blocks at once, each once"
+            if self.making_shares
+            else ""
+        )
         return (
             f"producing one block of the input ({size(self.block_bytes)}{scaled}) was measured "
             f"now, in this process ({self.seconds:.2f} s): it holds {size(self.extra_bytes)} "
             f"more while it is made, and {size(self.held_bytes)} more stays held while an "
             f"operator fused onto it runs; each task slot (a worker thread: it runs one task at "
             f"a time) keeps room for the larger of making the block and running the operator"
+            f"{smaller}"
         )
 
 
@@ -179,6 +214,41 @@ def _blocks_to_measure(data: Any) -> tuple[tuple[int, ...], int]:
     if largest_bytes <= MEASURED_BLOCK_BYTES:
         return largest, largest_bytes
     return tuple(n // 2 for n in data.numblocks), largest_bytes
+
+
+def largest_blocks(chunks: tuple[tuple[int, ...], ...], itemsize: int, count: int) -> list[int]:
+    """Bytes of the ``count`` largest blocks of an array chunked ``chunks``, descending.
+
+    The largest products of positive numbers take only the largest of each factor, so each
+    dim's chunks are cut to their ``count`` largest before the next dim multiplies them.
+    """
+    sizes = np.array([float(itemsize)])
+    for lengths in chunks:
+        top = np.sort(np.asarray(lengths, dtype=np.float64))[::-1][:count]
+        sizes = np.sort(np.multiply.outer(sizes, top).ravel())[::-1][:count]
+    return [int(b) for b in sizes]
+
+
+def making_shares(
+    blocks: list[int],
+    largest: tuple[int, int],
+    smallest: tuple[int, int],
+) -> tuple[float, ...]:
+    """What making each of ``blocks`` holds, as a share of making the largest (at most 1).
+
+    ``largest`` and ``smallest``: a block's bytes and what making it held beyond them, for
+    the graph's largest and smallest blocks. A block between them holds the line through both
+    measurements at its bytes, never less than the smallest held: a part that does not grow
+    with the block (a climatology each block subtracts) is counted whole in every block.
+    """
+    (big, big_extra), (small, small_extra) = largest, smallest
+    whole = float(big + big_extra)
+    shares = []
+    for b in blocks:
+        slope = (big_extra - small_extra) / (big - small) if big > small else 0.0
+        extra = max(float(small_extra), small_extra + slope * (b - small))
+        shares.append(min(1.0, (b + extra) / whole) if whole else 1.0)
+    return tuple(shares)
 
 
 def shares_production(data: Any, index: tuple[int, ...]) -> bool:
@@ -304,7 +374,7 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
         extra = max(0, peak - block_bytes)
         held = min(found[0], extra)
         scale = largest / block_bytes if block_bytes and largest > block_bytes else 1.0
-        _CACHE[name] = InputProduction(
+        measured = InputProduction(
             largest,
             round(extra * scale),
             round(held * scale),
@@ -312,4 +382,38 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
             block_bytes,
             shares_production(data, index),
         )
+        _CACHE[name] = _with_smaller_blocks(measured, data)
     return _CACHE[name]
+
+
+def _with_smaller_blocks(measured: InputProduction, data: Any) -> InputProduction:
+    """``measured`` with :attr:`InputProduction.making_shares`, where smaller blocks count.
+
+    Only where the :data:`SHARED_BLOCKS` largest blocks are not all of the largest's bytes,
+    blocks do not share their production, and the graph's smallest block is small enough to
+    measure here; its measurement failing leaves ``measured`` as it was.
+    """
+    blocks = largest_blocks(data.chunks, data.dtype.itemsize, SHARED_BLOCKS)
+    if measured.shared or blocks[-1] >= blocks[0]:
+        return measured
+    smallest = tuple(int(np.argmin(c)) for c in data.chunks)
+    small_bytes = int(data.blocks[smallest].nbytes)
+    if small_bytes > MEASURED_BLOCK_BYTES:
+        return measured
+    try:
+        peak, seconds, _ = _least_of(MEASUREMENTS, data, smallest)
+    except Exception:  # measured on the largest block already: keep that one
+        return measured
+    small_extra = max(0, peak - small_bytes)
+    shares = making_shares(
+        blocks, (measured.block_bytes, measured.extra_bytes), (small_bytes, small_extra)
+    )
+    if min(shares) >= 1.0:
+        return measured
+    return replace(
+        measured,
+        seconds=measured.seconds + seconds,
+        making_shares=shares,
+        smallest_bytes=small_bytes,
+        smallest_extra_bytes=small_extra,
+    )

@@ -57,7 +57,10 @@ the plan's). Per task slot:
   its own (``Cost.fuses_with_input``). The term is what the larger phase adds to the task,
   shared among a worker's slots where the graph has fewer source chunks than the worker has
   threads (one block of 128 MiB made from float64 held 768 MiB above the idle worker: with
-  4 threads and one source chunk, one slot makes it, not four).
+  4 threads and one source chunk, one slot makes it, not four); where its largest source
+  chunks differ in size (a remainder), the slots making them at once count each at its own
+  (``making_shares``: of a 4599-day float64 graph in 3797 and 802 days, on 2 threads, the
+  second at about a fifth of the first).
 - ``factors``: the operator's ``factors_bytes_per_chunk`` times the planned chunks (factors
   whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
   factors gather on the worker where it ends (measured: a worker held most of the two-pass
@@ -171,6 +174,11 @@ class InputLayout:
         A file variable stored uncompressed and read straight into the block (a staged store:
         :mod:`~xarray_memchunk.operators.zarr_reads`): a read holds one storage chunk beside
         the block where the block does not hold its chunks as contiguous runs, else nothing.
+    making_shares
+        What making each of a graph's largest source chunks holds, as a share of making the
+        largest, descending
+        (:attr:`~xarray_memchunk.operators.production.InputProduction.making_shares`); empty
+        where each counts as the largest.
     """
 
     name: str
@@ -186,6 +194,7 @@ class InputLayout:
     runtime_bytes: float = 0.0
     serialized_reads: bool = False
     raw_reads: bool = False
+    making_shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -294,6 +303,18 @@ def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
         math.ceil(cuts[d].size / min(layout.source_chunks.get(d, cuts[d].size), cuts[d].size))
         for d in layout.dims
     )
+
+
+def _largest_making(layout: InputLayout, count: int) -> float:
+    """Making the graph's ``count`` largest source chunks, in the largest's: ``count`` or less.
+
+    Each counts its share (:attr:`InputLayout.making_shares`); those past the shares stated,
+    the last share (the chunks are in descending order).
+    """
+    shares = layout.making_shares[:count]
+    if not shares:
+        return float(count)
+    return float(sum(shares)) + (count - len(shares)) * shares[-1]
 
 
 def _production(
@@ -448,9 +469,14 @@ def footprint(
                 identical &= same
                 merged |= ~same & (span > min(source, cut.size))
         if layout.kind is InputKind.GRAPH and (layout.produce_bytes or layout.produce_held_bytes):
-            # no more of a worker's slots make source chunks at once than the graph has
-            at_once = min(threads, _source_blocks(layout, cuts)) / threads
-            made = _production(layout, cuts, task, identical & ~stencil)
+            # no more of a worker's slots make source chunks at once than the graph has, and
+            # they make its largest, each once; a fused task that keeps what making its own
+            # chunk held counts as the largest's (its share need not bound what it keeps)
+            fused = identical & ~stencil
+            making = min(threads, _source_blocks(layout, cuts))
+            keeps = fused & (layout.produce_held_bytes > 0)
+            at_once = np.where(keeps, making, _largest_making(layout, making)) / threads
+            made = _production(layout, cuts, task, fused)
             produce = np.maximum(produce, at_once * made)
         extra_gather = np.where(stencil | merged, padded, 0.0)
         all_to_all = covering >= array_bytes  # every task reads every source chunk
