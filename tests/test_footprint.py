@@ -108,6 +108,40 @@ def test_slots_making_a_graph_s_largest_chunks_count_each_at_its_own_share(held,
     assert float(terms.produce[0]) == pytest.approx(making / 2 * made)
 
 
+def test_slots_make_the_largest_chunks_of_every_graph_and_count_uneven_chunks():
+    """A Dataset's two variables, each one graph chunk, on 2 threads: both slots make one at
+    once (each counted as one slot's before). Chunks of uneven lengths (100, 100, 50, 30 along
+    time): 4 chunks, where the longest says 3."""
+    sizes = {"time": 280, "lat": 73, "lon": 146}
+    block = 100 * 73 * 146 * 8
+
+    def layout(name, **kwargs):
+        return InputLayout(
+            name,
+            tuple(sizes),
+            8,
+            InputKind.GRAPH,
+            {"time": 100, "lat": 73, "lon": 146},
+            produce_bytes=2 * block,
+            **kwargs,
+        )
+
+    cuts = {"time": _cut(280, 280), "lat": _cut(73, 73), "lon": _cut(146, 10)}
+    task = np.array([1e3])
+    made = 3 * block - 1e3
+
+    def produce(layouts, threads):
+        terms = footprint(task, cuts, layouts, threads_per_worker=threads, n_workers=1)
+        return float(terms.produce[0])
+
+    one = layout("a", source_block_count=1, making_shares=(1.0,))
+    two = layout("b", source_block_count=1, making_shares=(1.0,))
+    assert produce([one], 2) == pytest.approx(made / 2)
+    assert produce([one, two], 2) == pytest.approx(made)
+    uneven = layout("c", source_block_count=4, making_shares=(1.0, 1.0, 0.5, 0.3))
+    assert produce([uneven], 4) == pytest.approx((1 + 1 + 0.5 + 0.3) / 4 * made)
+
+
 def _gathered(store: dict[str, int], planned: dict[str, int], raw: bool) -> float:
     """The gather term of reading the planned blocks from a file in ``store`` chunks."""
     sizes = {"time": 2920, "lat": 288, "lon": 720}

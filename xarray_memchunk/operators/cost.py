@@ -268,6 +268,7 @@ def resolve_cost(
             cost.runtime_bytes,
             reads_serialized(da),
             making_shares=production.making_shares if production else (),
+            source_block_count=production.block_count if production else 0,
         ),
         production=production,
         features=features,

@@ -25,11 +25,13 @@ largest by bytes (fixed costs scaled with it: an over-estimate, never an under-e
 
 Blocks of one graph differ in size (Dask's auto chunks end in a remainder: 3797 and 802 days
 of a 4599-day series), and a worker's task slots make each at most once, so at once they make
-no more than the graph's largest blocks. Where the largest a worker's slots could make at once
-include smaller ones (:data:`SHARED_BLOCKS` at most, and only where blocks do not share their
-production), the smallest block of the graph is measured too, and what making each block
-holds is taken as the two measurements' line through its bytes, never below the smallest's
-(a fixed part, such as a climatology every block subtracts, is in both):
+no more than the graph's largest blocks. Where the :data:`LISTED_BLOCKS` largest are not all of
+the largest's shape, and blocks do not share their production, the graph's smallest block (the
+least chunk along every dim) is measured too. What making a block between them holds beyond it
+is taken as the smallest's plus ``t`` x the difference to the largest's, ``t`` the farthest
+along any dim that the block's length lies from the smallest's toward the largest's: an upper
+bound wherever that memory is a sum of products of the block's lengths (a part fixed per block,
+a climatology slice growing along lon only, temporaries of the whole block):
 :attr:`InputProduction.making_shares`.
 
 Graphs of one layer (data cut from a NumPy array, a random generator) produce a block in place
@@ -39,7 +41,9 @@ measures nothing. The dask config key ``memchunk.measure-input`` (True) turns it
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -52,12 +56,13 @@ from .._dask_compat import graph_layers
 __all__ = [
     "MEASURED_BLOCK_BYTES",
     "MEASUREMENTS",
-    "SHARED_BLOCKS",
+    "LISTED_BLOCKS",
+    "MAX_BLOCK_SHAPES",
     "InputProduction",
     "explain_productions",
     "input_production",
-    "largest_blocks",
-    "making_shares",
+    "block_shapes",
+    "shares_of_making",
     "production_ahead",
     "shares_production",
 ]
@@ -70,9 +75,12 @@ MEASURED_BLOCK_BYTES = 256 * 2**20
 #: a float32 block of 64 MiB made from ``standard_normal`` measured 140 MiB beside it first in
 #: a process, 127 MiB every time after, and in the test suite's load up to about 167 MiB.
 MEASUREMENTS = 2
-#: Largest blocks whose making :attr:`InputProduction.making_shares` states; a worker's slots
-#: beyond them count each as the last of them.
-SHARED_BLOCKS = 32
+#: Most blocks :attr:`InputProduction.making_shares` lists; a worker's slots past them count
+#: each as the last listed.
+LISTED_BLOCKS = 32
+#: Most distinct block shapes weighed for :attr:`InputProduction.making_shares`; a graph of more
+#: (chunks of many lengths along several dims) counts each block as the largest.
+MAX_BLOCK_SHAPES = 4096
 
 _CACHE: dict[str, InputProduction | None] = {}
 
@@ -91,7 +99,8 @@ class InputProduction:
         What is still held beside the largest block when a function fused onto it starts (the
         graph's inputs a fused task keeps until it ends).
     seconds
-        How long producing the block measured took.
+        How long producing the blocks measured took (the largest, and the smallest where
+        ``making_shares`` needed it).
     measured_bytes
         Bytes of the block measured; where smaller than ``block_bytes``, ``extra_bytes`` and
         ``held_bytes`` are its measurements scaled by ``block_bytes / measured_bytes``.
@@ -100,14 +109,17 @@ class InputProduction:
         (:func:`shares_production`): their results stay in a worker until every block that
         needs them is made.
     making_shares
-        What making each of the graph's largest blocks holds (the block and what making it
-        needs), as a share of the largest block's, in descending order
-        (:func:`making_shares`), at most :data:`SHARED_BLOCKS` of them; blocks past them
-        count as the last. Empty where every block counts as the largest: blocks of one size,
-        blocks that share their production, or a smallest block too large to measure here.
+        What making each of the graph's blocks holds (the block and what making it needs), as
+        a share of the largest block's, in descending order (:func:`shares_of_making`), at most
+        :data:`LISTED_BLOCKS` of them; blocks past them count as the last. Empty where every
+        block counts as the largest: the listed blocks all of the largest's shape, blocks that
+        share their production, a smallest block too large to measure here or whose
+        measurement failed, or more than :data:`MAX_BLOCK_SHAPES` block shapes.
     smallest_bytes, smallest_extra_bytes
         The graph's smallest block and what making it held beyond it, where it was measured
         for ``making_shares`` (else 0).
+    block_count
+        Blocks of the graph (0 where not counted).
     """
 
     block_bytes: int
@@ -119,6 +131,7 @@ class InputProduction:
     making_shares: tuple[float, ...] = ()
     smallest_bytes: int = 0
     smallest_extra_bytes: int = 0
+    block_count: int = 0
 
     def explain(self, size: Any = str) -> str:
         """One line for the plan's notes."""
@@ -158,13 +171,20 @@ def explain_productions(measured: Mapping[str, InputProduction], size: Any = str
     extra = max(p.extra_bytes for p in measured.values())
     held = max(p.held_bytes for p in measured.values())
     seconds = sum(p.seconds for p in measured.values())
+    smaller = sorted(name for name, p in measured.items() if p.making_shares)
+    also = (
+        f"; the smallest block of {', '.join(smaller)} was measured too: a worker's task slots "
+        f"keep room for making the graphs' largest blocks at once, each once"
+        if smaller
+        else ""
+    )
     return (
         f"producing one block of each variable of the input ({blocks}"
         f"{', some scaled from smaller blocks' if scaled else ''}) was measured now, in this "
         f"process ({seconds:.2f} s): each holds up to {size(extra)} more while it is made, and "
         f"up to {size(held)} more stays held while an operator fused onto it runs; each task "
         f"slot (a worker thread: it runs one task at a time) keeps room for the larger of making "
-        f"its block and running the operator"
+        f"its block and running the operator{also}"
     )
 
 
@@ -216,39 +236,71 @@ def _blocks_to_measure(data: Any) -> tuple[tuple[int, ...], int]:
     return tuple(n // 2 for n in data.numblocks), largest_bytes
 
 
-def largest_blocks(chunks: tuple[tuple[int, ...], ...], itemsize: int, count: int) -> list[int]:
-    """Bytes of the ``count`` largest blocks of an array chunked ``chunks``, descending.
+def block_shapes(
+    chunks: tuple[tuple[int, ...], ...],
+) -> list[tuple[tuple[int, ...], int]] | None:
+    """The distinct shapes of the non-empty blocks of an array chunked ``chunks``, with counts.
 
-    The largest products of positive numbers take only the largest of each factor, so each
-    dim's chunks are cut to their ``count`` largest before the next dim multiplies them.
+    Returns
+    -------
+    list or None
+        ``(shape, number of blocks of that shape)``; None where there are more than
+        :data:`MAX_BLOCK_SHAPES` shapes.
     """
-    sizes = np.array([float(itemsize)])
-    for lengths in chunks:
-        top = np.sort(np.asarray(lengths, dtype=np.float64))[::-1][:count]
-        sizes = np.sort(np.multiply.outer(sizes, top).ravel())[::-1][:count]
-    return [int(b) for b in sizes]
+    per_dim = [Counter(n for n in lengths if n > 0) for lengths in chunks]
+    if math.prod(len(c) for c in per_dim) > MAX_BLOCK_SHAPES:
+        return None
+    return [
+        (tuple(n for n, _ in combo), math.prod(k for _, k in combo))
+        for combo in itertools.product(*(sorted(c.items()) for c in per_dim))
+    ]
 
 
-def making_shares(
-    blocks: list[int],
-    largest: tuple[int, int],
-    smallest: tuple[int, int],
+def shares_of_making(
+    shapes: list[tuple[tuple[int, ...], int]],
+    itemsize: int,
+    largest: tuple[tuple[int, ...], int],
+    smallest: tuple[tuple[int, ...], int],
 ) -> tuple[float, ...]:
-    """What making each of ``blocks`` holds, as a share of making the largest (at most 1).
+    """What making each block holds, as a share of making the largest: descending, at most 1.
 
-    ``largest`` and ``smallest``: a block's bytes and what making it held beyond them, for
-    the graph's largest and smallest blocks. A block between them holds the line through both
-    measurements at its bytes, never less than the smallest held: a part that does not grow
-    with the block (a climatology each block subtracts) is counted whole in every block.
+    Parameters
+    ----------
+    shapes
+        The blocks' shapes and counts (:func:`block_shapes`).
+    itemsize
+        Bytes per element.
+    largest, smallest
+        The shape of the graph's largest block (the longest chunk along every dim) and of its
+        smallest (the shortest), each with what making it held beyond the block, measured.
+
+    Returns
+    -------
+    tuple of float
+        One share per block, the largest first, :data:`LISTED_BLOCKS` at most. A block holds
+        the smallest's extra plus ``t`` x (the largest's - the smallest's), ``t`` the largest
+        over the dims of ``(length - smallest's) / (largest's - smallest's)``: for memory that
+        is a sum of products of the lengths with non-negative weights, ``f(t) <= t f(1)``.
+        The largest's extra is taken at least the smallest's (a measurement below it is low).
     """
-    (big, big_extra), (small, small_extra) = largest, smallest
-    whole = float(big + big_extra)
-    shares = []
-    for b in blocks:
-        slope = (big_extra - small_extra) / (big - small) if big > small else 0.0
-        extra = max(float(small_extra), small_extra + slope * (b - small))
-        shares.append(min(1.0, (b + extra) / whole) if whole else 1.0)
-    return tuple(shares)
+    (big_shape, big_extra), (small_shape, small_extra) = largest, smallest
+    big_extra = max(big_extra, small_extra)
+    whole = float(itemsize * math.prod(big_shape) + big_extra)
+    weighed = []
+    for shape, count in shapes:
+        reach = [
+            (n - lo) / (hi - lo) if hi > lo else 0.0
+            for n, lo, hi in zip(shape, small_shape, big_shape, strict=True)
+        ]
+        extra = small_extra + max(reach, default=0.0) * (big_extra - small_extra)
+        share = (itemsize * math.prod(shape) + extra) / whole
+        share = 1.0 if shape == big_shape else min(1.0, share)
+        weighed.append((share, count))
+    weighed.sort(reverse=True)
+    listed: list[float] = []
+    for share, count in weighed:
+        listed.extend([share] * min(count, LISTED_BLOCKS - len(listed)))
+    return tuple(listed)
 
 
 def shares_production(data: Any, index: tuple[int, ...]) -> bool:
@@ -387,31 +439,41 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
 
 
 def _with_smaller_blocks(measured: InputProduction, data: Any) -> InputProduction:
-    """``measured`` with :attr:`InputProduction.making_shares`, where smaller blocks count.
+    """``measured`` with its block count, and its making shares where smaller blocks count.
 
-    Only where the :data:`SHARED_BLOCKS` largest blocks are not all of the largest's bytes,
-    blocks do not share their production, and the graph's smallest block is small enough to
-    measure here; its measurement failing leaves ``measured`` as it was.
+    Only where the :data:`LISTED_BLOCKS` largest blocks are not all of the largest's shape,
+    neither the largest nor the smallest block shares its production, and the smallest is
+    small enough to measure here; its measurement failing leaves the shares empty.
     """
-    blocks = largest_blocks(data.chunks, data.dtype.itemsize, SHARED_BLOCKS)
-    if measured.shared or blocks[-1] >= blocks[0]:
-        return measured
-    smallest = tuple(int(np.argmin(c)) for c in data.chunks)
+    counted = replace(measured, block_count=math.prod(data.numblocks))
+    shapes = block_shapes(data.chunks)
+    if measured.shared or shapes is None:
+        return counted
+    big_shape = tuple(max(c) for c in data.chunks)
+    largest = sum(k for shape, k in shapes if shape == big_shape)
+    if largest >= min(LISTED_BLOCKS, sum(k for _, k in shapes)):  # all listed are the largest
+        return counted
+    smallest = tuple(
+        min((i for i, n in enumerate(c) if n > 0), key=c.__getitem__) for c in data.chunks
+    )
     small_bytes = int(data.blocks[smallest].nbytes)
-    if small_bytes > MEASURED_BLOCK_BYTES:
-        return measured
+    if small_bytes > MEASURED_BLOCK_BYTES or shares_production(data, smallest):
+        return counted
     try:
         peak, seconds, _ = _least_of(MEASUREMENTS, data, smallest)
-    except Exception:  # measured on the largest block already: keep that one
-        return measured
+    except Exception:  # measured on the largest block already: each counts as that one
+        return counted
     small_extra = max(0, peak - small_bytes)
-    shares = making_shares(
-        blocks, (measured.block_bytes, measured.extra_bytes), (small_bytes, small_extra)
+    small_shape = tuple(c[i] for c, i in zip(data.chunks, smallest, strict=True))
+    shares = shares_of_making(
+        shapes,
+        data.dtype.itemsize,
+        (big_shape, measured.extra_bytes),
+        (small_shape, small_extra),
     )
-    if min(shares) >= 1.0:
-        return measured
     return replace(
-        measured,
+        counted,
+        extra_bytes=max(measured.extra_bytes, small_extra),  # less than a smaller block: low
         seconds=measured.seconds + seconds,
         making_shares=shares,
         smallest_bytes=small_bytes,

@@ -60,7 +60,9 @@ the plan's). Per task slot:
   4 threads and one source chunk, one slot makes it, not four); where its largest source
   chunks differ in size (a remainder), the slots making them at once count each at its own
   (``making_shares``: of a 4599-day float64 graph in 3797 and 802 days, on 2 threads, the
-  second at about a fifth of the first).
+  second at about a fifth of the first). A Dataset's variables made by graphs of their own
+  are made side by side: a worker's slots count the largest makings of all of them, each
+  once.
 - ``factors``: the operator's ``factors_bytes_per_chunk`` times the planned chunks (factors
   whose size does not depend on the chunk's), all chunks' on one worker: a tree reduction's
   factors gather on the worker where it ends (measured: a worker held most of the two-pass
@@ -179,6 +181,9 @@ class InputLayout:
         largest, descending
         (:attr:`~xarray_memchunk.operators.production.InputProduction.making_shares`); empty
         where each counts as the largest.
+    source_block_count
+        Source chunks of a graph, counted (0: from ``source_chunks``, which undercounts
+        chunks of uneven lengths).
     """
 
     name: str
@@ -195,6 +200,7 @@ class InputLayout:
     serialized_reads: bool = False
     raw_reads: bool = False
     making_shares: tuple[float, ...] = ()
+    source_block_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -305,16 +311,16 @@ def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
     )
 
 
-def _largest_making(layout: InputLayout, count: int) -> float:
-    """Making the graph's ``count`` largest source chunks, in the largest's: ``count`` or less.
+def _making_shares(layout: InputLayout, count: int) -> np.ndarray:
+    """Shares of the largest making of the graph's ``count`` largest source chunks.
 
-    Each counts its share (:attr:`InputLayout.making_shares`); those past the shares stated,
-    the last share (the chunks are in descending order).
+    Each at its own (:attr:`InputLayout.making_shares`), those past the shares listed at the
+    last one listed (they are in descending order); each 1 where none are listed.
     """
-    shares = layout.making_shares[:count]
-    if not shares:
-        return float(count)
-    return float(sum(shares)) + (count - len(shares)) * shares[-1]
+    listed = layout.making_shares[:count]
+    if not listed:
+        return np.ones(count)
+    return np.array([*listed, *[listed[-1]] * (count - len(listed))])
 
 
 def _production(
@@ -410,7 +416,8 @@ def footprint(
     cuts
         The candidates' chunking per dim.
     layouts
-        The planned variables; the worst one's extra terms are taken.
+        The planned variables; the worst one's extra terms are taken, but for producing
+        graphs' chunks, of which a worker's slots make the largest of all the graphs'.
     threads_per_worker, n_workers
         The cluster the plan runs on.
     device
@@ -423,6 +430,7 @@ def footprint(
     factors = np.zeros_like(task)
     produce = np.zeros_like(task)
     graph = np.zeros_like(task)
+    makings: list[np.ndarray] = []  # per graph: what each chunk a worker's slots make adds
     threads = max(1, threads_per_worker)
     for layout in layouts:
         own = [cuts[d] for d in layout.dims]
@@ -469,15 +477,15 @@ def footprint(
                 identical &= same
                 merged |= ~same & (span > min(source, cut.size))
         if layout.kind is InputKind.GRAPH and (layout.produce_bytes or layout.produce_held_bytes):
-            # no more of a worker's slots make source chunks at once than the graph has, and
-            # they make its largest, each once; a fused task that keeps what making its own
-            # chunk held counts as the largest's (its share need not bound what it keeps)
+            # a worker's slots make no more source chunks at once than the graph has, its
+            # largest, each once; a fused task that keeps what making its own chunk held
+            # counts as the largest's (its share need not bound what it keeps)
             fused = identical & ~stencil
-            making = min(threads, _source_blocks(layout, cuts))
-            keeps = fused & (layout.produce_held_bytes > 0)
-            at_once = np.where(keeps, making, _largest_making(layout, making)) / threads
             made = _production(layout, cuts, task, fused)
-            produce = np.maximum(produce, at_once * made)
+            blocks = layout.source_block_count or _source_blocks(layout, cuts)
+            shares = _making_shares(layout, min(threads, blocks))
+            keeps = (fused & (layout.produce_held_bytes > 0))[..., None]
+            makings.append(np.where(keeps, 1.0, shares) * made[..., None])
         extra_gather = np.where(stencil | merged, padded, 0.0)
         all_to_all = covering >= array_bytes  # every task reads every source chunk
         ahead = np.where(all_to_all, ALL_TO_ALL_COPIES, threads + HELD_AHEAD)
@@ -496,6 +504,9 @@ def footprint(
         worst = extra_gather + extra_held > gather + held
         gather = np.where(worst, extra_gather, gather)
         held = np.where(worst, extra_held, held)
+    if makings:  # the slots make the largest of every graph's blocks, each once
+        largest = np.sort(np.concatenate(makings, axis=-1), axis=-1)[..., ::-1]
+        produce = largest[..., :threads].sum(axis=-1) / threads
     runtime = max((layout.runtime_bytes for layout in layouts), default=0.0)
     return Footprint(
         task=task,
