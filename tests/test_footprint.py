@@ -140,6 +140,9 @@ def test_slots_make_the_largest_chunks_of_every_graph_and_count_uneven_chunks():
     assert produce([one, two], 2) == pytest.approx(made)
     uneven = layout("c", source_block_count=4, making_shares=(1.0, 1.0, 0.5, 0.3))
     assert produce([uneven], 4) == pytest.approx((1 + 1 + 0.5 + 0.3) / 4 * made)
+    # the largest of both graphs' makings, not the first listed of each
+    remainders = [layout(n, source_block_count=2, making_shares=(1.0, 0.2)) for n in "de"]
+    assert produce(remainders, 2) == pytest.approx(made)
 
 
 def _gathered(store: dict[str, int], planned: dict[str, int], raw: bool) -> float:

@@ -280,7 +280,9 @@ def shares_of_making(
         One share per block, the largest first, :data:`LISTED_BLOCKS` at most. A block holds
         the smallest's extra plus ``t`` x (the largest's - the smallest's), ``t`` the largest
         over the dims of ``(length - smallest's) / (largest's - smallest's)``: for memory that
-        is a sum of products of the lengths with non-negative weights, ``f(t) <= t f(1)``.
+        is a sum of products of the lengths with non-negative weights, and ``g(t)`` the extra
+        at the smallest's lengths plus ``t`` x the differences, ``g(t) - g(0) <= t (g(1) -
+        g(0))``; so too for a peak that is the largest of such sums.
         The largest's extra is taken at least the smallest's (a measurement below it is low).
     """
     (big_shape, big_extra), (small_shape, small_extra) = largest, smallest
