@@ -159,6 +159,51 @@ def test_a_graph_s_smaller_blocks_are_measured_for_the_slots_that_make_them():
     assert alike.making_shares == () and alike.smallest_bytes == 0 and alike.block_count == 2
 
 
+def _remainder_graph(seed):
+    data = da.random.default_rng(seed).standard_normal((300, 50, 50), chunks=(250, 50, 50))
+    return xr.DataArray(data.astype("float32"), dims=("time", "y", "x"))
+
+
+@pytest.mark.parametrize("why", ["shared", "failed", "shapes"])
+def test_each_block_counts_as_the_largest_where_the_smaller_cannot_be_weighed(monkeypatch, why):
+    """The smallest block shares its production, its measurement fails, or there are too
+    many block shapes to weigh: no shares, each block counted as the largest, still counted."""
+    if why == "shared":
+        monkeypatch.setattr(production, "shares_production", lambda data, index: index != (0,) * 3)
+    elif why == "failed":
+        original = production._least_of
+
+        def largest_only(times, data, index):
+            if index != (0, 0, 0):
+                raise RuntimeError("cannot compute this block here")
+            return original(times, data, index)
+
+        monkeypatch.setattr(production, "_least_of", largest_only)
+    else:
+        monkeypatch.setattr(production, "MAX_BLOCK_SHAPES", 1)
+    made = input_production(_remainder_graph({"shared": 11, "failed": 12, "shapes": 13}[why]))
+    assert made.making_shares == () and made.smallest_bytes == 0
+    assert made.block_count == 2 and made.extra_bytes > 0
+
+
+def test_a_largest_measured_below_the_smallest_is_raised(monkeypatch):
+    """Making the largest block cannot hold less than making a smaller one: a low measurement
+    of the largest is raised to the smallest's."""
+    original = production._least_of
+
+    def low_largest(times, data, index):
+        peak, seconds, found = original(times, data, index)
+        if index == (0, 0, 0):
+            return int(data.blocks[index].nbytes), seconds, [0]  # nothing beside the block
+        return peak, seconds, found
+
+    monkeypatch.setattr(production, "_least_of", low_largest)
+    made = input_production(_remainder_graph(14))
+    assert made.smallest_extra_bytes > 0
+    assert made.extra_bytes == made.smallest_extra_bytes
+    assert made.making_shares[0] == 1.0 and made.making_shares[1] < 1.0
+
+
 def test_a_block_too_large_to_measure_here_is_scaled_from_a_smaller_one(monkeypatch):
     monkeypatch.setattr(production, "MEASURED_BLOCK_BYTES", 5_000_000)
     data = da.random.default_rng(6).standard_normal((350, 100, 100), chunks=(250, 100, 100))
