@@ -435,36 +435,36 @@ def input_production(da: xr.DataArray) -> InputProduction | None:
             seconds,
             block_bytes,
             shares_production(data, index),
+            block_count=math.prod(data.numblocks),
         )
         _CACHE[name] = _with_smaller_blocks(measured, data)
     return _CACHE[name]
 
 
 def _with_smaller_blocks(measured: InputProduction, data: Any) -> InputProduction:
-    """``measured`` with its block count, and its making shares where smaller blocks count.
+    """``measured`` with its making shares, where smaller blocks count.
 
     Only where the :data:`LISTED_BLOCKS` largest blocks are not all of the largest's shape,
     neither the largest nor the smallest block shares its production, and the smallest is
     small enough to measure here; its measurement failing leaves the shares empty.
     """
-    counted = replace(measured, block_count=math.prod(data.numblocks))
     shapes = block_shapes(data.chunks)
     if measured.shared or shapes is None:
-        return counted
+        return measured
     big_shape = tuple(max(c) for c in data.chunks)
     largest = sum(k for shape, k in shapes if shape == big_shape)
     if largest >= min(LISTED_BLOCKS, sum(k for _, k in shapes)):  # all listed are the largest
-        return counted
+        return measured
     smallest = tuple(
         min((i for i, n in enumerate(c) if n > 0), key=c.__getitem__) for c in data.chunks
     )
     small_bytes = int(data.blocks[smallest].nbytes)
     if small_bytes > MEASURED_BLOCK_BYTES or shares_production(data, smallest):
-        return counted
+        return measured
     try:
         peak, seconds, _ = _least_of(MEASUREMENTS, data, smallest)
     except Exception:  # measured on the largest block already: each counts as that one
-        return counted
+        return measured
     small_extra = max(0, peak - small_bytes)
     small_shape = tuple(c[i] for c, i in zip(data.chunks, smallest, strict=True))
     shares = shares_of_making(
@@ -474,7 +474,7 @@ def _with_smaller_blocks(measured: InputProduction, data: Any) -> InputProductio
         (small_shape, small_extra),
     )
     return replace(
-        counted,
+        measured,
         extra_bytes=max(measured.extra_bytes, small_extra),  # less than a smaller block: low
         seconds=measured.seconds + seconds,
         making_shares=shares,
