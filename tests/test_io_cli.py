@@ -149,6 +149,17 @@ def start_scheduler(tmp_path):
     return scheduler, json.loads(scheduler_file.read_text())["address"]
 
 
+def wait_for_workers(address, count, timeout=60):
+    """Wait until ``count`` workers have joined the scheduler at ``address``.
+
+    A command started before them would be refused: the cluster has no workers yet.
+    """
+    from distributed import Client
+
+    with Client(address, timeout=f"{timeout}s") as client:
+        client.wait_for_workers(count, timeout=timeout)
+
+
 def kill(*procs):
     """Kill the commands from :func:`start` that still run, with the processes they started."""
     for proc in procs:
@@ -560,6 +571,7 @@ def test_lost_scheduler_is_one_line(files, tmp_path):
             [sys.executable, "-m", "distributed.cli.dask_worker"],
             *[address, "--nthreads", "1", "--memory-limit", "1GB", "--dashboard-address", ":0"],
         )
+        wait_for_workers(address, 1)
         target = tmp_path / "mean.zarr"
         run = start(
             SLOW_WRITE,
