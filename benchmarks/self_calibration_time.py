@@ -19,6 +19,17 @@ by the function's code, dims and dtype, so a script run again plans without meas
 ``--code`` names checkouts of this repository to compare (each put first on
 ``PYTHONPATH``); their runs alternate, and the table gives each one's median. ``--places``
 picks rows.
+
+``--function anomaly`` plans an xarray expression instead, as a training day's user does: the
+daily anomaly from a flox climatology (``groupby("time.dayofyear")``, time whole) of a
+730 x 90 x 180 float32 temperature field made by a Dask graph in 30-day chunks. On the
+cluster rows it plans for the cluster's own workers (no ``memory_limit``): each worker then
+runs the function once while planning, which imports flox and numba. The "first plan, later
+process, LocalCluster" row is the second run of such a script on a fresh cluster: its
+calibration found again, the workers' first runs and the argument checks left.
+
+    python benchmarks/self_calibration_time.py --function anomaly --places \
+        "first plan, LocalCluster 2 x 1.5GB" "first plan, later process, LocalCluster 2 x 1.5GB"
 """
 
 from __future__ import annotations
@@ -47,7 +58,15 @@ PLACES = (
     "next plan, probe process",
     f"next plan, {CLUSTER}",
     LATER,
+    f"{LATER}, {CLUSTER}",
 )
+FUNCTIONS = ("seed-gst3d", "anomaly")
+
+
+def anomaly_from_climatology(tas):
+    """The daily anomaly from the day-of-year climatology (flox's groupby)."""
+    climatology = tas.groupby("time.dayofyear").mean()
+    return tas.groupby("time.dayofyear") - climatology
 
 
 def _smooth5(block):
@@ -57,17 +76,18 @@ def _smooth5(block):
     return ndimage.uniform_filter(block, 5)
 
 
-def one(place: str) -> None:
+def one(place: str, function: str) -> None:
     """Self-calibrate (or plan) once here and print what it took, as a JSON line."""
     shared = os.environ.get(SHARED_DIR)  # main() names it for LATER and its earlier process
-    if place == LATER and not shared:
+    if place.startswith(LATER) and not shared:
         raise SystemExit(f"{LATER!r} plans in the calibration directory an earlier run filled")
     directory = shared or tempfile.mkdtemp(prefix="memchunk-selfcal-")
     os.environ["MEMCHUNK_CALIBRATION_DIR"] = directory
     import dask
+    import xarray as xr
 
     import xarray_memchunk
-    from xarray_memchunk.datasets import synthetic_seismic
+    from xarray_memchunk.datasets import synthetic_climate, synthetic_seismic
     from xarray_memchunk.demo.seed_gst3d import seed_gst3d
     from xarray_memchunk.measure.self_calibration import self_calibrate
     from xarray_memchunk.memory_limits import resolve_budget
@@ -76,19 +96,26 @@ def one(place: str) -> None:
     # a 1.5 GB budget for one task at a time, as on a worker of 1 thread: with no cluster, a
     # memory_limit is shared by the threaded scheduler's threads (num_workers)
     dask.config.set({"num_workers": 1})
-    volume = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
-    smooth5 = xarray_memchunk.operator(depth=dict.fromkeys(volume.dims, 2))(_smooth5)
-    kwargs = seed_gst3d.check_arguments({})
+    if function == "anomaly":
+        data = xr.decode_cf(synthetic_climate(730, 90, 180, chunks={"time": 30})).tas
+        op = xarray_memchunk.operator(whole=["time"], xarray=True)(anomaly_from_climatology)
+        # the cluster's own workers, as a user plans there
+        limit = None if place.endswith(CLUSTER) else "1.5GB"
+    else:
+        data = synthetic_seismic((200, 200, 200), chunks="auto").amplitude
+        op, limit = seed_gst3d, "1.5GB"
+    smooth5 = xarray_memchunk.operator(depth=dict.fromkeys(data.dims, 2))(_smooth5)
+    kwargs = op.check_arguments({}, data)
     per_task = resolve_budget("1.5GB").per_task
 
     def measure() -> float:
         if place.startswith("next plan"):  # another function first, untimed
-            volume.memchunk.plan(smooth5, memory_limit="1.5GB")
+            data.memchunk.plan(smooth5, memory_limit=limit)
         started = time.perf_counter()
         if place.startswith(("first plan", "next plan")):  # LATER included
-            volume.memchunk.plan(seed_gst3d, memory_limit="1.5GB")
+            data.memchunk.plan(op, memory_limit=limit)
         else:
-            self_calibrate(seed_gst3d, volume, kwargs, per_task)
+            self_calibrate(op, data, kwargs, per_task)
         return time.perf_counter() - started
 
     if place.endswith(CLUSTER):
@@ -101,7 +128,8 @@ def one(place: str) -> None:
             seconds = measure()
     else:
         seconds = measure()
-    profiles = load_calibration(seed_gst3d.calibration, "cpu", "float32").profiles
+    key = op.cost(data).calibration_key
+    profiles = load_calibration(key, "cpu", "float32").profiles
     print(
         json.dumps(
             {
@@ -114,10 +142,10 @@ def one(place: str) -> None:
     )
 
 
-def _run_one(place: str, code: str, env: dict[str, str]) -> dict:
+def _run_one(place: str, function: str, code: str, env: dict[str, str]) -> dict:
     """Run :func:`one` in a fresh Python in checkout ``code``, whose probe processes import it."""
     done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--one", place],
+        [sys.executable, str(Path(__file__).resolve()), "--one", place, "--function", function],
         cwd=Path(code).resolve(),
         capture_output=True,
         text=True,
@@ -132,22 +160,24 @@ def main() -> None:
     parser.add_argument("--code", nargs="+", default=["."], help="checkouts to compare")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--places", nargs="+", choices=PLACES, default=PLACES)
+    parser.add_argument("--function", choices=FUNCTIONS, default=FUNCTIONS[0])
     parser.add_argument("--one", choices=PLACES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        one(args.one)
+        one(args.one, args.function)
         return
     runs: dict[tuple[str, str], list[dict]] = {}
     for place in args.places:
         for _ in range(args.repeats):
             for code in args.code:  # alternated
                 env = {**os.environ, "PYTHONPATH": str(Path(code).resolve())}
-                if place == LATER:  # an earlier process calibrates, untimed
+                if place.startswith(LATER):  # an earlier process calibrates, untimed
                     env[SHARED_DIR] = tempfile.mkdtemp(prefix="memchunk-selfcal-")
-                    _run_one("first plan, probe process", code, env)
-                record = _run_one(place, code, env)
+                    earlier = f"first plan, {CLUSTER}" if place.endswith(CLUSTER) else PLACES[2]
+                    _run_one(earlier, args.function, code, env)
+                record = _run_one(place, args.function, code, env)
                 runs.setdefault((place, code), []).append(record)
-                print(f"{place:<36} {code}: {record['seconds']:.2f} s", flush=True)
+                print(f"{place:<50} {code}: {record['seconds']:.2f} s", flush=True)
     print("\n| where the blocks run | code | median s | runs s | blocks | largest block |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (place, code), records in runs.items():

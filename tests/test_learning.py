@@ -918,6 +918,73 @@ def test_a_fresh_clusters_plan_counts_what_a_first_run_keeps_that_calibrating_di
     assert again.budget.worker_baseline <= holding + 16 * 2**20  # not 64 MiB more
 
 
+@pytest.mark.cluster
+def test_the_workers_run_a_function_first_before_it_is_measured(user_dir):
+    """A flox climatology's first plan on 2 fresh workers imported flox in the measuring worker
+    (1.1 s), then in the other after the measurement (1.5 s). The first runs are now sent
+    before the plan checks the function's arguments: the worker that measures it holds what a
+    first run keeps already, and the plan counts that from the first runs."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.models.calibration import load_calibration
+    from xarray_memchunk.models.learned import load_kept
+
+    op = xm.BlockwiseOperator("keeps_a_table_early", _keeps_a_table)
+    data = xr.DataArray(
+        da.random.default_rng(0).random((120, 200, 300), chunks=(30, 200, 300)),
+        dims=("time", "y", "x"),
+    )
+    key = op.cost(data).calibration_key
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster),
+    ):
+        plan = data.memchunk.plan(op)
+    measured = load_calibration(key, "cpu", "float64").held_after_running(0)
+    assert measured < 16 * 2**20  # measured where the first run had left the table
+    source = plan.budget.baseline_source
+    assert "more after its first run, measured in a worker that had not run it" in source
+    first_run = float(source.split("'keeps_a_table_early': ")[1].split(" MiB")[0]) * 2**20
+    assert 60 * 2**20 <= first_run <= 80 * 2**20, source
+    # kept beside the calibration: a plan for a memory_limit given, which runs no first runs,
+    # counts it too
+    assert load_kept(key, "cpu") == pytest.approx(first_run, abs=2**20)
+
+
+@pytest.mark.cluster
+def test_a_worker_without_room_for_an_unmeasured_block_runs_it_after_the_measurement(user_dir):
+    """Sent before the function is measured, a first run asks a worker for room for 64 times
+    its block's input (as an unmeasured first block does): a worker without it runs the block
+    once the model says what it needs."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.baselines import start_first_runs_early
+    from xarray_memchunk.measure.first_runs import first_run_rise
+    from xarray_memchunk.memory_limits import resolve_budget
+
+    op = xm.BlockwiseOperator("keeps_a_table_whole", _keeps_a_table, whole=["y", "x"])
+    data = xr.DataArray(  # each block whole along y and x: 11.0 MiB, x64 over the room
+        da.zeros((4, 1200, 1200), chunks=(1, 1200, 1200)), dims=("time", "y", "x")
+    )
+    key = op.cost(data).calibration_key
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=1, memory_limit="1GB", dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        started = start_first_runs_early(op, data, {}, resolve_budget(), "auto")
+        assert list(started) == [key]
+        assert list(started[key].answers().values()) == [None]  # no room: not run
+        first = first_run_rise(
+            op, data, {}, key, client, predicted_peak=lambda extents: 0.0, started=started[key]
+        )
+    assert first is not None and not first.ran_before
+    assert 60 * 2**20 <= first.rise <= 80 * 2**20
+
+
 def test_an_asynchronous_client_runs_no_first_run_while_planning():
     """A review found planning with an asynchronous client failed: 'coroutine' object is not
     iterable (its ncores() is a coroutine)."""
