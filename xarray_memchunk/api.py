@@ -21,7 +21,6 @@ from .baselines import (
     held_after_running,
     held_in_chunk_caches,
     held_in_shared_production,
-    start_first_runs_early,
     without_loaded_runtime,
 )
 from .clusters import active_client, cluster_facts, scheduler_queueing, task_overhead_seconds
@@ -34,7 +33,7 @@ from .errors import (
     MemoryBudgetWarning,
 )
 from .gathering import warn_when_gathered
-from .measure.first_runs import FirstRuns, StartedFirstRuns
+from .measure.first_runs import FirstRuns
 from .measure.runs import Run, RunReport, record_run
 from .measure.runs import report as _report_run
 from .measure.self_calibration import self_calibrate
@@ -451,7 +450,6 @@ def _cost(
     budget: Budget,
     notes: list[str],
     measure: str = "auto",
-    started: Mapping[str, StartedFirstRuns] | None = None,
 ) -> TaskCost:
     """Resolve one variable's cost, measuring the operator first where nothing else is known.
 
@@ -463,9 +461,7 @@ def _cost(
     plan's (:func:`_measured_for_less`) or at the whole of a smaller array
     (:func:`_measured_on_a_smaller_array`). The plan's notes say so. With ``measure="never"``
     nothing is measured: the first is refused, the second planned with its model raised as
-    runs taught (x2 at most per run), the third with the range it has. A measurement waits
-    first for the workers' first runs of the function sent before (``started``, by calibration
-    key): blocks measured beside them would count their memory.
+    runs taught (x2 at most per run), the third with the range it has.
 
     Raises
     ------
@@ -502,8 +498,6 @@ def _cost(
             notes.append(f"{_found_wrong(operator, learned)}: measured again now")
         elif narrow:
             notes.append(narrow)
-        if (runs := (started or {}).get(key)) is not None:
-            runs.wait()
         # the input's production is measured here while the measuring process starts
         measured = self_calibrate(
             operator, da, kwargs, budget.per_task, meanwhile=lambda: produced_input(da)
@@ -555,14 +549,11 @@ def _resolve(
     budget: Budget,
     notes: list[str],
     measure: str = "auto",
-    started: Mapping[str, StartedFirstRuns] | None = None,
 ) -> tuple[dict[str, xr.DataArray], dict[str, TaskCost], dict[str, str], dict[str, Any]]:
     """Resolve each variable once: the ones planned, their costs, the others with the reason.
 
     Returns ``(variables, costs, left_out, kwargs)``, ``kwargs`` bound to the variables (CF
-    names resolved). What self-calibration did is appended to ``notes``. ``started``: the
-    workers' first runs sent before (:func:`start_first_runs_early`), which a calibration
-    waits for.
+    names resolved). What self-calibration did is appended to ``notes``.
 
     Raises
     ------
@@ -573,7 +564,7 @@ def _resolve(
     if isinstance(obj, xr.DataArray):
         name = str(obj.name) if obj.name is not None else "<array>"
         kwargs = operator.check_arguments(kwargs, obj)
-        cost = _cost(operator, name, obj, kwargs, device, budget, notes, measure, started)
+        cost = _cost(operator, name, obj, kwargs, device, budget, notes, measure)
         return {name: obj}, {name: cost}, {}, kwargs
     if not obj.data_vars:
         raise MemchunkError("the Dataset has no data variables to apply the operator to")
@@ -594,7 +585,7 @@ def _resolve(
                 f"rename it first, e.g. ds.rename_vars({{{key!r}: {str(key)!r}}})"
             )
         try:  # a variable refused above is never measured
-            costs[name] = _cost(operator, name, da, own, device, budget, notes, measure, started)
+            costs[name] = _cost(operator, name, da, own, device, budget, notes, measure)
         except (CalibrationError, InfeasiblePlanError):  # a broken file or measurement, or a
             raise  # way of computing that cannot suit this variable: not the variable's fault
         except MemchunkError as exc:
@@ -960,17 +951,10 @@ def _alternative(
 ) -> _Alternative:
     """Resolve one alternative's variables and costs (measuring what must be) and its problem."""
     fresh: list[str] = []
-    # sent first: the workers' first runs and imports overlap the argument checks here
-    started = start_first_runs_early(operator, obj, kwargs, resolved, measure)
-    try:
-        with _measuring(measure):
-            targets, costs, skipped, kwargs = _resolve(
-                obj, operator, kwargs, device, resolved, fresh, measure, started
-            )
-    except BaseException:
-        for runs in started.values():
-            runs.cancel()
-        raise
+    with _measuring(measure):
+        targets, costs, skipped, kwargs = _resolve(
+            obj, operator, kwargs, device, resolved, fresh, measure
+        )
     specs = merge_dims(
         [(c.dims, c.sizes, c.uses, storage_chunks(targets[n])) for n, c in costs.items()]
     )
@@ -997,7 +981,7 @@ def _alternative(
     read = file_read_seconds(costs, targets) if measure != "never" else None
     if read is not None:  # a file's decoding, measured: what cutting its storage chunks costs
         problem = replace(problem, read_seconds_per_element=read)
-    rises = first_run_rises(operator, targets, costs, kwargs, resolved, measure, started)
+    rises = first_run_rises(operator, targets, costs, kwargs, resolved, measure)
     return _Alternative(kwargs, targets, costs, problem, rises)
 
 

@@ -18,14 +18,13 @@ import numpy as np
 import xarray as xr
 
 from .clusters import active_client, ask_workers
-from .errors import BudgetError, CalibrationError, InfeasiblePlanError, MemchunkError
-from .measure.first_runs import FirstRuns, StartedFirstRuns, first_run_rise, start_first_runs
-from .measure.self_calibration import UNMEASURED_PEAK_RATIO
+from .errors import BudgetError, CalibrationError, InfeasiblePlanError
+from .measure.first_runs import FirstRuns, first_run_rise
 from .memory_limits import Budget, configured_baseline
 from .models.fitting import ABSOLUTE_SLACK
 from .models.learned import load_kept, record_kept
 from .operators import Operator, chunk_caches
-from .operators.cost import TaskCost, bind_cost
+from .operators.cost import TaskCost
 from .operators.production import production_ahead
 from .planning.budget import format_size, with_baseline
 from .planning.footprint import InputKind
@@ -36,7 +35,6 @@ __all__ = [
     "held_after_running",
     "held_in_chunk_caches",
     "held_in_shared_production",
-    "start_first_runs_early",
     "without_loaded_runtime",
 ]
 
@@ -193,56 +191,6 @@ def held_in_shared_production(
     return dict(costs) | raised, replace(problem, inputs=inputs, notes=(*problem.notes, note))
 
 
-def start_first_runs_early(
-    operator: Operator,
-    obj: xr.DataArray | xr.Dataset,
-    kwargs: Mapping[str, Any],
-    budget: Budget,
-    measure: str,
-) -> dict[str, StartedFirstRuns]:
-    """Send the workers the first runs of a function that calibrates itself, before planning.
-
-    Where :func:`first_run_rises` will run them (a budget read from a distributed client's
-    workers, ``measure`` not ``"never"``), each worker runs the function of each variable's
-    calibration key now (:func:`~xarray_memchunk.measure.first_runs.start_first_runs`), while
-    this process checks its arguments; the worker that then measures it has its imports. A
-    flox climatology's first plan on 2 workers spent 1.1 s importing flox in the measuring
-    worker, then 1.5 s in the first runs after the calibration. Nothing has measured the
-    function yet: a worker runs it only where it has room for
-    :data:`~xarray_memchunk.measure.self_calibration.UNMEASURED_PEAK_RATIO` times the block's
-    input, as a worker measures a first block (the others run it after the calibration, with
-    its model). Built-in operators, and variables the operator refuses, are left out. Keyed by
-    calibration key; the results are read by :func:`first_run_rises`.
-    """
-    if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
-        return {}
-    client = active_client()
-    if client is None:
-        return {}
-    arrays = [obj] if isinstance(obj, xr.DataArray) else list(obj.data_vars.values())
-    started: dict[str, StartedFirstRuns] = {}
-    for da in arrays:
-        try:
-            _, cost = bind_cost(operator, da, kwargs)
-        except MemchunkError:  # refused: planning says why
-            continue
-        key = cost.calibration_key
-        if not cost.measurable or cost.model is not None or key in started:
-            continue
-        itemsize = np.dtype(da.dtype).itemsize
-
-        def unmeasured(extents: Mapping[str, int], itemsize: int = itemsize) -> float:
-            return UNMEASURED_PEAK_RATIO * itemsize * float(np.prod(list(extents.values())))
-
-        try:
-            run = start_first_runs(operator, da, kwargs, key, client, predicted_peak=unmeasured)
-        except MemchunkError:  # a dim it needs is missing: planning says so
-            continue
-        if isinstance(run, StartedFirstRuns):
-            started[key] = run
-    return started
-
-
 def first_run_rises(
     operator: Operator,
     targets: Mapping[str, xr.DataArray],
@@ -250,7 +198,6 @@ def first_run_rises(
     kwargs: Mapping[str, Any],
     budget: Budget,
     measure: str,
-    started: Mapping[str, StartedFirstRuns] | None = None,
 ) -> dict[str, FirstRuns]:
     """What a self-calibrated function's first run raised fresh workers' memory by, now.
 
@@ -262,8 +209,7 @@ def first_run_rises(
     (:func:`~xarray_memchunk.models.learned.record_kept`), so that a plan on the next cluster
     counts it too; a later one is not (a run raises it where a worker paused:
     :func:`~xarray_memchunk.measure.runs.report`). Calibration keys to what was measured;
-    nothing with ``measure="never"``. ``started``: the runs :func:`start_first_runs_early`
-    sent, by calibration key, whose answers are read here.
+    nothing with ``measure="never"``.
     """
     if measure == "never" or budget.device != "cpu" or not budget.read_from_cluster:
         return {}
@@ -277,13 +223,7 @@ def first_run_rises(
         if key in measured or calibrated is None:
             continue
         first = first_run_rise(
-            operator,
-            targets[name],
-            kwargs,
-            key,
-            client,
-            predicted_peak=_peak_of(cost),
-            started=(started or {}).get(key),
+            operator, targets[name], kwargs, key, client, predicted_peak=_peak_of(cost)
         )
         if first is None:
             continue

@@ -22,12 +22,10 @@ plan does not add it again (:attr:`FirstRuns.ran_before`).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
-import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +37,7 @@ from ..planning.problem import DimRole
 from .calibrate import run_task, worker_statuses
 from .self_calibration import WARM_UP_ELEMENTS, growing_shapes
 
-__all__ = [
-    "FIRST_RUN_SECONDS",
-    "FirstRuns",
-    "StartedFirstRuns",
-    "first_run_rise",
-    "run_first_time",
-    "start_first_runs",
-]
+__all__ = ["FIRST_RUN_SECONDS", "FirstRuns", "first_run_rise", "run_first_time"]
 
 #: Seconds :func:`first_run_rise` waits for the workers' first runs. A worker that has not
 #: answered by then (busy with other work, paused, or a first call that compiles for long) is
@@ -149,114 +140,6 @@ def _others_running() -> bool:
         return False
 
 
-@dataclass
-class StartedFirstRuns:
-    """First runs of a function sent to a cluster's workers (:func:`start_first_runs`).
-
-    Sent before planning checks the function's arguments in this process (for an xarray
-    function, a sample run and its imports: 2 s for a flox climatology), the workers' runs and
-    imports overlap it, and the worker that then measures the function has its imports already.
-
-    Attributes
-    ----------
-    key
-        The function's calibration key.
-    futures
-        Each worker's run, by worker address.
-    deadline
-        When (:func:`time.monotonic`) waiting for the runs ends.
-    """
-
-    key: str
-    client: Any
-    futures: dict[str, Any]
-    deadline: float
-
-    def wait(self) -> None:
-        """Wait for the runs to end, until the deadline.
-
-        Blocks measured beside them would count their memory, and they the blocks'.
-        """
-        from distributed import wait
-
-        with contextlib.suppress(TimeoutError):
-            wait(list(self.futures.values()), timeout=max(0.0, self.deadline - time.monotonic()))
-
-    def answers(self) -> dict[str, tuple[int, int, bool] | None]:
-        """Each worker's :func:`run_first_time` answer; None where it had not ended in time."""
-        self.wait()
-        answers = {
-            worker: future.result() if future.status == "finished" else None
-            for worker, future in self.futures.items()
-        }
-        self.cancel()
-        return answers
-
-    def cancel(self) -> None:
-        """Release the runs not started yet (a started one ends on its own)."""
-        self.client.cancel([f for f in self.futures.values() if not f.done()])
-
-
-def start_first_runs(
-    operator: Operator,
-    da: Any,
-    kwargs: Mapping[str, Any],
-    key: str,
-    client: Any,
-    timeout: float = FIRST_RUN_SECONDS,
-    predicted_peak: Callable[[Mapping[str, int]], float] | None = None,
-    workers: Sequence[str] | None = None,
-) -> FirstRuns | StartedFirstRuns | None:
-    """Send each running worker of ``client``'s cluster the function's first run, not waiting.
-
-    ``workers``: those to send it to (every running one where None). A :class:`FirstRuns`
-    (``ran_before``) where every worker was asked before in this process; None where the
-    cluster has no running worker, or for an asynchronous client. ``predicted_peak``: bytes a
-    block of these extents needs; a worker with less room than that does not run it
-    (:func:`run_first_time`). See :func:`first_run_rise`.
-    """
-    if getattr(client, "asynchronous", False):
-        return None
-    everyone = list(client.ncores())
-    scheduler = str(getattr(client.scheduler, "address", ""))
-    if workers is None and everyone and all((scheduler, w, key) in _ASKED for w in everyone):
-        return FirstRuns(0, ran_before=True)
-    statuses = worker_statuses(client)
-    running = [w for w in workers or everyone if statuses.get(w) != "paused"]  # run nothing
-    if not running:
-        return None
-    sizes = {str(d): int(n) for d, n in da.sizes.items()}
-    uses = operator.dims(da, **kwargs)
-    whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
-    extents = next(growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS))
-    coords = {
-        str(name): (dims, np.asarray(coord.isel({d: slice(0, extents[d]) for d in dims}).values))
-        for name, coord in da.coords.items()
-        if set(dims := tuple(map(str, coord.dims))) <= set(extents)
-    }
-    needs = 0.0 if predicted_peak is None else float(predicted_peak(extents))
-    token = uuid.uuid4().hex
-    futures = {
-        worker: client.submit(
-            run_first_time,
-            key,
-            operator,
-            dict(kwargs),
-            extents,
-            np.dtype(da.dtype).name,
-            coords,
-            needs,
-            key=f"memchunk-first-run-{token}-{i}",
-            workers=[worker],
-            allow_other_workers=False,
-            pure=False,
-        )
-        for i, worker in enumerate(running)
-    }
-    _ASKED.update((scheduler, worker, key) for worker in running)
-    return StartedFirstRuns(key, client, futures, time.monotonic() + timeout)
-
-
 def first_run_rise(
     operator: Operator,
     da: Any,
@@ -265,7 +148,6 @@ def first_run_rise(
     client: Any,
     timeout: float = FIRST_RUN_SECONDS,
     predicted_peak: Callable[[Mapping[str, int]], float] | None = None,
-    started: StartedFirstRuns | None = None,
 ) -> FirstRuns | None:
     """How much running ``operator`` first raises the cluster's largest worker memory, now.
 
@@ -280,32 +162,55 @@ def first_run_rise(
     within ``timeout`` seconds, or for an asynchronous client (planning does not wait on one).
     ``predicted_peak``: the function's model, bytes of a block of these extents; a worker with
     less room than that for the block does not run it (:func:`run_first_time`).
-
-    ``started``: the runs sent earlier (:func:`start_first_runs`, before the function was
-    measured, at the ratio an unmeasured function may need): their answers are read, and a
-    worker that gave none (no room at that ratio, busy, or late) is sent the run again with
-    ``predicted_peak``. Its answer counts where it had not run the function: where it had, in
-    the run sent earlier, its rise is unknown.
     """
-    if started is None or started.key != key:
-        started = start_first_runs(operator, da, kwargs, key, client, timeout, predicted_peak)
-        if not isinstance(started, StartedFirstRuns):
-            return started
-        answers = started.answers()
-    else:
-        answers = started.answers()
-        silent = [worker for worker, answer in answers.items() if answer is None]
-        again = (
-            start_first_runs(
-                operator, da, kwargs, key, client, timeout, predicted_peak, workers=silent
-            )
-            if silent
-            else None
+    from distributed import wait
+
+    if getattr(client, "asynchronous", False):
+        return None
+    workers = list(client.ncores())
+    scheduler = str(getattr(client.scheduler, "address", ""))
+    if workers and all((scheduler, worker, key) in _ASKED for worker in workers):
+        return FirstRuns(0, ran_before=True)
+    statuses = worker_statuses(client)
+    workers = [w for w in workers if statuses.get(w) != "paused"]  # they would run nothing
+    if not workers:
+        return None
+    sizes = {str(d): int(n) for d, n in da.sizes.items()}
+    uses = operator.dims(da, **kwargs)
+    whole = [d for d, u in uses.items() if u.role is DimRole.WHOLE]
+    extents = next(growing_shapes(sizes, whole, start=WARM_UP_ELEMENTS))
+    coords = {
+        str(name): (dims, np.asarray(coord.isel({d: slice(0, extents[d]) for d in dims}).values))
+        for name, coord in da.coords.items()
+        if set(dims := tuple(map(str, coord.dims))) <= set(extents)
+    }
+    needs = 0.0 if predicted_peak is None else float(predicted_peak(extents))
+    token = uuid.uuid4().hex
+    futures = [
+        client.submit(
+            run_first_time,
+            key,
+            operator,
+            dict(kwargs),
+            extents,
+            np.dtype(da.dtype).name,
+            coords,
+            needs,
+            key=f"memchunk-first-run-{token}-{i}",
+            workers=[worker],
+            allow_other_workers=False,
+            pure=False,
         )
-        if isinstance(again, StartedFirstRuns):
-            fresh = {w: a for w, a in again.answers().items() if a is not None and not a[2]}
-            answers.update(fresh)
-    held = [a for a in answers.values() if a is not None]
+        for i, worker in enumerate(workers)
+    ]
+    try:
+        wait(futures, timeout=timeout)
+    except TimeoutError:
+        pass
+    answers = [f.result() for f in futures if f.status == "finished"]
+    client.cancel([f for f in futures if not f.done()])  # those not started yet
+    _ASKED.update((scheduler, worker, key) for worker in workers)
+    held = [a for a in answers if a is not None]
     if not held:
         return None
     rise = max(after for _, after, _ in held) - max(before for before, _, _ in held)
