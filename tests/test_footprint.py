@@ -203,6 +203,31 @@ def test_chunks_that_are_the_source_s_add_no_rechunk_tasks():
     assert merged == 2 * 5**3 + 2 * 3**3  # the source; a piece of each; assembled; the task
 
 
+def test_a_graph_in_uneven_chunks_counts_each_of_its_blocks():
+    """Chunks of 40 then 10s along each dim of a 200^3 volume: 17^3 source blocks, where its
+    longest chunk says 5^3. Counted, they are the graph's tasks, and the workers its records
+    spread over."""
+    derived = InputLayout("v", VOLUME, 4, InputKind.GRAPH, dict.fromkeys(VOLUME, 40))
+    counted = InputLayout(
+        "v", VOLUME, 4, InputKind.GRAPH, dict.fromkeys(VOLUME, 40), source_block_count=17**3
+    )
+    cuts = _volume_cuts(40, 0)
+    assert graph_tasks(counted, cuts)[0] - graph_tasks(derived, cuts)[0] == 17**3 - 5**3
+    records = {
+        layout.source_block_count: footprint(
+            np.array([0.0]), cuts, [layout], threads_per_worker=1, n_workers=200
+        ).graph[0]
+        for layout in (derived, counted)
+    }
+    # a graph's tasks follow its source blocks: 5^3 of them reach 125 of the 200 workers,
+    # 17^3 all of them
+    per_worker = {
+        0: graph_tasks(derived, cuts)[0] / 5**3,
+        17**3: graph_tasks(counted, cuts)[0] / 200,
+    }
+    assert records[17**3] / records[0] == pytest.approx(per_worker[17**3] / per_worker[0])
+
+
 def test_a_one_chunk_stencil_in_tiny_chunks_holds_its_tasks_records_and_halo_slices():
     """1 worker x 2 threads, a 200^3 float32 volume made in one chunk, gst3d's halo of 9 in
     10^3 chunks: the worker held 1937 MiB above idle, of which about 128 MiB was the compiled

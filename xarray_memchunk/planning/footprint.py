@@ -182,8 +182,8 @@ class InputLayout:
         (:attr:`~xarray_memchunk.operators.production.InputProduction.making_shares`); empty
         where each counts as the largest.
     source_block_count
-        Source chunks of a graph, counted (0: from ``source_chunks``, which undercounts
-        chunks of uneven lengths).
+        Source chunks of a graph, counted (0: not counted; derived from ``source_chunks``,
+        which undercounts chunks of uneven lengths).
     """
 
     name: str
@@ -304,7 +304,13 @@ def _raw_read_bytes(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarr
 
 
 def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
-    """How many source chunks the variable's graph has."""
+    """How many source chunks the variable's graph has.
+
+    Counted where the graph's production was measured (:attr:`InputLayout.source_block_count`);
+    else from its longest chunks, which undercounts chunks of uneven lengths.
+    """
+    if layout.source_block_count:
+        return layout.source_block_count
     return math.prod(
         math.ceil(cuts[d].size / min(layout.source_chunks.get(d, cuts[d].size), cuts[d].size))
         for d in layout.dims
@@ -482,8 +488,7 @@ def footprint(
             # counts as the largest's (its share need not bound what it keeps)
             fused = identical & ~stencil
             made = _production(layout, cuts, task, fused)
-            blocks = layout.source_block_count or _source_blocks(layout, cuts)
-            shares = _making_shares(layout, min(threads, blocks))
+            shares = _making_shares(layout, min(threads, _source_blocks(layout, cuts)))
             keeps = (fused & (layout.produce_held_bytes > 0))[..., None]
             makings.append(np.where(keeps, 1.0, shares) * made[..., None])
         extra_gather = np.where(stencil | merged, padded, 0.0)
