@@ -295,6 +295,61 @@ def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distr
     assert dict(zip(data.dims, stored, strict=True)) == plan.storage_chunks
 
 
+def _resident_trimmed() -> int:
+    """This process's resident memory, after a collection and the allocator's trim."""
+    import ctypes
+    import gc
+
+    import psutil
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    return psutil.Process().memory_info().rss
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_staged_plan_counts_what_writing_many_source_chunks_leaves_in_a_worker(
+    tmp_path, quiet_distributed
+):
+    """Trial 159 of seed 2027, a monthly climatology of a graph in 6449 one-day chunks staged on
+    1 worker x 2 threads at 0.5 GB, started its reads with the worker 38 MiB above its plan's
+    baseline, and paused it 3 times: writing the source chunks had left 89 MiB there."""
+    from distributed import Client, LocalCluster
+
+    from xarray_memchunk.operators.staged_plan import STAGING_KEPT_POWER, STAGING_KEPT_SCALE
+
+    data = xr.DataArray(
+        da.random.default_rng(5).standard_normal((3000, 57, 114), chunks=(1, 57, 114)),
+        dims=("time", "lat", "lon"),
+        name="t",
+    ).astype("float32")
+    with (
+        dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}),
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=2,
+            memory_limit="0.5GB",
+            host="127.0.0.1",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        plan = data.memchunk.plan("median", dim="time")
+        assert any("temporary Zarr store" in n for n in plan.notes)
+        (before,) = client.run(_resident_trimmed).values()
+        plan.apply()  # writes the store
+        (after,) = client.run(_resident_trimmed).values()
+    source = plan.budget.baseline_source
+    counted = float(source.split(" MiB more after staging the data")[0].split()[-1]) * 2**20
+    # 3000 source chunks, all written by the one worker
+    assert counted == pytest.approx(STAGING_KEPT_SCALE * 3000**STAGING_KEPT_POWER, abs=2**14)
+    assert after - before <= counted, (after - before) / 2**20
+
+
 class _Scheduler:
     """A client whose scheduler lists workers at the given addresses (no cluster object)."""
 
