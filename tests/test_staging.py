@@ -15,6 +15,19 @@ from xarray_memchunk.operators import staging
 from xarray_memchunk.operators.sources import read_chunked
 
 
+def _local_cluster(n_workers: int, threads_per_worker: int):
+    """A ``LocalCluster`` of workers of 0.5 GB on this machine's loopback."""
+    from distributed import LocalCluster
+
+    return LocalCluster(
+        n_workers=n_workers,
+        threads_per_worker=threads_per_worker,
+        memory_limit="0.5GB",
+        host="127.0.0.1",
+        dashboard_address=":0",
+    )
+
+
 def time_chunked(shape=(600, 200, 200), chunks=(50, 200, 200)):
     data = da.random.default_rng(3).random(shape, chunks=chunks, dtype="float64")
     return xr.DataArray(data, dims=("time", "y", "x"), name="t")
@@ -249,7 +262,7 @@ def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distr
     # a climate cube in one-step chunks, its median over time in blocks that cut lat and lon:
     # stored as it comes, each block's read would decode the whole store
     import zarr
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from xarray_memchunk.testing import run_watched
 
@@ -262,13 +275,7 @@ def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distr
         expected = data.median("time").values
     with (
         dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}),
-        LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            memory_limit="0.5GB",
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
+        _local_cluster(n_workers=2, threads_per_worker=1) as cluster,
         Client(cluster) as client,
     ):
         plan = data.memchunk.plan("median", dim="time")
@@ -318,7 +325,7 @@ def test_a_staged_plan_counts_what_writing_many_source_chunks_leaves_in_a_worker
     """Trial 159 of seed 2027, a monthly climatology of a graph in 6449 one-day chunks staged on
     1 worker x 2 threads at 0.5 GB, started its reads with the worker 38 MiB above its plan's
     baseline, and paused it 3 times: writing the source chunks had left 89 MiB there."""
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     from xarray_memchunk.operators.staged_plan import STAGING_KEPT_POWER, STAGING_KEPT_SCALE
 
@@ -329,13 +336,7 @@ def test_a_staged_plan_counts_what_writing_many_source_chunks_leaves_in_a_worker
     ).astype("float32")
     with (
         dask.config.set({staging.STAGING_DIR_KEY: str(tmp_path)}),
-        LocalCluster(
-            n_workers=1,
-            threads_per_worker=2,
-            memory_limit="0.5GB",
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
+        _local_cluster(n_workers=1, threads_per_worker=2) as cluster,
         Client(cluster) as client,
     ):
         plan = data.memchunk.plan("median", dim="time")

@@ -29,7 +29,7 @@ import numpy as np
 from ..clusters import active_client
 from ..errors import BudgetError, InfeasiblePlanError
 from ..planning.budget import Budget, format_size, with_baseline
-from ..planning.footprint import READ_COPIES, InputKind
+from ..planning.footprint import READ_COPIES, InputKind, source_blocks
 from ..planning.plan import ChunkPlan
 from ..planning.problem import DimSpec, PlanProblem
 from ..planning.search import plan_chunks, plan_for_chunks
@@ -206,19 +206,16 @@ def plan_staged(
 def staging_kept_bytes(graphs: Mapping[str, TaskCost], n_workers: int) -> int:
     """What a worker keeps after the staging write of ``graphs``, in bytes.
 
-    :data:`STAGING_KEPT_SCALE` x the source chunks it writes to the :data:`STAGING_KEPT_POWER`.
-    A source's chunks are spread over the workers (as many as there are chunks, at most
-    ``n_workers``). A trial's monthly climatology of a graph in one-day chunks (6449 of them),
-    staged on 1 worker x 2 threads at 0.5 GB, started its reads with the worker 38 MiB above
-    the plan's baseline, and paused it 3 times.
+    :data:`STAGING_KEPT_SCALE` x the source chunks it writes
+    (:func:`~xarray_memchunk.planning.footprint.source_blocks`) to the
+    :data:`STAGING_KEPT_POWER`. A source's chunks are spread over the workers (as many as there
+    are chunks, at most ``n_workers``). A trial's monthly climatology of a graph in one-day
+    chunks (6449 of them), staged on 1 worker x 2 threads at 0.5 GB, started its reads with the
+    worker 38 MiB above the plan's baseline, and paused it 3 times.
     """
     per_worker = 0.0
     for cost in graphs.values():
-        chunks = math.prod(
-            math.ceil(n / min(cost.layout.source_chunks.get(d, n) or n, n))
-            for d, n in cost.sizes.items()
-            if n
-        )
+        chunks = source_blocks(cost.layout, cost.sizes)
         per_worker += chunks / max(1, min(n_workers, chunks))
     return int(STAGING_KEPT_SCALE * per_worker**STAGING_KEPT_POWER)
 

@@ -94,6 +94,7 @@ __all__ = [
     "footprint",
     "graph_tasks",
     "production_phases",
+    "source_blocks",
 ]
 
 #: Source chunks a worker holds beyond one per thread when the plan cuts them (measured: 3
@@ -303,18 +304,25 @@ def _raw_read_bytes(layout: InputLayout, cuts: Mapping[str, DimCut]) -> np.ndarr
     return np.where(in_place, 0.0, chunk)
 
 
-def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
-    """How many source chunks the variable's graph has.
+def source_blocks(layout: InputLayout, sizes: Mapping[str, int]) -> int:
+    """How many source chunks the variable has, its dims of ``sizes``.
 
-    Counted where the graph's production was measured (:attr:`InputLayout.source_block_count`);
-    else from its longest chunks, which undercounts chunks of uneven lengths.
+    A graph's, counted where its production was measured
+    (:attr:`InputLayout.source_block_count`); else from its longest chunks (a file's storage
+    chunks), which undercounts chunks of uneven lengths.
     """
     if layout.source_block_count:
         return layout.source_block_count
     return math.prod(
-        math.ceil(cuts[d].size / min(layout.source_chunks.get(d, cuts[d].size), cuts[d].size))
+        math.ceil(n / min(layout.source_chunks.get(d, n) or n, n))
         for d in layout.dims
+        if (n := sizes[d])
     )
+
+
+def _source_blocks(layout: InputLayout, cuts: Mapping[str, DimCut]) -> int:
+    """:func:`source_blocks` of the variable whose dims ``cuts`` cut."""
+    return source_blocks(layout, {d: cuts[d].size for d in layout.dims})
 
 
 def _making_shares(layout: InputLayout, count: int) -> np.ndarray:
