@@ -401,8 +401,17 @@ def run_tool(op: str, tool: str, cube: Path, limit: str, timeout: float) -> dict
         kept = read_once.STAGING_GAIN, read_once.MIN_REREAD_SECONDS
         read_once.STAGING_GAIN, read_once.MIN_REREAD_SECONDS = FORCED.get(tool, kept)
         try:
+            start = time.perf_counter()
             plan = tas.memchunk.plan(op, **kwargs)
-            found["total"] = float(np.nansum(plan.apply().values, dtype="float64"))
+            planned = time.perf_counter()
+            result = plan.apply()
+            applied = time.perf_counter()
+            found["total"] = float(np.nansum(result.values, dtype="float64"))
+            found["phases"] = {
+                "plan": round(planned - start, 2),
+                "apply": round(applied - planned, 2),
+                "compute": round(time.perf_counter() - applied, 2),
+            }
         finally:
             read_once.STAGING_GAIN, read_once.MIN_REREAD_SECONDS = kept
         found["chunks"] = " x ".join(str(n) for n in plan.chunks.values())
