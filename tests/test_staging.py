@@ -304,16 +304,11 @@ def test_one_step_chunks_are_staged_in_chunks_for_the_plan(tmp_path, quiet_distr
 
 def _resident_trimmed() -> int:
     """This process's resident memory, after a collection and the allocator's trim."""
-    import ctypes
-    import gc
-
     import psutil
 
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    from xarray_memchunk.models.profiling import release_freed_memory
+
+    release_freed_memory()
     return psutil.Process().memory_info().rss
 
 
